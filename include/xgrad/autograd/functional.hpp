@@ -1,0 +1,168 @@
+// Function transforms: grad, value_and_grad, custom_vjp.
+#pragma once
+
+#include <cstddef>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "xgrad/autograd/engine.hpp"
+
+namespace xgrad {
+
+/// Which arguments grad differentiates: grad(f, argnums<0, 1>).
+template <std::size_t... I>
+struct Argnums {};
+template <std::size_t... I>
+inline constexpr Argnums<I...> argnums{};
+
+namespace detail {
+
+/// Counts grad transforms whose function is being evaluated. A transform entered while
+/// another evaluates records its backward pass, so the outer one can differentiate it.
+class TransformScope {
+ public:
+  TransformScope() : m_nested(context().transform_depth > 0) { ++context().transform_depth; }
+  ~TransformScope() { --context().transform_depth; }
+  bool nested() const { return m_nested; }
+
+ private:
+  bool m_nested;
+};
+
+template <class T>
+struct is_tensor : std::false_type {};
+template <class T>
+struct is_tensor<Tensor<T>> : std::true_type {};
+
+/// A handle autodiff can differentiate with respect to: the tensor itself when an enclosing
+/// transform already tracks it, else a fresh leaf sharing its storage.
+template <FloatingPoint T>
+Tensor<T> differentiable(const Tensor<T>& x) {
+  if (x.requires_grad() && is_grad_enabled()) return x;
+  return x.detach().set_requires_grad(true);
+}
+
+template <class Out>
+void check_output(const Out&, SourceLoc loc) {
+  static_assert(is_tensor<std::decay_t<Out>>::value, "grad: the function must return an xg::Tensor");
+  static_assert(FloatingPoint<typename std::decay_t<Out>::value_type>,
+                "grad: the function must return a float or double tensor");
+  (void)loc;
+}
+
+/// Gradients of `out` with respect to `wrt` (zeros where out does not depend on one).
+template <class Out, class... Ts>
+std::tuple<Tensor<Ts>...> gradients(const Out& out, bool create_graph, SourceLoc loc, const Tensor<Ts>&... wrt) {
+  if (!out.requires_grad()) return {zeros_like(wrt)...};
+  auto results = autograd::run_backward(out, ones_like(out), {wrt.impl()->autograd...}, create_graph, loc);
+  std::size_t i = 0;
+  auto pick = [&](const auto& x) {
+    using X = std::decay_t<decltype(x)>;
+    const TensorBase& r = results[i++];
+    return r.defined() ? X(r) : zeros_like(x);
+  };
+  return {pick(wrt)...};
+}
+
+}  // namespace detail
+
+/// f's gradient with respect to the arguments in argnums. The result returns one tensor for
+/// one index and a tuple for several; a non-scalar output is differentiated as its sum.
+template <class F, std::size_t... I>
+auto grad(F f, Argnums<I...>, SourceLoc loc = SourceLoc::current()) {
+  static_assert(sizeof...(I) > 0, "grad: argnums needs at least one index");
+  return [f, loc](auto... args) {
+    detail::TransformScope scope;
+    enable_grad on;
+    auto inputs = std::make_tuple(args...);
+    ((std::get<I>(inputs) = detail::differentiable(std::get<I>(inputs))), ...);
+    auto out = std::apply(f, inputs);
+    detail::check_output(out, loc);
+    auto grads = detail::gradients(out, scope.nested(), loc, std::get<I>(inputs)...);
+    if constexpr (sizeof...(I) == 1) return std::get<0>(grads);
+    else return grads;
+  };
+}
+
+/// f's gradient with respect to its first argument.
+template <class F>
+auto grad(F f, SourceLoc loc = SourceLoc::current()) {
+  return grad(f, argnums<0>, loc);
+}
+
+/// A function returning f's value together with its gradients with respect to `params`
+/// (one per parameter, in order): auto [loss, grads] = value_and_grad(loss_fn, params)(x, y).
+template <class F, class Params>
+auto value_and_grad(F f, Params params, SourceLoc loc = SourceLoc::current()) {
+  return [f, params, loc](auto&&... args) {
+    detail::TransformScope scope;
+    enable_grad on;
+    auto out = f(args...);
+    detail::check_output(out, loc);
+    using P = std::decay_t<decltype(*std::begin(params))>;
+    using T = typename P::value_type;
+    std::vector<Tensor<T>> grads;
+    if (!out.requires_grad()) {
+      for (const auto& p : params) grads.push_back(zeros_like(Tensor<T>(p)));
+      return std::pair{out, grads};
+    }
+    std::vector<std::shared_ptr<AutogradMeta>> targets;
+    for (const auto& p : params) {
+      if (!p.requires_grad())
+        throw AutogradError(detail::concat("value_and_grad: parameter '", p.name(), "' does not require grad (at ", loc.str(), ")"));
+      targets.push_back(p.impl()->autograd);
+    }
+    auto results = autograd::run_backward(out, ones_like(out), targets, scope.nested(), loc);
+    std::size_t i = 0;
+    for (const auto& p : params) {
+      const TensorBase& r = results[i++];
+      grads.push_back(r.defined() ? Tensor<T>(r) : zeros_like(Tensor<T>(p)));
+    }
+    return std::pair{scope.nested() ? out : out.detach(), grads};
+  };
+}
+
+namespace detail {
+template <class... Ts, std::size_t... I>
+std::tuple<Ts...> typed_inputs_impl(const std::vector<TensorBase>& saved, std::index_sequence<I...>) {
+  return {Ts(saved[I])...};
+}
+template <class... Ts>
+std::tuple<Ts...> typed_inputs(const std::vector<TensorBase>& saved) {
+  return typed_inputs_impl<Ts...>(saved, std::index_sequence_for<Ts...>{});
+}
+}  // namespace detail
+
+/// A function with a hand-written gradient. forward(inputs...) computes the value;
+/// backward(inputs..., out, grad_out) returns the gradient for each input (a tensor for one
+/// input, a tuple for several), written with xgrad ops so it can be differentiated again.
+template <class Forward, class Backward>
+auto custom_vjp(Forward forward, Backward backward, SourceLoc loc = SourceLoc::current()) {
+  return [forward, backward, loc](const auto&... inputs) {
+    auto out = [&] {
+      no_grad off;
+      return forward(inputs...);
+    }();
+    using Out = decltype(out);
+    if (!detail::should_record(inputs...)) return out;
+    std::vector<std::reference_wrapper<const TensorBase>> refs{std::cref(static_cast<const TensorBase&>(inputs))...};
+    std::vector<TensorBase> saved{inputs...};
+    detail::record_range(out, "CustomVjp", loc, refs.begin(), refs.end(), {}, true,
+                         [backward, saved](const TensorBase& y, const TensorBase& g) {
+                           return std::apply(
+                               [&](const auto&... in) {
+                                 auto grads = backward(in..., Out(y), Out(g));
+                                 if constexpr (detail::is_tensor<decltype(grads)>::value) return autograd::Grads{grads};
+                                 else return std::apply([](const auto&... gs) { return autograd::Grads{gs...}; }, grads);
+                               },
+                               detail::typed_inputs<std::decay_t<decltype(inputs)>...>(saved));
+                         });
+    // The rule reads every input: check their versions at backward like any op's.
+    for (const auto& in : saved) out.impl()->autograd->grad_fn->saved.push_back({in.impl()->storage, in.version()});
+    return out;
+  };
+}
+
+}  // namespace xgrad

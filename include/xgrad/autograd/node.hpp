@@ -1,0 +1,42 @@
+// The eager tape: one Node per recorded op, linking an output to its inputs' autodiff state.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string_view>
+#include <vector>
+
+#include "xgrad/core/tensor.hpp"
+
+namespace xgrad::autograd {
+
+/// Gradients an op's rule returns, one per input, undefined where an input gets none.
+using Grads = std::vector<TensorBase>;
+
+struct Node {
+  /// One input: its autodiff state (null when it needs no gradient) and its shape, to which
+  /// a broadcast gradient is summed back.
+  struct Input {
+    std::shared_ptr<AutogradMeta> meta;
+    Shape shape;
+  };
+  /// A tensor the rule reads, with the version it had when saved.
+  struct Saved {
+    std::shared_ptr<Storage> storage;
+    std::uint64_t version;
+  };
+
+  std::string_view op;
+  SourceLoc loc;
+  std::vector<Input> inputs;
+  std::vector<Saved> saved;
+  // The output's storage, kept only for rules that read the output (exp, sigmoid, ...). The
+  // output's autodiff state is not held here: that would make a cycle through grad_fn.
+  std::shared_ptr<Storage> out_storage;
+  std::uint64_t out_version = 0;
+  Shape out_shape;
+  DType out_dtype = DType::float32;
+  std::function<Grads(const TensorBase& out, const TensorBase& grad)> rule;
+};
+
+}  // namespace xgrad::autograd

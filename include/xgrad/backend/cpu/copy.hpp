@@ -1,0 +1,45 @@
+// Data movement kernel: copy between two strided views of the same shape.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <cstring>
+
+#include "xgrad/backend/cpu/thread_pool.hpp"
+#include "xgrad/core/shape.hpp"
+
+namespace xgrad::cpu {
+
+using Strides = std::array<std::int64_t, kMaxRank>;
+
+/// dst[i * dst_strides] = src[i * src_strides] for every index i of `shape`. Serves
+/// transpose, slice, concat, broadcast and their gradients.
+template <class T>
+void strided_copy(const Shape& shape, const T* src, const Strides& src_strides, T* dst, const Strides& dst_strides) {
+  const int rank = shape.ndim();
+  if (shape.numel() == 0) return;
+  if (rank == 0) {
+    dst[0] = src[0];
+    return;
+  }
+  const std::int64_t inner = shape[rank - 1];
+  const std::int64_t ss = src_strides[rank - 1], ds = dst_strides[rank - 1];
+  const std::int64_t rows = shape.numel() / inner;
+  parallel_for(0, rows, std::max<std::int64_t>(1, (1 << 15) / inner), [&](std::int64_t lo, std::int64_t hi) {
+    for (std::int64_t row = lo; row < hi; ++row) {
+      std::int64_t so = 0, dof = 0, r = row;
+      for (int i = rank - 2; i >= 0; --i) {
+        std::int64_t idx = r % shape[i];
+        r /= shape[i];
+        so += idx * src_strides[i];
+        dof += idx * dst_strides[i];
+      }
+      const T* s = src + so;
+      T* d = dst + dof;
+      if (ss == 1 && ds == 1) std::memcpy(d, s, static_cast<std::size_t>(inner) * sizeof(T));
+      else for (std::int64_t j = 0; j < inner; ++j) d[j * ds] = s[j * ss];
+    }
+  });
+}
+
+}  // namespace xgrad::cpu

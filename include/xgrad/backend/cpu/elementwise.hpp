@@ -1,0 +1,165 @@
+// Elementwise kernels: apply an op's `apply` body over (broadcast) inputs with xsimd batches.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <type_traits>
+
+#include <xsimd/xsimd.hpp>
+
+#include "xgrad/backend/cpu/thread_pool.hpp"
+#include "xgrad/core/shape.hpp"
+
+namespace xgrad::cpu {
+
+/// Elements per parallel_for chunk: big enough that waking a thread pays off.
+inline constexpr std::int64_t kElementwiseGrain = 1 << 15;
+
+/// How N inputs are walked to produce an output: dims after merging axes that are contiguous
+/// in every operand, and each input's element strides (0 along broadcast axes).
+template <int N>
+struct BroadcastPlan {
+  int rank = 0;
+  std::array<std::int64_t, kMaxRank> dims{};
+  std::array<std::array<std::int64_t, kMaxRank>, N> strides{};
+
+  BroadcastPlan(const Shape& out, const std::array<const Shape*, N>& inputs) {
+    // Strides of each input, aligned to the output's axes.
+    std::array<std::array<std::int64_t, kMaxRank>, N> raw{};
+    for (int k = 0; k < N; ++k) {
+      const Shape& in = *inputs[k];
+      std::int64_t step = 1;
+      for (int i = out.ndim() - 1, j = in.ndim() - 1; i >= 0; --i, --j) {
+        std::int64_t d = j >= 0 ? in[j] : 1;
+        raw[k][i] = d == 1 ? 0 : step;
+        step *= d;
+      }
+    }
+    // Merge axis i into the previous one when every input steps across the seam uniformly.
+    for (int i = 0; i < out.ndim(); ++i) {
+      if (out[i] == 1) continue;  // size-1 axes carry no iteration
+      bool merge = rank > 0;
+      for (int k = 0; k < N && merge; ++k)
+        merge = strides[k][rank - 1] == raw[k][i] * out[i];
+      if (merge) {
+        dims[rank - 1] *= out[i];
+        for (int k = 0; k < N; ++k) strides[k][rank - 1] = raw[k][i];
+      } else {
+        dims[rank] = out[i];
+        for (int k = 0; k < N; ++k) strides[k][rank] = raw[k][i];
+        ++rank;
+      }
+    }
+  }
+
+  std::int64_t inner() const { return rank ? dims[rank - 1] : 1; }
+  std::int64_t outer() const {
+    std::int64_t n = 1;
+    for (int i = 0; i + 1 < rank; ++i) n *= dims[i];
+    return n;
+  }
+  /// Offset of outer row `row` in input k.
+  std::int64_t row_offset(int k, std::int64_t row) const {
+    std::int64_t off = 0;
+    for (int i = rank - 2; i >= 0; --i) {
+      off += (row % dims[i]) * strides[k][i];
+      row /= dims[i];
+    }
+    return off;
+  }
+  std::int64_t inner_stride(int k) const { return rank ? strides[k][rank - 1] : 0; }
+};
+
+namespace detail {
+
+template <class T>
+inline constexpr bool simd_type = std::is_same_v<T, float> || std::is_same_v<T, double>;
+
+template <class Op, class T>
+concept SimdBody = simd_type<T> && requires(xsimd::batch<T> v) {
+  { Op::apply(v) } -> std::same_as<xsimd::batch<T>>;
+};
+template <class Op, class T>
+concept SimdBody2 = simd_type<T> && requires(xsimd::batch<T> v) {
+  { Op::apply(v, v) } -> std::same_as<xsimd::batch<T>>;
+};
+
+/// One contiguous run of a unary op.
+template <class Op, class T, class R>
+void unary_run(const T* x, R* y, std::int64_t n) {
+  std::int64_t i = 0;
+  if constexpr (std::is_same_v<T, R> && SimdBody<Op, T>) {
+    using B = xsimd::batch<T>;
+    for (; i + static_cast<std::int64_t>(B::size) <= n; i += B::size)
+      Op::apply(B::load_unaligned(x + i)).store_unaligned(y + i);
+  }
+  for (; i < n; ++i) y[i] = static_cast<R>(Op::apply(x[i]));
+}
+
+/// One run of a binary op; each input's stride is 0 (broadcast) or 1.
+template <class Op, class A, class B, class R>
+void binary_run(const A* a, std::int64_t sa, const B* b, std::int64_t sb, R* out, std::int64_t n) {
+  std::int64_t i = 0;
+  if constexpr (std::is_same_v<A, B> && std::is_same_v<A, R> && SimdBody2<Op, A>) {
+    using V = xsimd::batch<A>;
+    constexpr auto w = static_cast<std::int64_t>(V::size);
+    if (sa == 1 && sb == 1) {
+      for (; i + w <= n; i += w) Op::apply(V::load_unaligned(a + i), V::load_unaligned(b + i)).store_unaligned(out + i);
+    } else if (sa == 0 && sb == 1) {
+      V va(a[0]);
+      for (; i + w <= n; i += w) Op::apply(va, V::load_unaligned(b + i)).store_unaligned(out + i);
+    } else if (sa == 1 && sb == 0) {
+      V vb(b[0]);
+      for (; i + w <= n; i += w) Op::apply(V::load_unaligned(a + i), vb).store_unaligned(out + i);
+    }
+  }
+  for (; i < n; ++i) out[i] = static_cast<R>(Op::apply(a[i * sa], b[i * sb]));
+}
+
+}  // namespace detail
+
+/// y[i] = Op::apply(x[i]) over n contiguous elements, in parallel when large.
+template <class Op, class T, class R>
+void map_unary(const T* x, R* y, std::int64_t n) {
+  parallel_for(0, n, kElementwiseGrain, [&](std::int64_t lo, std::int64_t hi) {
+    detail::unary_run<Op>(x + lo, y + lo, hi - lo);
+  });
+}
+
+/// out = Op::apply(a, b) with NumPy broadcasting, as laid out by `plan`.
+template <class Op, class A, class B, class R>
+void map_binary(const BroadcastPlan<2>& plan, const A* a, const B* b, R* out) {
+  const std::int64_t inner = plan.inner(), outer = plan.outer();
+  const std::int64_t sa = plan.inner_stride(0), sb = plan.inner_stride(1);
+  if (outer == 1) {
+    parallel_for(0, inner, kElementwiseGrain, [&](std::int64_t lo, std::int64_t hi) {
+      detail::binary_run<Op>(a + lo * sa, sa, b + lo * sb, sb, out + lo, hi - lo);
+    });
+    return;
+  }
+  const std::int64_t grain = std::max<std::int64_t>(1, kElementwiseGrain / std::max<std::int64_t>(inner, 1));
+  parallel_for(0, outer, grain, [&](std::int64_t lo, std::int64_t hi) {
+    for (std::int64_t row = lo; row < hi; ++row)
+      detail::binary_run<Op>(a + plan.row_offset(0, row), sa, b + plan.row_offset(1, row), sb,
+                             out + row * inner, inner);
+  });
+}
+
+/// out = Op::apply(c, a, b) with broadcasting (where); scalar loop, the op is not hot.
+template <class Op, class C, class A, class B, class R>
+void map_ternary(const BroadcastPlan<3>& plan, const C* c, const A* a, const B* b, R* out) {
+  const std::int64_t inner = plan.inner(), outer = plan.outer();
+  const std::int64_t sc = plan.inner_stride(0), sa = plan.inner_stride(1), sb = plan.inner_stride(2);
+  parallel_for(0, outer, std::max<std::int64_t>(1, kElementwiseGrain / std::max<std::int64_t>(inner, 1)),
+               [&](std::int64_t lo, std::int64_t hi) {
+                 for (std::int64_t row = lo; row < hi; ++row) {
+                   const C* pc = c + plan.row_offset(0, row);
+                   const A* pa = a + plan.row_offset(1, row);
+                   const B* pb = b + plan.row_offset(2, row);
+                   R* po = out + row * inner;
+                   for (std::int64_t i = 0; i < inner; ++i) po[i] = Op::apply(pc[i * sc], pa[i * sa], pb[i * sb]);
+                 }
+               });
+}
+
+}  // namespace xgrad::cpu

@@ -1,0 +1,480 @@
+// xgrad CPU backend: cache-blocked, packed, SIMD micro-kernel GEMM (C = alpha*A*B + beta*C).
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <new>
+#include <type_traits>
+#include <utility>
+
+#include <xsimd/xsimd.hpp>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#include "xgrad/backend/cpu/thread_pool.hpp"
+
+namespace xgrad::cpu {
+
+namespace detail {
+
+/// Register and cache blocking for T on the default xsimd arch.
+template <class T>
+struct GemmConfig {
+  using batch = xsimd::batch<T>;
+  static constexpr int64_t lanes = static_cast<int64_t>(batch::size);
+#if defined(__aarch64__)
+  static constexpr int vector_regs = 32;
+#else
+  // AVX-512 doubles the register file along with the width.
+  static constexpr int vector_regs = sizeof(batch) >= 64 ? 32 : 16;
+#endif
+  // Micro-tile: MR rows x NB vectors. MR*NB accumulators + NB loads of B + one broadcast of A.
+  static constexpr int nb = 2;
+  static constexpr int mr = (vector_regs - nb - 1) / nb;
+  static constexpr int64_t nr = nb * lanes;
+  // Cache blocking. The MR x kc packed A micro-panel stays in L1 while the kc x nc packed B
+  // block streams from L2; both are sized in bytes so double gets half the depth of float.
+  static constexpr int64_t kc = 1024 / static_cast<int64_t>(sizeof(T));
+  static constexpr int64_t nc = (512 * 1024) / (kc * static_cast<int64_t>(sizeof(T))) / nr * nr;
+  // Rows of A packed per block: small enough that packed A and B share L2.
+  static constexpr int64_t mc = mr * 16;
+  // Packed A rows are kc apart plus one cache line, so the MR rows a micro-kernel reads do
+  // not all map to the same L1 sets.
+  static constexpr int64_t a_row_stride = kc + 64 / static_cast<int64_t>(sizeof(T));
+};
+
+/// 64-byte aligned scratch that only grows; one per thread and dtype, reused across calls.
+template <class T>
+class ScratchBuffer {
+ public:
+  ScratchBuffer() = default;
+  ScratchBuffer(const ScratchBuffer&) = delete;
+  ScratchBuffer& operator=(const ScratchBuffer&) = delete;
+  ~ScratchBuffer() { release(); }
+
+  T* get(int64_t count) {
+    if (count > m_capacity) {
+      release();
+      const size_t bytes = (static_cast<size_t>(count) * sizeof(T) + 63) / 64 * 64;
+      m_data = static_cast<T*>(::operator new (bytes, std::align_val_t{64}));
+      m_capacity = count;
+    }
+    return m_data;
+  }
+
+ private:
+  void release() {
+    if (m_data) ::operator delete (m_data, std::align_val_t{64});
+    m_data = nullptr;
+    m_capacity = 0;
+  }
+  T* m_data = nullptr;
+  int64_t m_capacity = 0;
+};
+
+template <class T>
+struct GemmWorkspace {
+  ScratchBuffer<T> m_a;
+  ScratchBuffer<T> m_b;
+};
+
+template <class T>
+GemmWorkspace<T>& gemm_workspace() {
+  static thread_local GemmWorkspace<T> ws;
+  return ws;
+}
+
+/// Copies n contiguous elements; a plain SIMD loop beats a memmove call at these lengths.
+template <class T>
+inline void copy_contiguous(const T* src, int64_t n, T* dst) {
+  using batch = xsimd::batch<T>;
+  constexpr int64_t L = static_cast<int64_t>(batch::size);
+  int64_t i = 0;
+  for (; i + L <= n; i += L) batch::load_unaligned(src + i).store_unaligned(dst + i);
+  for (; i < n; ++i) dst[i] = src[i];
+}
+
+/// Packs rows [0, mc) x cols [0, kc) of A into MR-row panels.
+/// AS == 0: p-major, A(i,p) at p*MR + i (cheap when columns of A are contiguous).
+/// AS > 0: row-major with row stride AS, A(i,p) at i*AS + p (cheap when rows are contiguous).
+/// Rows past mc are zero.
+template <class T, int MR, int64_t AS>
+void pack_a(int64_t mc, int64_t kc, const T* a, int64_t rs, int64_t cs, T* dst) {
+  for (int64_t i0 = 0; i0 < mc; i0 += MR) {
+    const int64_t rows = std::min<int64_t>(MR, mc - i0);
+    const T* src = a + i0 * rs;
+    if constexpr (AS == 0) {
+      using batch = xsimd::batch<T>;
+      constexpr int64_t L = static_cast<int64_t>(batch::size);
+      if (rs == 1 && rows == MR && MR <= L && i0 + L <= mc) {
+        // One vector per p; the L - MR extra lanes land in the next p's slot and are
+        // overwritten by it (the scratch buffer has a vector of slack at the end).
+        for (int64_t p = 0; p < kc; ++p) batch::load_unaligned(src + p * cs).store_unaligned(dst + p * MR);
+      } else if (rs == 1 && rows == MR) {
+#pragma GCC unroll 16
+        for (int64_t p = 0; p < kc; ++p)
+          for (int i = 0; i < MR; ++i) dst[p * MR + i] = src[p * cs + i];
+      } else {
+        for (int64_t p = 0; p < kc; ++p) {
+          int64_t i = 0;
+          for (; i < rows; ++i) dst[p * MR + i] = src[i * rs + p * cs];
+          for (; i < MR; ++i) dst[p * MR + i] = T(0);
+        }
+      }
+      dst += MR * kc;
+    } else {
+      for (int64_t i = 0; i < rows; ++i) {
+        const T* s = src + i * rs;
+        T* d = dst + i * AS;
+        if (cs == 1) {
+          copy_contiguous(s, kc, d);
+        } else {
+          for (int64_t p = 0; p < kc; ++p) d[p] = s[p * cs];
+        }
+      }
+      for (int64_t i = rows; i < MR; ++i) std::fill_n(dst + i * AS, kc, T(0));
+      dst += MR * AS;
+    }
+  }
+}
+
+#if defined(__AVX512F__)
+// Full-width interleave needs a two-source permute, which xsimd 8 does not expose; only
+// AVX-512 gets the in-register transpose, other targets pack transposed B with scalar code.
+template <class T>
+inline constexpr bool has_simd_transpose = sizeof(xsimd::batch<T>) == 64;
+
+/// dst[r * ldd + c] = src[c * lds + r] for one lanes x lanes block. log2(lanes) rounds of
+/// "row i and row i + lanes/2 -> interleaved low and high halves" each rotate the bits of the
+/// (row, column) index by one, so together they transpose.
+inline void transpose_block(const float* src, int64_t lds, float* dst, int64_t ldd) {
+  __m512 r[16];
+#pragma GCC unroll 16
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(src + i * lds);
+  const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+  const __m512i hi = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+#pragma GCC unroll 16
+  for (int round = 0; round < 4; ++round) {
+    __m512 t[16];
+#pragma GCC unroll 16
+    for (int i = 0; i < 8; ++i) {
+      t[2 * i] = _mm512_permutex2var_ps(r[i], lo, r[i + 8]);
+      t[2 * i + 1] = _mm512_permutex2var_ps(r[i], hi, r[i + 8]);
+    }
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; ++i) r[i] = t[i];
+  }
+#pragma GCC unroll 16
+  for (int i = 0; i < 16; ++i) _mm512_storeu_ps(dst + i * ldd, r[i]);
+}
+
+inline void transpose_block(const double* src, int64_t lds, double* dst, int64_t ldd) {
+  __m512d r[8];
+#pragma GCC unroll 16
+  for (int i = 0; i < 8; ++i) r[i] = _mm512_loadu_pd(src + i * lds);
+  const __m512i lo = _mm512_setr_epi64(0, 8, 1, 9, 2, 10, 3, 11);
+  const __m512i hi = _mm512_setr_epi64(4, 12, 5, 13, 6, 14, 7, 15);
+#pragma GCC unroll 16
+  for (int round = 0; round < 3; ++round) {
+    __m512d t[8];
+#pragma GCC unroll 16
+    for (int i = 0; i < 4; ++i) {
+      t[2 * i] = _mm512_permutex2var_pd(r[i], lo, r[i + 4]);
+      t[2 * i + 1] = _mm512_permutex2var_pd(r[i], hi, r[i + 4]);
+    }
+#pragma GCC unroll 16
+    for (int i = 0; i < 8; ++i) r[i] = t[i];
+  }
+#pragma GCC unroll 16
+  for (int i = 0; i < 8; ++i) _mm512_storeu_pd(dst + i * ldd, r[i]);
+}
+#else
+template <class T>
+inline constexpr bool has_simd_transpose = false;
+
+template <class T>
+inline void transpose_block(const T*, int64_t, T*, int64_t) {}
+#endif
+
+/// Packs rows [0, kc) x cols [0, nc) of B into NR-column panels: panel-major, then p, then
+/// column; columns past nc are zero.
+template <class T, int64_t NR>
+void pack_b(int64_t kc, int64_t nc, const T* b, int64_t rs, int64_t cs, T* dst) {
+  using batch = xsimd::batch<T>;
+  constexpr int64_t L = static_cast<int64_t>(batch::size);
+  for (int64_t j0 = 0; j0 < nc; j0 += NR) {
+    const int64_t cols = std::min<int64_t>(NR, nc - j0);
+    const T* src = b + j0 * cs;
+    if (cols == NR && cs == 1) {
+      for (int64_t p = 0; p < kc; ++p) {
+        const T* s = src + p * rs;
+        for (int64_t j = 0; j < NR; j += L) batch::load_unaligned(s + j).store_aligned(dst + p * NR + j);
+      }
+    } else if (cols == NR && rs == 1) {
+      // Transposed B: columns are contiguous, so transpose lanes x lanes blocks.
+      int64_t p0 = 0;
+      if constexpr (has_simd_transpose<T>) {
+        for (; p0 + L <= kc; p0 += L) {
+          for (int64_t jb = 0; jb < NR; jb += L) {
+            transpose_block(src + jb * cs + p0, cs, dst + p0 * NR + jb, NR);
+          }
+        }
+      }
+      for (int64_t j = 0; j < NR; ++j) {
+        const T* s = src + j * cs;
+        for (int64_t p = p0; p < kc; ++p) dst[p * NR + j] = s[p];
+      }
+    } else {
+      for (int64_t p = 0; p < kc; ++p) {
+        int64_t j = 0;
+        for (; j < cols; ++j) dst[p * NR + j] = src[p * rs + j * cs];
+        for (; j < NR; ++j) dst[p * NR + j] = T(0);
+      }
+    }
+    dst += NR * kc;
+  }
+}
+
+/// Register-blocked tile: C[rows x cols] = alpha * A_panel * B_panel + beta * C, computing MK
+/// rows x NK vectors (MK >= rows, NK * lanes >= cols). A element (i,p) is at
+/// pa[i * (AS ? AS : 1) + p * (AS ? 1 : MR)]; B row p starts at pb + p * NB * lanes. Full tiles go
+/// straight to C, edge tiles through an aligned temporary. beta == 0 never reads C.
+template <class T, int MK, int NK, int64_t AS, int MR, int NB>
+void micro_kernel(int64_t kc, const T* __restrict pa, const T* __restrict pb, T alpha, T beta, T* __restrict c,
+                  int64_t ldc, int64_t rows, int64_t cols) {
+  using batch = xsimd::batch<T>;
+  constexpr int64_t L = static_cast<int64_t>(batch::size);
+  constexpr int64_t a_elem = AS == 0 ? 1 : AS;  // distance between rows i and i + 1
+  constexpr int64_t a_step = AS == 0 ? MR : 1;  // distance between p and p + 1
+
+  batch acc[MK][NK];
+#pragma GCC unroll 32
+  for (int i = 0; i < MK; ++i)
+#pragma GCC unroll 4
+    for (int j = 0; j < NK; ++j) acc[i][j] = batch(T(0));
+
+#pragma GCC unroll 2
+  for (int64_t p = 0; p < kc; ++p) {
+    batch bv[NK];
+#pragma GCC unroll 4
+    for (int j = 0; j < NK; ++j) bv[j] = batch::load_unaligned(pb + j * L);
+#pragma GCC unroll 32
+    for (int i = 0; i < MK; ++i) {
+      const batch av(pa[i * a_elem]);
+#pragma GCC unroll 4
+      for (int j = 0; j < NK; ++j) acc[i][j] = xsimd::fma(av, bv[j], acc[i][j]);
+    }
+    pa += a_step;
+    pb += NB * L;
+  }
+
+  const batch va(alpha);
+  if (rows == MK && cols == NK * L) {
+    if (beta == T(0)) {
+#pragma GCC unroll 32
+      for (int i = 0; i < MK; ++i)
+#pragma GCC unroll 4
+        for (int j = 0; j < NK; ++j) (va * acc[i][j]).store_unaligned(c + i * ldc + j * L);
+    } else if (beta == T(1)) {
+#pragma GCC unroll 32
+      for (int i = 0; i < MK; ++i)
+#pragma GCC unroll 4
+        for (int j = 0; j < NK; ++j) {
+          T* cp = c + i * ldc + j * L;
+          xsimd::fma(va, acc[i][j], batch::load_unaligned(cp)).store_unaligned(cp);
+        }
+    } else {
+      const batch vb(beta);
+#pragma GCC unroll 32
+      for (int i = 0; i < MK; ++i)
+#pragma GCC unroll 4
+        for (int j = 0; j < NK; ++j) {
+          T* cp = c + i * ldc + j * L;
+          xsimd::fma(va, acc[i][j], vb * batch::load_unaligned(cp)).store_unaligned(cp);
+        }
+    }
+    return;
+  }
+
+  alignas(64) T tmp[MK * NK * L];
+#pragma GCC unroll 32
+  for (int i = 0; i < MK; ++i)
+#pragma GCC unroll 4
+    for (int j = 0; j < NK; ++j) (va * acc[i][j]).store_aligned(tmp + (i * NK + j) * L);
+  for (int64_t i = 0; i < rows; ++i) {
+    T* crow = c + i * ldc;
+    const T* trow = tmp + i * NK * L;
+    if (beta == T(0)) {
+      for (int64_t j = 0; j < cols; ++j) crow[j] = trow[j];
+    } else {
+      for (int64_t j = 0; j < cols; ++j) crow[j] = trow[j] + beta * crow[j];
+    }
+  }
+}
+
+template <class T>
+using MicroKernelFn = void (*)(int64_t, const T*, const T*, T, T, T*, int64_t, int64_t, int64_t);
+
+/// Kernels for edge tiles, indexed by [rows - 1][vectors - 1]. Row counts round up to even so
+/// the table stays small; a short tile then wastes at most one row of work.
+template <class T, int NB, int64_t AS, int MR, int... Is>
+constexpr auto make_kernel_table(std::integer_sequence<int, Is...>) {
+  std::array<std::array<MicroKernelFn<T>, NB>, MR> table{};
+  auto fill_row = [&]<int I, int... Js>(std::integer_sequence<int, Js...>) {
+    constexpr int mk = std::min(MR, (I + 2) / 2 * 2);
+    ((table[I][Js] = &micro_kernel<T, mk, Js + 1, AS, MR, NB>), ...);
+  };
+  (fill_row.template operator()<Is>(std::make_integer_sequence<int, NB>{}), ...);
+  return table;
+}
+
+template <class T, int NB, int64_t AS, int MR>
+inline constexpr auto k_kernel_table = make_kernel_table<T, NB, AS, MR>(std::make_integer_sequence<int, MR>{});
+
+/// Splits `total` into ceil(total / max_block) near-equal blocks, each rounded up to `unit`;
+/// avoids a thin last block (e.g. k = 257 as 256 + 1).
+inline int64_t balanced_block(int64_t total, int64_t max_block, int64_t unit) {
+  const int64_t nblocks = (total + max_block - 1) / max_block;
+  const int64_t per = (total + nblocks - 1) / nblocks;
+  return std::min(max_block, (per + unit - 1) / unit * unit);
+}
+
+/// C = beta * C over an m x n block; beta == 0 writes zeros without reading C.
+template <class T>
+void scale_c(int64_t m, int64_t n, T beta, T* c, int64_t ldc) {
+  if (beta == T(1)) return;
+  for (int64_t i = 0; i < m; ++i) {
+    T* row = c + i * ldc;
+    if (beta == T(0)) {
+      std::fill(row, row + n, T(0));
+    } else {
+      for (int64_t j = 0; j < n; ++j) row[j] *= beta;
+    }
+  }
+}
+
+/// Single-threaded blocked GEMM on the calling thread (m, n, k > 0), A packed with layout AS.
+template <class T, int64_t AS>
+void gemm_serial_impl(int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t ars, int64_t acs, const T* b,
+                      int64_t brs, int64_t bcs, T beta, T* c, int64_t ldc) {
+  using cfg = GemmConfig<T>;
+  constexpr int MR = cfg::mr;
+  constexpr int NB = cfg::nb;
+  constexpr int64_t NR = cfg::nr;
+  constexpr int64_t L = cfg::lanes;
+
+  const int64_t kc_max = balanced_block(k, cfg::kc, 1);
+  const int64_t mc_max = balanced_block(m, cfg::mc, MR);
+  const int64_t nc_max = balanced_block(n, cfg::nc, NR);
+  const int64_t a_panel = AS == 0 ? MR * kc_max : MR * AS;  // elements per packed A panel
+
+  auto& ws = gemm_workspace<T>();
+  // One spare vector: pack_a may write a few lanes past its last panel.
+  T* pa_buf = ws.m_a.get((mc_max + MR - 1) / MR * a_panel + L);
+  T* pb_buf = ws.m_b.get((nc_max + NR - 1) / NR * NR * kc_max);
+
+  for (int64_t jc = 0; jc < n; jc += nc_max) {
+    const int64_t nc = std::min(nc_max, n - jc);
+    for (int64_t pc = 0; pc < k; pc += kc_max) {
+      const int64_t kc = std::min(kc_max, k - pc);
+      const int64_t a_pstride = AS == 0 ? MR * kc : MR * AS;
+      // Only the first k-block applies the caller's beta; later ones accumulate.
+      const T beta_eff = pc == 0 ? beta : T(1);
+      pack_b<T, NR>(kc, nc, b + pc * brs + jc * bcs, brs, bcs, pb_buf);
+      for (int64_t ic = 0; ic < m; ic += mc_max) {
+        const int64_t mc = std::min(mc_max, m - ic);
+        pack_a<T, MR, AS>(mc, kc, a + ic * ars + pc * acs, ars, acs, pa_buf);
+        // Each A micro-panel stays in L1 while the packed B block streams past it.
+        for (int64_t ir = 0; ir < mc; ir += MR) {
+          const T* pa = pa_buf + ir / MR * a_pstride;
+          const int64_t rows = std::min<int64_t>(MR, mc - ir);
+          T* c_row = c + (ic + ir) * ldc + jc;
+          for (int64_t jr = 0; jr < nc; jr += NR) {
+            const int64_t cols = std::min(NR, nc - jr);
+            const T* pb = pb_buf + jr * kc;
+            if (rows == MR && cols == NR) {
+              micro_kernel<T, MR, NB, AS, MR, NB>(kc, pa, pb, alpha, beta_eff, c_row + jr, ldc, rows, cols);
+            } else {
+              const auto fn = k_kernel_table<T, NB, AS, MR>[rows - 1][(cols + L - 1) / L - 1];
+              fn(kc, pa, pb, alpha, beta_eff, c_row + jr, ldc, rows, cols);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+/// Single-threaded blocked GEMM; picks the A panel layout that packs with contiguous copies.
+template <class T>
+void gemm_serial(int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t ars, int64_t acs, const T* b,
+                 int64_t brs, int64_t bcs, T beta, T* c, int64_t ldc) {
+  if (ars == 1 && acs != 1) {
+    gemm_serial_impl<T, 0>(m, n, k, alpha, a, ars, acs, b, brs, bcs, beta, c, ldc);
+  } else {
+    gemm_serial_impl<T, GemmConfig<T>::a_row_stride>(m, n, k, alpha, a, ars, acs, b, brs, bcs, beta, c, ldc);
+  }
+}
+
+}  // namespace detail
+
+/// C[m x n] = alpha * A[m x k] * B[k x n] + beta * C, with A(i,p) = a[i*a_row_stride +
+/// p*a_col_stride], B(p,j) = b[p*b_row_stride + j*b_col_stride] and C row-major with leading
+/// dimension ldc. beta == 0 overwrites C without reading it; alpha == 0 or k == 0 only scales C.
+/// Large products are split across the thread pool.
+template <class T>
+void gemm(int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t a_row_stride, int64_t a_col_stride, const T* b,
+          int64_t b_row_stride, int64_t b_col_stride, T beta, T* c, int64_t ldc) {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "gemm supports float and double");
+  if (m <= 0 || n <= 0) return;
+  if (k <= 0 || alpha == T(0)) {
+    detail::scale_c(m, n, beta, c, ldc);
+    return;
+  }
+
+  using cfg = detail::GemmConfig<T>;
+  // Below about 64^3 multiply-adds, waking workers costs more than it saves.
+  constexpr double parallel_threshold = 64.0 * 64.0 * 64.0;
+  const double work = static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+  if (num_threads() <= 1 || work <= parallel_threshold || detail::t_in_parallel) {
+    detail::gemm_serial(m, n, k, alpha, a, a_row_stride, a_col_stride, b, b_row_stride, b_col_stride, beta, c, ldc);
+    return;
+  }
+
+  // Split the longer of m and n into blocks of whole micro-tiles that threads claim one at a
+  // time, so a thread that starts late (or shares its core) takes fewer. Each block packs its
+  // own operands, so blocks stay at least ~128 rows/columns wide to keep the re-packing of the
+  // other operand small next to the block's multiply.
+  const int nt = num_threads();
+  const bool split_n = (n + cfg::nr - 1) / cfg::nr >= (m + cfg::mr - 1) / cfg::mr;
+  const int64_t tile = split_n ? cfg::nr : cfg::mr;
+  const int64_t tiles = ((split_n ? n : m) + tile - 1) / tile;
+  const int64_t min_block_tiles = (128 + tile - 1) / tile;
+  int64_t blocks = std::min<int64_t>(int64_t{4} * nt, tiles / min_block_tiles);
+  blocks = std::max(blocks, std::min<int64_t>(nt, tiles));
+  const int64_t block_tiles = (tiles + blocks - 1) / blocks;
+  blocks = (tiles + block_tiles - 1) / block_tiles;
+
+  std::atomic<int64_t> next_block{0};
+  parallel_for(0, std::min<int64_t>(nt, blocks), 1, [&](int64_t, int64_t) {
+    for (int64_t blk = next_block.fetch_add(1); blk < blocks; blk = next_block.fetch_add(1)) {
+      const int64_t lo = blk * block_tiles * tile;
+      const int64_t hi = std::min(split_n ? n : m, lo + block_tiles * tile);
+      if (split_n) {
+        detail::gemm_serial(m, hi - lo, k, alpha, a, a_row_stride, a_col_stride, b + lo * b_col_stride, b_row_stride,
+                            b_col_stride, beta, c + lo, ldc);
+      } else {
+        detail::gemm_serial(hi - lo, n, k, alpha, a + lo * a_row_stride, a_row_stride, a_col_stride, b, b_row_stride,
+                            b_col_stride, beta, c + lo * ldc, ldc);
+      }
+    }
+  });
+}
+
+}  // namespace xgrad::cpu

@@ -1,0 +1,205 @@
+// Tensor<T>: a cheap shared handle to shape, storage and autodiff data; Parameter<T>.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <xtensor/xtensor_forward.hpp>
+
+#include "xgrad/core/context.hpp"
+#include "xgrad/core/device.hpp"
+#include "xgrad/core/dtype.hpp"
+#include "xgrad/core/error.hpp"
+#include "xgrad/core/shape.hpp"
+#include "xgrad/core/storage.hpp"
+
+namespace xgrad {
+
+struct TensorImpl;
+namespace autograd { struct Node; }
+
+/// Autodiff state of one tensor. Kept apart from the storage so that a tape node can point
+/// at its inputs' autodiff state without keeping their buffers alive.
+struct AutogradMeta {
+  bool requires_grad = false;
+  std::shared_ptr<TensorImpl> grad;           // accumulated by backward() on leaves
+  std::shared_ptr<autograd::Node> grad_fn;    // the op that made this tensor; null on leaves
+  std::string name;                           // a Parameter's name
+};
+
+/// The untyped body behind every Tensor<T>.
+struct TensorImpl {
+  Shape shape;
+  DType dtype = DType::float32;
+  std::shared_ptr<Storage> storage;
+  std::shared_ptr<AutogradMeta> autograd;  // null while nothing asked for gradients
+
+  TensorImpl(Shape s, DType d, std::shared_ptr<Storage> st)
+      : shape(s), dtype(d), storage(std::move(st)) {}
+
+  /// A fresh contiguous buffer for `shape` elements of `dtype`.
+  static std::shared_ptr<TensorImpl> allocate(const Shape& shape, DType dtype, Device device = Device::cpu) {
+    auto bytes = static_cast<std::size_t>(shape.numel()) * dtype_size(dtype);
+    return std::make_shared<TensorImpl>(shape, dtype, std::make_shared<Storage>(bytes, device));
+  }
+  bool requires_grad() const { return autograd && autograd->requires_grad; }
+};
+
+/// A tensor of any dtype: what the tape and gradient rules pass around.
+class TensorBase {
+ public:
+  TensorBase() = default;
+  explicit TensorBase(std::shared_ptr<TensorImpl> impl) : m_impl(std::move(impl)) {}
+
+  /// False for a default-constructed handle, or the grad() of a tensor that has none yet.
+  bool defined() const { return static_cast<bool>(m_impl); }
+  const Shape& shape() const { return checked().shape; }
+  int ndim() const { return checked().shape.ndim(); }
+  std::int64_t numel() const { return checked().shape.numel(); }
+  DType dtype() const { return checked().dtype; }
+  Device device() const { return checked().storage->device(); }
+  bool requires_grad() const { return checked().requires_grad(); }
+  /// True for tensors made by the user rather than by an op that autodiff recorded.
+  bool is_leaf() const;
+  /// How often the storage was written in place; autodiff compares it at backward().
+  std::uint64_t version() const { return checked().storage->version(); }
+
+  const std::shared_ptr<TensorImpl>& impl() const { return m_impl; }
+
+ protected:
+  TensorImpl& checked() const {
+    if (!m_impl) throw AutogradError("Tensor: use of an undefined tensor (an empty handle, or grad() before any backward)");
+    return *m_impl;
+  }
+  std::shared_ptr<TensorImpl> m_impl;
+};
+
+template <Element T>
+class Tensor : public TensorBase {
+ public:
+  using value_type = T;
+
+  Tensor() = default;
+  /// Wraps an untyped body; throws if its dtype is not T.
+  explicit Tensor(std::shared_ptr<TensorImpl> impl) : TensorBase(std::move(impl)) {
+    if (m_impl && m_impl->dtype != dtype_of<T>())
+      throw ShapeError(detail::concat("Tensor: expected dtype ", dtype_name(dtype_of<T>()), ", got ",
+                                      dtype_name(m_impl->dtype)));
+  }
+  explicit Tensor(const TensorBase& base) : Tensor(base.impl()) {}
+
+  /// An uninitialised tensor of the given shape (kernels write every element).
+  static Tensor empty(const Shape& shape, Device device = Device::cpu) {
+    return Tensor(TensorImpl::allocate(shape, dtype_of<T>(), device));
+  }
+
+  T* data() { return static_cast<T*>(checked().storage->data()); }
+  const T* data() const { return static_cast<const T*>(checked().storage->data()); }
+
+  /// The elements, row-major.
+  std::vector<T> to_vector() const {
+    const T* p = data();
+    return std::vector<T>(p, p + numel());
+  }
+
+  /// The value of a one-element tensor.
+  T item() const {
+    if (numel() != 1)
+      throw ShapeError(detail::concat("item: expected a tensor with one element, got shape ", shape()));
+    return data()[0];
+  }
+
+  /// Turns gradient tracking on or off for this (leaf) tensor.
+  Tensor& set_requires_grad(bool on) requires FloatingPoint<T> {
+    auto& impl = checked();
+    if (!impl.autograd) impl.autograd = std::make_shared<AutogradMeta>();
+    impl.autograd->requires_grad = on;
+    return *this;
+  }
+
+  /// The gradient accumulated by backward(); undefined (defined() == false) before any.
+  Tensor grad() const {
+    auto& impl = checked();
+    return impl.autograd && impl.autograd->grad ? Tensor(impl.autograd->grad) : Tensor();
+  }
+  /// Forgets the accumulated gradient.
+  void zero_grad() {
+    if (auto& meta = checked().autograd) meta->grad.reset();
+  }
+
+  /// Backpropagates from this tensor with a sensitivity of ones, accumulating into the
+  /// grad() of every leaf that requires grad (defined in autograd/engine.hpp).
+  void backward(SourceLoc loc = SourceLoc::current()) const;
+
+  /// A copy as an xtensor array (defined in core/xtensor_interop.hpp).
+  xt::xarray<T> to_xarray() const;
+
+  /// The same storage, cut off from autodiff.
+  Tensor detach() const {
+    auto& impl = checked();
+    return Tensor(std::make_shared<TensorImpl>(impl.shape, impl.dtype, impl.storage));
+  }
+
+  /// The Parameter name, or "" for an unnamed tensor.
+  std::string name() const {
+    auto& impl = checked();
+    return impl.autograd ? impl.autograd->name : std::string();
+  }
+
+  // In-place updates (defined in ops/inplace.hpp). They bump the version counter, so a
+  // tensor saved for backward and then changed makes backward() throw.
+  Tensor& assign(const Tensor& src, SourceLoc loc = SourceLoc::current());
+  Tensor& operator+=(Located<Tensor> rhs);
+  Tensor& operator-=(Located<Tensor> rhs);
+  Tensor& operator*=(Located<Tensor> rhs);
+  Tensor& operator/=(Located<Tensor> rhs);
+  Tensor& operator+=(Located<T> rhs);
+  Tensor& operator-=(Located<T> rhs);
+  Tensor& operator*=(Located<T> rhs);
+  Tensor& operator/=(Located<T> rhs);
+
+  // Operators take the left operand as Located so the user's line reaches error messages.
+  // They are hidden friends: found through the Tensor argument, converting it implicitly.
+  friend Tensor operator+(Located<Tensor> a, const Tensor& b) requires Numeric<T> { return add(a.value, b, a.loc); }
+  friend Tensor operator-(Located<Tensor> a, const Tensor& b) requires Numeric<T> { return sub(a.value, b, a.loc); }
+  friend Tensor operator*(Located<Tensor> a, const Tensor& b) requires Numeric<T> { return mul(a.value, b, a.loc); }
+  friend Tensor operator/(Located<Tensor> a, const Tensor& b) requires Numeric<T> { return div(a.value, b, a.loc); }
+  friend Tensor operator+(Located<Tensor> a, T b) requires Numeric<T> { return add(a.value, scalar_like(a.value, b), a.loc); }
+  friend Tensor operator-(Located<Tensor> a, T b) requires Numeric<T> { return sub(a.value, scalar_like(a.value, b), a.loc); }
+  friend Tensor operator*(Located<Tensor> a, T b) requires Numeric<T> { return mul(a.value, scalar_like(a.value, b), a.loc); }
+  friend Tensor operator/(Located<Tensor> a, T b) requires Numeric<T> { return div(a.value, scalar_like(a.value, b), a.loc); }
+  friend Tensor operator+(Located<T> a, const Tensor& b) requires Numeric<T> { return add(scalar_like(b, a.value), b, a.loc); }
+  friend Tensor operator-(Located<T> a, const Tensor& b) requires Numeric<T> { return sub(scalar_like(b, a.value), b, a.loc); }
+  friend Tensor operator*(Located<T> a, const Tensor& b) requires Numeric<T> { return mul(scalar_like(b, a.value), b, a.loc); }
+  friend Tensor operator/(Located<T> a, const Tensor& b) requires Numeric<T> { return div(scalar_like(b, a.value), b, a.loc); }
+  friend Tensor operator-(Located<Tensor> a) requires Numeric<T> { return neg(a.value, a.loc); }
+};
+
+/// A rank-0 tensor holding `value`, on the same device as `like` (for tensor-scalar operators).
+template <Element T>
+Tensor<T> scalar_like(const Tensor<T>& like, T value) {
+  auto out = Tensor<T>::empty(Shape{}, like.device());
+  out.data()[0] = value;
+  return out;
+}
+
+inline bool TensorBase::is_leaf() const {
+  auto& impl = checked();
+  return !impl.autograd || !impl.autograd->grad_fn;
+}
+
+/// A named tensor that requires grad and keeps its identity: optimizers update it in place,
+/// and a jitted function reads its current value on every call.
+template <FloatingPoint T>
+class Parameter : public Tensor<T> {
+ public:
+  Parameter() = default;
+  Parameter(const Tensor<T>& init, std::string name) : Tensor<T>(init.detach()) {
+    this->set_requires_grad(true);
+    this->m_impl->autograd->name = std::move(name);
+  }
+};
+
+}  // namespace xgrad

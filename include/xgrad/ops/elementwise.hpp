@@ -1,0 +1,333 @@
+// Every elementwise op, each defined once: name, traits, one `apply` body for scalars and
+// xsimd batches (and later Thrust functors), and its gradient rule written with xgrad ops.
+#pragma once
+
+#include <cmath>
+#include <type_traits>
+#include <utility>
+
+#include <xsimd/xsimd.hpp>
+
+#include "xgrad/core/factory.hpp"
+#include "xgrad/ops/dispatch.hpp"
+
+namespace xgrad {
+
+namespace detail {
+template <class V>
+inline constexpr bool is_batch = xsimd::is_batch<V>::value;
+}  // namespace detail
+
+// Elementwise op definitions. A unary op has apply(x) and grad(x, y, g) -> dx; a binary op
+// has apply(a, b), result<T> and grad(a, b, y, g) -> {da, db} at the broadcast shape (the
+// engine sums a gradient back to its input's shape). reads_inputs / reads_output say which
+// tensors grad() uses, so the tape keeps nothing else alive.
+namespace op {
+
+struct UnaryDefaults {
+  static constexpr OpTraits traits{.elementwise = true};
+  static constexpr bool reads_inputs = true;
+  static constexpr bool reads_output = false;
+};
+
+struct Neg : UnaryDefaults {
+  static constexpr std::string_view name = "Neg";
+  static constexpr OpTraits traits{.elementwise = true, .linear = true};
+  static constexpr bool reads_inputs = false;
+  template <class V> static V apply(const V& x) { return -x; }
+  template <class T> static Tensor<T> grad(const Tensor<T>&, const Tensor<T>&, const Tensor<T>& g) { return -g; }
+};
+
+struct Exp : UnaryDefaults {
+  static constexpr std::string_view name = "Exp";
+  static constexpr bool reads_inputs = false;
+  static constexpr bool reads_output = true;
+  template <class V> static V apply(const V& x) { return xsimd::exp(x); }
+  template <class T> static Tensor<T> grad(const Tensor<T>&, const Tensor<T>& y, const Tensor<T>& g) { return g * y; }
+};
+
+struct Log : UnaryDefaults {
+  static constexpr std::string_view name = "Log";
+  template <class V> static V apply(const V& x) { return xsimd::log(x); }
+  template <class T> static Tensor<T> grad(const Tensor<T>& x, const Tensor<T>&, const Tensor<T>& g) { return g / x; }
+};
+
+struct Sqrt : UnaryDefaults {
+  static constexpr std::string_view name = "Sqrt";
+  static constexpr bool reads_inputs = false;
+  static constexpr bool reads_output = true;
+  template <class V> static V apply(const V& x) { return xsimd::sqrt(x); }
+  template <class T> static Tensor<T> grad(const Tensor<T>&, const Tensor<T>& y, const Tensor<T>& g) { return g * T(0.5) / y; }
+};
+
+struct Rsqrt : UnaryDefaults {
+  static constexpr std::string_view name = "Rsqrt";
+  static constexpr bool reads_inputs = false;
+  static constexpr bool reads_output = true;
+  // 1 / sqrt rather than xsimd::rsqrt, whose hardware estimate has only ~12 bits.
+  template <class V> static V apply(const V& x) { return V(1) / xsimd::sqrt(x); }
+  template <class T> static Tensor<T> grad(const Tensor<T>&, const Tensor<T>& y, const Tensor<T>& g) { return g * T(-0.5) * y * y * y; }
+};
+
+struct Tanh : UnaryDefaults {
+  static constexpr std::string_view name = "Tanh";
+  static constexpr bool reads_inputs = false;
+  static constexpr bool reads_output = true;
+  template <class V> static V apply(const V& x) { return xsimd::tanh(x); }
+  template <class T> static Tensor<T> grad(const Tensor<T>&, const Tensor<T>& y, const Tensor<T>& g) { return g * (T(1) - y * y); }
+};
+
+struct Sigmoid : UnaryDefaults {
+  static constexpr std::string_view name = "Sigmoid";
+  static constexpr bool reads_inputs = false;
+  static constexpr bool reads_output = true;
+  template <class V> static V apply(const V& x) { return V(1) / (V(1) + xsimd::exp(-x)); }
+  template <class T> static Tensor<T> grad(const Tensor<T>&, const Tensor<T>& y, const Tensor<T>& g) { return g * y * (T(1) - y); }
+};
+
+struct Relu : UnaryDefaults {
+  static constexpr std::string_view name = "ReLU";
+  template <class V> static V apply(const V& x) { return xsimd::max(x, V(0)); }
+  template <class T> static Tensor<T> grad(const Tensor<T>& x, const Tensor<T>&, const Tensor<T>& g) {
+    return where(x > T(0), g, zeros_like(g));
+  }
+};
+
+struct Sign : UnaryDefaults {
+  static constexpr std::string_view name = "Sign";
+  static constexpr bool reads_inputs = false;
+  template <class V> static V apply(const V& x) {
+    if constexpr (detail::is_batch<V>) return xsimd::select(x > V(0), V(1), xsimd::select(x < V(0), V(-1), V(0)));
+    else return static_cast<V>((x > V(0)) - (x < V(0)));
+  }
+  template <class T> static Tensor<T> grad(const Tensor<T>&, const Tensor<T>&, const Tensor<T>& g) { return zeros_like(g); }
+};
+
+struct Abs : UnaryDefaults {
+  static constexpr std::string_view name = "Abs";
+  template <class V> static V apply(const V& x) { return xsimd::abs(x); }
+  template <class T> static Tensor<T> grad(const Tensor<T>& x, const Tensor<T>&, const Tensor<T>& g) { return g * sign(x); }
+};
+
+struct Square : UnaryDefaults {
+  static constexpr std::string_view name = "Square";
+  template <class V> static V apply(const V& x) { return x * x; }
+  template <class T> static Tensor<T> grad(const Tensor<T>& x, const Tensor<T>&, const Tensor<T>& g) { return g * T(2) * x; }
+};
+
+struct Sin : UnaryDefaults {
+  static constexpr std::string_view name = "Sin";
+  template <class V> static V apply(const V& x) { return xsimd::sin(x); }
+  template <class T> static Tensor<T> grad(const Tensor<T>& x, const Tensor<T>&, const Tensor<T>& g) { return g * cos(x); }
+};
+
+struct Cos : UnaryDefaults {
+  static constexpr std::string_view name = "Cos";
+  template <class V> static V apply(const V& x) { return xsimd::cos(x); }
+  template <class T> static Tensor<T> grad(const Tensor<T>& x, const Tensor<T>&, const Tensor<T>& g) { return -(g * sin(x)); }
+};
+
+struct BinaryDefaults {
+  static constexpr OpTraits traits{.elementwise = true};
+  static constexpr bool reads_inputs = true;
+  static constexpr bool reads_output = false;
+  template <class T> using result = T;
+};
+
+struct Add : BinaryDefaults {
+  static constexpr std::string_view name = "Add";
+  static constexpr OpTraits traits{.elementwise = true, .commutative = true, .linear = true};
+  static constexpr bool reads_inputs = false;
+  template <class V> static V apply(const V& a, const V& b) { return a + b; }
+  template <class T> static auto grad(const Tensor<T>&, const Tensor<T>&, const Tensor<T>&, const Tensor<T>& g) {
+    return std::pair{g, g};
+  }
+};
+
+struct Sub : BinaryDefaults {
+  static constexpr std::string_view name = "Sub";
+  static constexpr OpTraits traits{.elementwise = true, .linear = true};
+  static constexpr bool reads_inputs = false;
+  template <class V> static V apply(const V& a, const V& b) { return a - b; }
+  template <class T> static auto grad(const Tensor<T>&, const Tensor<T>&, const Tensor<T>&, const Tensor<T>& g) {
+    return std::pair{g, -g};
+  }
+};
+
+struct Mul : BinaryDefaults {
+  static constexpr std::string_view name = "Mul";
+  static constexpr OpTraits traits{.elementwise = true, .commutative = true};
+  template <class V> static V apply(const V& a, const V& b) { return a * b; }
+  template <class T> static auto grad(const Tensor<T>& a, const Tensor<T>& b, const Tensor<T>&, const Tensor<T>& g) {
+    return std::pair{g * b, g * a};
+  }
+};
+
+struct Div : BinaryDefaults {
+  static constexpr std::string_view name = "Div";
+  static constexpr bool reads_output = true;
+  template <class V> static V apply(const V& a, const V& b) { return a / b; }
+  template <class T> static auto grad(const Tensor<T>&, const Tensor<T>& b, const Tensor<T>& y, const Tensor<T>& g) {
+    auto ga = g / b;
+    return std::pair{ga, -(ga * y)};
+  }
+};
+
+struct Pow : BinaryDefaults {
+  static constexpr std::string_view name = "Pow";
+  static constexpr bool reads_output = true;
+  template <class V> static V apply(const V& a, const V& b) {
+    if constexpr (std::is_integral_v<V>) return static_cast<V>(std::pow(a, b));
+    else return xsimd::pow(a, b);
+  }
+  template <class T> static auto grad(const Tensor<T>& a, const Tensor<T>& b, const Tensor<T>& y, const Tensor<T>& g) {
+    return std::pair{g * b * pow(a, b - T(1)), g * y * log(a)};
+  }
+};
+
+struct Maximum : BinaryDefaults {
+  static constexpr std::string_view name = "Maximum";
+  static constexpr OpTraits traits{.elementwise = true, .commutative = true};
+  template <class V> static V apply(const V& a, const V& b) { return xsimd::max(a, b); }
+  // Ties split the gradient evenly, so the rule is symmetric in a and b.
+  template <class T> static auto grad(const Tensor<T>& a, const Tensor<T>& b, const Tensor<T>&, const Tensor<T>& g) {
+    auto share = where(greater(a, b), ones_like(g), where(equal(a, b), full_like(g, T(0.5)), zeros_like(g)));
+    return std::pair{g * share, g - g * share};
+  }
+};
+
+struct Minimum : BinaryDefaults {
+  static constexpr std::string_view name = "Minimum";
+  static constexpr OpTraits traits{.elementwise = true, .commutative = true};
+  template <class V> static V apply(const V& a, const V& b) { return xsimd::min(a, b); }
+  template <class T> static auto grad(const Tensor<T>& a, const Tensor<T>& b, const Tensor<T>&, const Tensor<T>& g) {
+    auto share = where(less(a, b), ones_like(g), where(equal(a, b), full_like(g, T(0.5)), zeros_like(g)));
+    return std::pair{g * share, g - g * share};
+  }
+};
+
+struct ComparisonDefaults : BinaryDefaults {
+  template <class T> using result = bool;
+};
+struct Equal : ComparisonDefaults {
+  static constexpr std::string_view name = "Equal";
+  static constexpr OpTraits traits{.elementwise = true, .commutative = true};
+  template <class V> static bool apply(const V& a, const V& b) { return a == b; }
+};
+struct Less : ComparisonDefaults {
+  static constexpr std::string_view name = "Less";
+  template <class V> static bool apply(const V& a, const V& b) { return a < b; }
+};
+struct Greater : ComparisonDefaults {
+  static constexpr std::string_view name = "Greater";
+  template <class V> static bool apply(const V& a, const V& b) { return a > b; }
+};
+
+struct Where {
+  static constexpr std::string_view name = "Select";
+  static constexpr OpTraits traits{.elementwise = true};
+  template <class V> static V apply(bool c, const V& a, const V& b) { return c ? a : b; }
+};
+
+}  // namespace op
+
+// ---- Free functions users call --------------------------------------------------------
+
+#define XGRAD_UNARY_FUNCTION(fn, Op, Constraint)                                       \
+  /** Elementwise Op (see op::Op). */                                                  \
+  template <Constraint T>                                                              \
+  Tensor<T> fn(const Tensor<T>& x, SourceLoc loc = SourceLoc::current()) {             \
+    return detail::unary<op::Op>(x, loc);                                              \
+  }
+
+XGRAD_UNARY_FUNCTION(neg, Neg, Numeric)
+XGRAD_UNARY_FUNCTION(exp, Exp, FloatingPoint)
+XGRAD_UNARY_FUNCTION(log, Log, FloatingPoint)
+XGRAD_UNARY_FUNCTION(sqrt, Sqrt, FloatingPoint)
+XGRAD_UNARY_FUNCTION(rsqrt, Rsqrt, FloatingPoint)
+XGRAD_UNARY_FUNCTION(tanh, Tanh, FloatingPoint)
+XGRAD_UNARY_FUNCTION(sigmoid, Sigmoid, FloatingPoint)
+XGRAD_UNARY_FUNCTION(relu, Relu, Numeric)
+XGRAD_UNARY_FUNCTION(sign, Sign, Numeric)
+XGRAD_UNARY_FUNCTION(abs, Abs, Numeric)
+XGRAD_UNARY_FUNCTION(square, Square, Numeric)
+XGRAD_UNARY_FUNCTION(sin, Sin, FloatingPoint)
+XGRAD_UNARY_FUNCTION(cos, Cos, FloatingPoint)
+#undef XGRAD_UNARY_FUNCTION
+
+// Binary ops take two tensors, or a tensor and a plain T scalar on either side.
+#define XGRAD_BINARY_FUNCTION(fn, Op, Constraint)                                                  \
+  /** Elementwise Op with NumPy broadcasting (see op::Op). */                                      \
+  template <Constraint T>                                                                          \
+  Tensor<op::Op::result<T>> fn(const Tensor<T>& a, const Tensor<T>& b,           \
+                                                 SourceLoc loc = SourceLoc::current()) {           \
+    return detail::binary<op::Op>(a, b, loc);                                                      \
+  }                                                                                                \
+  template <Constraint T>                                                                          \
+  Tensor<op::Op::result<T>> fn(const Tensor<T>& a, std::type_identity_t<T> b,    \
+                                                 SourceLoc loc = SourceLoc::current()) {           \
+    return detail::binary<op::Op>(a, scalar_like(a, b), loc);                                      \
+  }                                                                                                \
+  template <Constraint T>                                                                          \
+  Tensor<op::Op::result<T>> fn(std::type_identity_t<T> a, const Tensor<T>& b,    \
+                                                 SourceLoc loc = SourceLoc::current()) {           \
+    return detail::binary<op::Op>(scalar_like(b, a), b, loc);                                      \
+  }
+
+XGRAD_BINARY_FUNCTION(add, Add, Numeric)
+XGRAD_BINARY_FUNCTION(sub, Sub, Numeric)
+XGRAD_BINARY_FUNCTION(mul, Mul, Numeric)
+XGRAD_BINARY_FUNCTION(div, Div, Numeric)
+XGRAD_BINARY_FUNCTION(pow, Pow, Numeric)
+XGRAD_BINARY_FUNCTION(maximum, Maximum, Numeric)
+XGRAD_BINARY_FUNCTION(minimum, Minimum, Numeric)
+XGRAD_BINARY_FUNCTION(equal, Equal, Element)
+XGRAD_BINARY_FUNCTION(less, Less, Numeric)
+XGRAD_BINARY_FUNCTION(greater, Greater, Numeric)
+#undef XGRAD_BINARY_FUNCTION
+
+// Comparison operators give Tensor<bool>, as in NumPy.
+template <Numeric T> Tensor<bool> operator<(const Tensor<T>& a, const Tensor<T>& b) { return less(a, b); }
+template <Numeric T> Tensor<bool> operator>(const Tensor<T>& a, const Tensor<T>& b) { return greater(a, b); }
+template <Numeric T> Tensor<bool> operator<(const Tensor<T>& a, std::type_identity_t<T> b) { return less(a, b); }
+template <Numeric T> Tensor<bool> operator>(const Tensor<T>& a, std::type_identity_t<T> b) { return greater(a, b); }
+
+/// Picks a where cond is true, else b, with broadcasting over all three.
+template <Element T>
+Tensor<T> where(const Tensor<bool>& cond, const Tensor<T>& a, const Tensor<T>& b, SourceLoc loc = SourceLoc::current()) {
+  Shape ab;
+  Shape shape;
+  if (!try_broadcast(a.shape(), b.shape(), ab) || !try_broadcast(cond.shape(), ab, shape))
+    throw_shape_error(op::Where::name, loc, "shapes cannot be broadcast together (inputs ",
+                      detail::describe_inputs({{"cond", &cond}, {"x", &a}, {"y", &b}}), ")");
+  auto out = Tensor<T>::empty(shape);
+  cpu::map_ternary<op::Where>(cpu::BroadcastPlan<3>(shape, {&cond.shape(), &a.shape(), &b.shape()}), cond.data(),
+                              a.data(), b.data(), out.data());
+  if constexpr (FloatingPoint<T>) {
+    if (detail::should_record(a, b)) {
+      detail::record(out, op::Where::name, loc, {cond, a, b}, {cond}, false,
+                     [cond](const TensorBase&, const TensorBase& g) {
+                       Tensor<T> grad(g), zero = zeros_like(grad);
+                       return autograd::Grads{TensorBase(), where(cond, grad, zero), where(cond, zero, grad)};
+                     });
+    }
+  }
+  return out;
+}
+template <Element T>
+Tensor<T> where(const Tensor<bool>& cond, const Tensor<T>& a, std::type_identity_t<T> b, SourceLoc loc = SourceLoc::current()) {
+  return where(cond, a, scalar_like(a, b), loc);
+}
+template <Element T>
+Tensor<T> where(const Tensor<bool>& cond, std::type_identity_t<T> a, const Tensor<T>& b, SourceLoc loc = SourceLoc::current()) {
+  return where(cond, scalar_like(b, a), b, loc);
+}
+
+/// Limits x to [lo, hi] (a composite: the gradient passes where x is inside).
+template <Numeric T>
+Tensor<T> clip(const Tensor<T>& x, std::type_identity_t<T> lo, std::type_identity_t<T> hi, SourceLoc loc = SourceLoc::current()) {
+  if (lo > hi) throw_value_error("Clip", loc, "lo (", lo, ") must not exceed hi (", hi, ")");
+  return minimum(maximum(x, lo, loc), hi, loc);
+}
+
+}  // namespace xgrad

@@ -1,0 +1,292 @@
+// Shape and data-movement ops: reshape (a view), transpose, broadcast_to, sum_to, slice,
+// concat, stack, expand_dims, squeeze, flatten, cast.
+#pragma once
+
+#include <algorithm>
+#include <numeric>
+#include <vector>
+
+#include "xgrad/backend/cpu/copy.hpp"
+#include "xgrad/core/factory.hpp"
+#include "xgrad/ops/dispatch.hpp"
+
+namespace xgrad {
+
+/// A view of x with a new shape of the same size; one -1 is inferred.
+template <Element T>
+Tensor<T> reshape(const Tensor<T>& x, const std::vector<std::int64_t>& dims, SourceLoc loc = SourceLoc::current()) {
+  Shape shape;
+  int inferred = -1;
+  std::int64_t known = 1;
+  for (std::size_t i = 0; i < dims.size(); ++i) {
+    if (dims[i] == -1) {
+      if (inferred >= 0) throw_shape_error("Reshape", loc, "only one -1 is allowed in ", Shape(dims));
+      inferred = static_cast<int>(i);
+    } else if (dims[i] < 0) {
+      throw_shape_error("Reshape", loc, "size ", dims[i], " in ", Shape(dims), " must be non-negative or -1");
+    } else {
+      known *= dims[i];
+    }
+    shape.push_back(dims[i]);
+  }
+  if (inferred >= 0) {
+    if (known == 0 || x.numel() % known != 0)
+      throw_shape_error("Reshape", loc, "cannot reshape input ", dtype_name(x.dtype()), x.shape(), " into ", Shape(dims));
+    shape[inferred] = x.numel() / known;
+  }
+  if (shape.numel() != x.numel())
+    throw_shape_error("Reshape", loc, "cannot reshape input ", dtype_name(x.dtype()), x.shape(), " (", x.numel(),
+                      " elements) into ", shape, " (", shape.numel(), " elements)");
+  Tensor<T> out(std::make_shared<TensorImpl>(shape, x.dtype(), x.impl()->storage));
+  if constexpr (FloatingPoint<T>) {
+    if (detail::should_record(x)) {
+      Shape in_shape = x.shape();
+      detail::record(out, "Reshape", loc, {x}, {}, false, [in_shape](const TensorBase&, const TensorBase& g) {
+        return autograd::Grads{reshape(Tensor<T>(g), in_shape.to_vector())};
+      });
+    }
+  }
+  return out;
+}
+
+/// Permutes the axes (reverses them when perm is empty). Materializes the result.
+template <Element T>
+Tensor<T> transpose(const Tensor<T>& x, std::vector<std::int64_t> perm = {}, SourceLoc loc = SourceLoc::current()) {
+  const int rank = x.ndim();
+  if (perm.empty()) {
+    perm.resize(rank);
+    std::iota(perm.rbegin(), perm.rend(), 0);
+  }
+  if (static_cast<int>(perm.size()) != rank)
+    throw_shape_error("Transpose", loc, "perm ", Shape(perm), " has ", perm.size(), " axes, input ",
+                      dtype_name(x.dtype()), x.shape(), " has ", rank);
+  std::vector<bool> seen(rank, false);
+  for (auto& p : perm) {
+    p = normalize_axis(p, rank, "Transpose", loc);
+    if (seen[p]) throw_shape_error("Transpose", loc, "perm ", Shape(perm), " repeats axis ", p);
+    seen[p] = true;
+  }
+  Shape shape;
+  cpu::Strides src{};
+  auto in_strides = x.shape().strides();
+  for (int i = 0; i < rank; ++i) {
+    shape.push_back(x.shape()[perm[i]]);
+    src[i] = in_strides[perm[i]];
+  }
+  auto out = Tensor<T>::empty(shape);
+  cpu::strided_copy(shape, x.data(), src, out.data(), shape.strides());
+  if constexpr (FloatingPoint<T>) {
+    if (detail::should_record(x)) {
+      std::vector<std::int64_t> inverse(rank);
+      for (int i = 0; i < rank; ++i) inverse[perm[i]] = i;
+      detail::record(out, "Transpose", loc, {x}, {}, false, [inverse](const TensorBase&, const TensorBase& g) {
+        return autograd::Grads{transpose(Tensor<T>(g), inverse)};
+      });
+    }
+  }
+  return out;
+}
+
+template <Element T>
+Tensor<T> broadcast_to(const Tensor<T>& x, const Shape& shape, SourceLoc loc = SourceLoc::current());
+
+template <Numeric T>
+Tensor<T> sum_to(const Tensor<T>& x, const Shape& shape, SourceLoc loc = SourceLoc::current());
+
+/// x repeated along broadcast axes to take `shape` (NumPy rules). Materializes the result.
+template <Element T>
+Tensor<T> broadcast_to(const Tensor<T>& x, const Shape& shape, SourceLoc loc) {
+  Shape check;
+  if (!try_broadcast(x.shape(), shape, check) || !(check == shape))
+    throw_shape_error("BroadcastTo", loc, "input ", dtype_name(x.dtype()), x.shape(), " cannot be broadcast to ", shape);
+  if (x.shape() == shape) return x;
+  cpu::Strides src{};
+  auto in_strides = x.shape().strides();
+  for (int i = shape.ndim() - 1, j = x.ndim() - 1; i >= 0; --i, --j)
+    src[i] = (j >= 0 && x.shape()[j] != 1) ? in_strides[j] : 0;
+  auto out = Tensor<T>::empty(shape);
+  cpu::strided_copy(shape, x.data(), src, out.data(), shape.strides());
+  if constexpr (FloatingPoint<T>) {
+    if (detail::should_record(x)) {
+      Shape in_shape = x.shape();
+      detail::record(out, "BroadcastTo", loc, {x}, {}, false, [in_shape](const TensorBase&, const TensorBase& g) {
+        return autograd::Grads{sum_to(Tensor<T>(g), in_shape)};
+      });
+    }
+  }
+  return out;
+}
+
+/// Inserts a size-1 axis at `axis` (a view).
+template <Element T>
+Tensor<T> expand_dims(const Tensor<T>& x, std::int64_t axis, SourceLoc loc = SourceLoc::current()) {
+  int a = normalize_axis(axis, x.ndim() + 1, "ExpandDims", loc);
+  auto dims = x.shape().to_vector();
+  dims.insert(dims.begin() + a, 1);
+  return reshape(x, dims, loc);
+}
+
+/// Removes the given size-1 axes, or every size-1 axis when none are given (a view).
+template <Element T>
+Tensor<T> squeeze(const Tensor<T>& x, const std::vector<std::int64_t>& axes = {}, SourceLoc loc = SourceLoc::current()) {
+  std::vector<bool> drop(x.ndim(), axes.empty());
+  for (auto axis : axes) {
+    int a = normalize_axis(axis, x.ndim(), "Squeeze", loc);
+    if (x.shape()[a] != 1)
+      throw_shape_error("Squeeze", loc, "axis ", axis, " of input ", dtype_name(x.dtype()), x.shape(), " has size ",
+                        x.shape()[a], ", not 1");
+    drop[a] = true;
+  }
+  std::vector<std::int64_t> dims;
+  for (int i = 0; i < x.ndim(); ++i)
+    if (!(drop[i] && x.shape()[i] == 1)) dims.push_back(x.shape()[i]);
+  return reshape(x, dims, loc);
+}
+
+/// Keeps the first axis and flattens the rest: [N, ...] -> [N, -1] (MindSpore's Flatten).
+template <Element T>
+Tensor<T> flatten(const Tensor<T>& x, SourceLoc loc = SourceLoc::current()) {
+  if (x.ndim() == 0) throw_shape_error("Flatten", loc, "input must have at least one axis, got a scalar");
+  return reshape(x, {x.shape()[0], x.ndim() == 1 ? 1 : -1}, loc);
+}
+
+template <Numeric T>
+Tensor<T> slice_backward(const Tensor<T>& g, const Shape& in_shape, const std::vector<std::int64_t>& begin,
+                         SourceLoc loc = SourceLoc::current());
+
+/// The block of x starting at `begin` with extent `size` per axis (MindSpore's Slice);
+/// a size of -1 runs to the end of that axis.
+template <Element T>
+Tensor<T> slice(const Tensor<T>& x, const std::vector<std::int64_t>& begin, const std::vector<std::int64_t>& size,
+                SourceLoc loc = SourceLoc::current()) {
+  const int rank = x.ndim();
+  if (static_cast<int>(begin.size()) != rank || static_cast<int>(size.size()) != rank)
+    throw_shape_error("Slice", loc, "begin ", Shape(begin), " and size ", Shape(size), " need one entry per axis of input ",
+                      dtype_name(x.dtype()), x.shape());
+  Shape shape;
+  std::int64_t offset = 0;
+  auto strides = x.shape().strides();
+  for (int i = 0; i < rank; ++i) {
+    std::int64_t n = size[i] == -1 ? x.shape()[i] - begin[i] : size[i];
+    if (begin[i] < 0 || n < 0 || begin[i] + n > x.shape()[i])
+      throw_shape_error("Slice", loc, "begin ", Shape(begin), " with size ", Shape(size), " leaves input ",
+                        dtype_name(x.dtype()), x.shape(), " at axis ", i);
+    shape.push_back(n);
+    offset += begin[i] * strides[i];
+  }
+  auto out = Tensor<T>::empty(shape);
+  cpu::strided_copy(shape, x.data() + offset, strides, out.data(), shape.strides());
+  if constexpr (FloatingPoint<T>) {
+    if (detail::should_record(x)) {
+      Shape in_shape = x.shape();
+      detail::record(out, "Slice", loc, {x}, {}, false, [in_shape, begin](const TensorBase&, const TensorBase& g) {
+        return autograd::Grads{slice_backward(Tensor<T>(g), in_shape, begin)};
+      });
+    }
+  }
+  return out;
+}
+
+/// Zeros of `in_shape` with g written at `begin`: the adjoint of slice.
+template <Numeric T>
+Tensor<T> slice_backward(const Tensor<T>& g, const Shape& in_shape, const std::vector<std::int64_t>& begin, SourceLoc loc) {
+  auto out = zeros<T>(in_shape, loc);
+  auto strides = in_shape.strides();
+  std::int64_t offset = 0;
+  for (int i = 0; i < in_shape.ndim(); ++i) offset += begin[i] * strides[i];
+  cpu::strided_copy(g.shape(), g.data(), g.shape().strides(), out.data() + offset, strides);
+  if constexpr (FloatingPoint<T>) {
+    if (detail::should_record(g)) {
+      std::vector<std::int64_t> size = g.shape().to_vector();
+      detail::record(out, "SliceGrad", loc, {g}, {}, false, [begin, size](const TensorBase&, const TensorBase& gg) {
+        return autograd::Grads{slice(Tensor<T>(gg), begin, size)};
+      });
+    }
+  }
+  return out;
+}
+
+/// Joins tensors along an existing axis; all other extents must agree.
+template <Element T>
+Tensor<T> concat(const std::vector<Tensor<T>>& xs, std::int64_t axis = 0, SourceLoc loc = SourceLoc::current()) {
+  if (xs.empty()) throw_shape_error("Concat", loc, "needs at least one input");
+  const Shape& first = xs[0].shape();
+  int a = normalize_axis(axis, first.ndim(), "Concat", loc);
+  Shape shape = first;
+  shape[a] = 0;
+  for (std::size_t k = 0; k < xs.size(); ++k) {
+    const Shape& s = xs[k].shape();
+    bool fits = s.ndim() == first.ndim();
+    for (int i = 0; fits && i < s.ndim(); ++i) fits = i == a || s[i] == first[i];
+    if (!fits) {
+      std::string all;
+      for (std::size_t j = 0; j < xs.size(); ++j) all += detail::concat(j ? ", " : "", "x", j, ": ", xs[j].shape());
+      throw_shape_error("Concat", loc, "input ", k, " has shape ", s, ", which does not match input 0 outside axis ", a,
+                        " (inputs ", all, ")");
+    }
+    shape[a] += s[a];
+  }
+  auto out = Tensor<T>::empty(shape);
+  auto strides = shape.strides();
+  std::int64_t at = 0;
+  for (const auto& x : xs) {
+    cpu::strided_copy(x.shape(), x.data(), x.shape().strides(), out.data() + at * strides[a], strides);
+    at += x.shape()[a];
+  }
+  if constexpr (FloatingPoint<T>) {
+    bool any = false;
+    for (const auto& x : xs) any = any || detail::should_record(x);
+    if (any) {
+      std::vector<Shape> shapes;
+      for (const auto& x : xs) shapes.push_back(x.shape());
+      std::vector<std::reference_wrapper<const TensorBase>> refs(xs.begin(), xs.end());
+      detail::record_range(out, "Concat", loc, refs.begin(), refs.end(), {}, false,
+                           [shapes, a](const TensorBase&, const TensorBase& g) {
+                             Tensor<T> grad(g);
+                             autograd::Grads grads;
+                             std::vector<std::int64_t> begin(grad.ndim(), 0);
+                             for (const auto& s : shapes) {
+                               grads.push_back(slice(grad, begin, s.to_vector()));
+                               begin[a] += s[a];
+                             }
+                             return grads;
+                           });
+    }
+  }
+  return out;
+}
+
+/// Joins tensors of one shape along a new axis.
+template <Element T>
+Tensor<T> stack(const std::vector<Tensor<T>>& xs, std::int64_t axis = 0, SourceLoc loc = SourceLoc::current()) {
+  if (xs.empty()) throw_shape_error("Stack", loc, "needs at least one input");
+  for (std::size_t k = 1; k < xs.size(); ++k)
+    if (!(xs[k].shape() == xs[0].shape()))
+      throw_shape_error("Stack", loc, "input ", k, " has shape ", xs[k].shape(), ", input 0 has ", xs[0].shape());
+  std::vector<Tensor<T>> expanded;
+  for (const auto& x : xs) expanded.push_back(expand_dims(x, axis, loc));
+  return concat(expanded, normalize_axis(axis, xs[0].ndim() + 1, "Stack", loc), loc);
+}
+
+/// Converts element type; the gradient converts back.
+template <Element U, Element T>
+Tensor<U> cast(const Tensor<T>& x, SourceLoc loc = SourceLoc::current()) {
+  if constexpr (std::is_same_v<T, U>) {
+    return x;
+  } else {
+    auto out = Tensor<U>::empty(x.shape());
+    const T* src = x.data();
+    U* dst = out.data();
+    for (std::int64_t i = 0, n = x.numel(); i < n; ++i) dst[i] = static_cast<U>(src[i]);
+    if constexpr (FloatingPoint<T> && FloatingPoint<U>) {
+      if (detail::should_record(x)) {
+        detail::record(out, "Cast", loc, {x}, {}, false, [](const TensorBase&, const TensorBase& g) {
+          return autograd::Grads{cast<T>(Tensor<U>(g))};
+        });
+      }
+    }
+    return out;
+  }
+}
+
+}  // namespace xgrad

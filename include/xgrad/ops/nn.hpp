@@ -1,0 +1,332 @@
+// Neural-network ops: bias_add, conv2d, pooling, resize_bilinear, softmax, log_softmax,
+// one_hot and softmax_cross_entropy. Conv, pooling and resize are primitives whose
+// gradients are primitives too (each pair adjoint), so gradients of gradients work.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "xgrad/backend/cpu/conv.hpp"
+#include "xgrad/backend/cpu/pool.hpp"
+#include "xgrad/backend/cpu/resize.hpp"
+#include "xgrad/ops/elementwise.hpp"
+#include "xgrad/ops/manipulation.hpp"
+#include "xgrad/ops/reduce.hpp"
+
+namespace xgrad {
+
+/// How conv2d and pooling pad: `pad` uses explicit padding, `valid` none, `same` enough
+/// that the output has ceil(input / stride) rows and columns (MindSpore's pad_mode).
+enum class PadMode { pad, valid, same };
+
+/// How a loss folds per-sample values.
+enum class Reduction { none, mean, sum };
+
+struct Conv2dOptions {
+  std::int64_t stride = 1;
+  std::int64_t padding = 0;
+  std::int64_t dilation = 1;
+  PadMode pad_mode = PadMode::pad;
+};
+
+/// Adds a bias of shape [C] along axis 1 of x (MindSpore's BiasAdd).
+template <FloatingPoint T>
+Tensor<T> bias_add(const Tensor<T>& x, const Tensor<T>& b, SourceLoc loc = SourceLoc::current()) {
+  if (x.ndim() < 2 || b.ndim() != 1 || b.shape()[0] != x.shape()[1])
+    throw_shape_error("BiasAdd", loc, "bias must have shape [C] where C is axis 1 of x, which needs at least 2 axes (inputs ",
+                      detail::describe_inputs({{"x", &x}, {"bias", &b}}), ")");
+  std::vector<std::int64_t> dims(x.ndim() - 1, 1);
+  dims[0] = b.shape()[0];
+  return add(x, reshape(b, dims, loc), loc);
+}
+
+namespace detail {
+
+/// Output extent and leading pad of one spatial axis.
+struct AxisWindow {
+  std::int64_t out = 0, pad_before = 0;
+};
+
+inline AxisWindow window_axis(std::string_view op, std::int64_t in, std::int64_t kernel, std::int64_t stride,
+                              std::int64_t dilation, std::int64_t padding, PadMode mode, SourceLoc loc) {
+  if (kernel < 1 || stride < 1 || dilation < 1 || padding < 0)
+    throw_value_error(op, loc, "kernel (", kernel, "), stride (", stride, ") and dilation (", dilation,
+                      ") must be positive and padding (", padding, ") non-negative");
+  const std::int64_t span = dilation * (kernel - 1) + 1;
+  AxisWindow w;
+  if (mode == PadMode::same) {
+    w.out = (in + stride - 1) / stride;
+    w.pad_before = std::max<std::int64_t>((w.out - 1) * stride + span - in, 0) / 2;
+  } else {
+    std::int64_t pad = mode == PadMode::pad ? padding : 0;
+    w.pad_before = pad;
+    w.out = in + 2 * pad >= span ? (in + 2 * pad - span) / stride + 1 : 0;
+  }
+  return w;
+}
+
+template <FloatingPoint T>
+Tensor<T> conv2d_input_grad(const Tensor<T>& g, const Tensor<T>& w, const cpu::Conv2dGeometry& geo, SourceLoc loc);
+template <FloatingPoint T>
+Tensor<T> conv2d_weight_grad(const Tensor<T>& x, const Tensor<T>& g, const cpu::Conv2dGeometry& geo, SourceLoc loc);
+
+/// conv2d on a worked-out geometry; its gradients are the two ops below.
+template <FloatingPoint T>
+Tensor<T> conv2d_apply(const Tensor<T>& x, const Tensor<T>& w, const cpu::Conv2dGeometry& geo, SourceLoc loc) {
+  auto y = Tensor<T>::empty(Shape{geo.n, geo.c_out, geo.out_h, geo.out_w});
+  cpu::conv2d_forward(geo, x.data(), w.data(), y.data());
+  if (should_record(x, w)) {
+    record(y, "Conv2D", loc, {x, w}, {x, w}, false, [x, w, geo, loc](const TensorBase&, const TensorBase& g) {
+      Tensor<T> gy(g);
+      return autograd::Grads{conv2d_input_grad(gy, w, geo, loc), conv2d_weight_grad(x, gy, geo, loc)};
+    });
+  }
+  return y;
+}
+
+template <FloatingPoint T>
+Tensor<T> conv2d_input_grad(const Tensor<T>& g, const Tensor<T>& w, const cpu::Conv2dGeometry& geo, SourceLoc loc) {
+  auto gx = Tensor<T>::empty(Shape{geo.n, geo.c_in, geo.h, geo.w});
+  cpu::conv2d_backward_input(geo, g.data(), w.data(), gx.data());
+  if (should_record(g, w)) {
+    record(gx, "Conv2DBackpropInput", loc, {g, w}, {g, w}, false, [g, w, geo, loc](const TensorBase&, const TensorBase& u) {
+      Tensor<T> up(u);
+      return autograd::Grads{conv2d_apply(up, w, geo, loc), conv2d_weight_grad(up, g, geo, loc)};
+    });
+  }
+  return gx;
+}
+
+template <FloatingPoint T>
+Tensor<T> conv2d_weight_grad(const Tensor<T>& x, const Tensor<T>& g, const cpu::Conv2dGeometry& geo, SourceLoc loc) {
+  auto gw = Tensor<T>::empty(Shape{geo.c_out, geo.c_in, geo.kh, geo.kw});
+  cpu::conv2d_backward_weight(geo, x.data(), g.data(), gw.data());
+  if (should_record(x, g)) {
+    record(gw, "Conv2DBackpropFilter", loc, {x, g}, {x, g}, false, [x, g, geo, loc](const TensorBase&, const TensorBase& v) {
+      Tensor<T> up(v);
+      return autograd::Grads{conv2d_input_grad(g, up, geo, loc), conv2d_apply(x, up, geo, loc)};
+    });
+  }
+  return gw;
+}
+
+}  // namespace detail
+
+/// 2-D convolution of x [N, C_in, H, W] with w [C_out, C_in, KH, KW] (im2col + GEMM).
+template <FloatingPoint T>
+Tensor<T> conv2d(const Tensor<T>& x, const Tensor<T>& w, Conv2dOptions options = {}, SourceLoc loc = SourceLoc::current()) {
+  if (x.ndim() != 4 || w.ndim() != 4 || x.shape()[1] != w.shape()[1])
+    throw_shape_error("Conv2D", loc, "x must be [N, C_in, H, W] and w [C_out, C_in, KH, KW] with the same C_in (inputs ",
+                      detail::describe_inputs({{"x", &x}, {"w", &w}}), ")");
+  const Shape &xs = x.shape(), &ws = w.shape();
+  auto rows = detail::window_axis("Conv2D", xs[2], ws[2], options.stride, options.dilation, options.padding, options.pad_mode, loc);
+  auto cols = detail::window_axis("Conv2D", xs[3], ws[3], options.stride, options.dilation, options.padding, options.pad_mode, loc);
+  if (rows.out <= 0 || cols.out <= 0)
+    throw_shape_error("Conv2D", loc, "the kernel (with dilation ", options.dilation, ") does not fit the padded input (inputs ",
+                      detail::describe_inputs({{"x", &x}, {"w", &w}}), ")");
+  cpu::Conv2dGeometry geo{xs[0], xs[1], xs[2], xs[3], ws[0], ws[2], ws[3], options.stride, options.stride,
+                          rows.pad_before, cols.pad_before, options.dilation, options.dilation, rows.out, cols.out};
+  return detail::conv2d_apply(x, w, geo, loc);
+}
+
+namespace detail {
+
+inline cpu::Pool2dGeometry pool_geometry(std::string_view op, const TensorBase& x, std::int64_t kernel, std::int64_t stride,
+                                         PadMode mode, SourceLoc loc) {
+  if (x.ndim() != 4) throw_shape_error(op, loc, "x must be [N, C, H, W] (input ", describe_inputs({{"x", &x}}), ")");
+  const Shape& s = x.shape();
+  if (mode == PadMode::pad) throw_value_error(op, loc, "pad_mode must be valid or same");
+  auto rows = window_axis(op, s[2], kernel, stride, 1, 0, mode, loc);
+  auto cols = window_axis(op, s[3], kernel, stride, 1, 0, mode, loc);
+  if (rows.out <= 0 || cols.out <= 0)
+    throw_shape_error(op, loc, "kernel ", kernel, " does not fit input ", describe_inputs({{"x", &x}}));
+  return {s[0], s[1], s[2], s[3], kernel, kernel, stride, stride, rows.pad_before, cols.pad_before, rows.out, cols.out};
+}
+
+template <FloatingPoint T>
+Tensor<T> max_pool_select(const Tensor<T>& x, const Tensor<T>& v, const cpu::Pool2dGeometry& geo, SourceLoc loc);
+
+/// Routes gy to the argmax of each window of x: max_pool2d's gradient.
+template <FloatingPoint T>
+Tensor<T> max_pool_scatter(const Tensor<T>& x, const Tensor<T>& gy, const cpu::Pool2dGeometry& geo, SourceLoc loc) {
+  auto gx = Tensor<T>::empty(x.shape());
+  cpu::max_pool2d_scatter(geo, x.data(), gy.data(), gx.data());
+  if (should_record(gy)) {
+    record(gx, "MaxPoolGrad", loc, {x, gy}, {x}, false, [x, geo, loc](const TensorBase&, const TensorBase& u) {
+      return autograd::Grads{TensorBase(), max_pool_select(x, Tensor<T>(u), geo, loc)};
+    });
+  }
+  return gx;
+}
+
+/// Reads v at the argmax of each window of x: the adjoint of max_pool_scatter.
+template <FloatingPoint T>
+Tensor<T> max_pool_select(const Tensor<T>& x, const Tensor<T>& v, const cpu::Pool2dGeometry& geo, SourceLoc loc) {
+  auto out = Tensor<T>::empty(Shape{geo.n, geo.c, geo.out_h, geo.out_w});
+  cpu::max_pool2d_select(geo, x.data(), v.data(), out.data());
+  if (should_record(v)) {
+    record(out, "MaxPoolGradGrad", loc, {x, v}, {x}, false, [x, geo, loc](const TensorBase&, const TensorBase& u) {
+      return autograd::Grads{TensorBase(), max_pool_scatter(x, Tensor<T>(u), geo, loc)};
+    });
+  }
+  return out;
+}
+
+template <FloatingPoint T>
+Tensor<T> avg_pool_apply(const Tensor<T>& x, const cpu::Pool2dGeometry& geo, SourceLoc loc);
+
+/// Spreads gy evenly over each window: avg_pool2d's gradient (and adjoint).
+template <FloatingPoint T>
+Tensor<T> avg_pool_spread(const Tensor<T>& gy, const cpu::Pool2dGeometry& geo, SourceLoc loc) {
+  auto gx = Tensor<T>::empty(Shape{geo.n, geo.c, geo.h, geo.w});
+  cpu::avg_pool2d_backward(geo, gy.data(), gx.data());
+  if (should_record(gy)) {
+    record(gx, "AvgPoolGrad", loc, {gy}, {}, false, [geo, loc](const TensorBase&, const TensorBase& u) {
+      return autograd::Grads{avg_pool_apply(Tensor<T>(u), geo, loc)};
+    });
+  }
+  return gx;
+}
+
+template <FloatingPoint T>
+Tensor<T> avg_pool_apply(const Tensor<T>& x, const cpu::Pool2dGeometry& geo, SourceLoc loc) {
+  auto y = Tensor<T>::empty(Shape{geo.n, geo.c, geo.out_h, geo.out_w});
+  cpu::avg_pool2d_forward(geo, x.data(), y.data());
+  if (should_record(x)) {
+    record(y, "AvgPool", loc, {x}, {}, false, [geo, loc](const TensorBase&, const TensorBase& g) {
+      return autograd::Grads{avg_pool_spread(Tensor<T>(g), geo, loc)};
+    });
+  }
+  return y;
+}
+
+}  // namespace detail
+
+/// Max over kernel x kernel windows of x [N, C, H, W]; pad_mode valid (default) or same.
+template <FloatingPoint T>
+Tensor<T> max_pool2d(const Tensor<T>& x, std::int64_t kernel, std::int64_t stride, PadMode pad_mode = PadMode::valid,
+                     SourceLoc loc = SourceLoc::current()) {
+  auto geo = detail::pool_geometry("MaxPool", x, kernel, stride, pad_mode, loc);
+  auto y = Tensor<T>::empty(Shape{geo.n, geo.c, geo.out_h, geo.out_w});
+  cpu::max_pool2d_forward(geo, x.data(), y.data());
+  if (detail::should_record(x)) {
+    detail::record(y, "MaxPool", loc, {x}, {x}, false, [x, geo, loc](const TensorBase&, const TensorBase& g) {
+      return autograd::Grads{detail::max_pool_scatter(x, Tensor<T>(g), geo, loc)};
+    });
+  }
+  return y;
+}
+template <FloatingPoint T>
+Tensor<T> max_pool2d(const Tensor<T>& x, std::int64_t kernel, SourceLoc loc = SourceLoc::current()) {
+  return max_pool2d(x, kernel, kernel, PadMode::valid, loc);
+}
+
+/// Mean over kernel x kernel windows of x [N, C, H, W] (padding excluded from the count).
+template <FloatingPoint T>
+Tensor<T> avg_pool2d(const Tensor<T>& x, std::int64_t kernel, std::int64_t stride, PadMode pad_mode = PadMode::valid,
+                     SourceLoc loc = SourceLoc::current()) {
+  return detail::avg_pool_apply(x, detail::pool_geometry("AvgPool", x, kernel, stride, pad_mode, loc), loc);
+}
+template <FloatingPoint T>
+Tensor<T> avg_pool2d(const Tensor<T>& x, std::int64_t kernel, SourceLoc loc = SourceLoc::current()) {
+  return avg_pool2d(x, kernel, kernel, PadMode::valid, loc);
+}
+
+namespace detail {
+
+struct ResizeGeometry {
+  std::int64_t n, c, h, w, out_h, out_w;
+  bool align_corners;
+};
+
+template <FloatingPoint T>
+Tensor<T> resize_apply(const Tensor<T>& x, const ResizeGeometry& r, SourceLoc loc);
+
+template <FloatingPoint T>
+Tensor<T> resize_adjoint(const Tensor<T>& gy, const ResizeGeometry& r, SourceLoc loc) {
+  auto gx = Tensor<T>::empty(Shape{r.n, r.c, r.h, r.w});
+  cpu::resize_bilinear_backward(r.n, r.c, r.h, r.w, r.out_h, r.out_w, r.align_corners, gy.data(), gx.data());
+  if (should_record(gy)) {
+    record(gx, "ResizeBilinearGrad", loc, {gy}, {}, false, [r, loc](const TensorBase&, const TensorBase& u) {
+      return autograd::Grads{resize_apply(Tensor<T>(u), r, loc)};
+    });
+  }
+  return gx;
+}
+
+template <FloatingPoint T>
+Tensor<T> resize_apply(const Tensor<T>& x, const ResizeGeometry& r, SourceLoc loc) {
+  auto y = Tensor<T>::empty(Shape{r.n, r.c, r.out_h, r.out_w});
+  cpu::resize_bilinear_forward(r.n, r.c, r.h, r.w, r.out_h, r.out_w, r.align_corners, x.data(), y.data());
+  if (should_record(x)) {
+    record(y, "ResizeBilinear", loc, {x}, {}, false, [r, loc](const TensorBase&, const TensorBase& g) {
+      return autograd::Grads{resize_adjoint(Tensor<T>(g), r, loc)};
+    });
+  }
+  return y;
+}
+
+}  // namespace detail
+
+/// Bilinear resize of x [N, C, H, W] to [N, C, out_h, out_w].
+template <FloatingPoint T>
+Tensor<T> resize_bilinear(const Tensor<T>& x, std::int64_t out_h, std::int64_t out_w, bool align_corners = false,
+                          SourceLoc loc = SourceLoc::current()) {
+  if (x.ndim() != 4) throw_shape_error("ResizeBilinear", loc, "x must be [N, C, H, W] (input ", detail::describe_inputs({{"x", &x}}), ")");
+  if (out_h < 1 || out_w < 1) throw_value_error("ResizeBilinear", loc, "output size ", out_h, "x", out_w, " must be positive");
+  const Shape& s = x.shape();
+  if (s[2] < 1 || s[3] < 1) throw_shape_error("ResizeBilinear", loc, "input ", s, " has an empty spatial axis");
+  return detail::resize_apply(x, detail::ResizeGeometry{s[0], s[1], s[2], s[3], out_h, out_w, align_corners}, loc);
+}
+
+/// log(softmax(x)) along `axis`, computed as x - max - log(sum(exp(x - max))) so that it
+/// neither overflows nor underflows.
+template <FloatingPoint T>
+Tensor<T> log_softmax(const Tensor<T>& x, std::int64_t axis = -1, SourceLoc loc = SourceLoc::current()) {
+  int a = normalize_axis(axis, x.ndim(), "LogSoftmax", loc);
+  // The shift is a constant for autodiff: the result does not depend on it.
+  auto shift = max(x.detach(), {a}, true, loc);
+  auto shifted = sub(x, shift, loc);
+  return sub(shifted, log(sum(exp(shifted, loc), {a}, true, loc), loc), loc);
+}
+
+/// Softmax along `axis` (exp of log_softmax, so large inputs stay finite).
+template <FloatingPoint T>
+Tensor<T> softmax(const Tensor<T>& x, std::int64_t axis = -1, SourceLoc loc = SourceLoc::current()) {
+  return exp(log_softmax(x, axis, loc), loc);
+}
+
+/// [labels..., num_classes] with 1 at each label; labels outside [0, num_classes) throw.
+template <FloatingPoint T>
+Tensor<T> one_hot(const Tensor<std::int32_t>& labels, std::int64_t num_classes, SourceLoc loc = SourceLoc::current()) {
+  Shape shape = labels.shape();
+  shape.push_back(num_classes);
+  auto out = zeros<T>(shape, loc);
+  const std::int32_t* l = labels.data();
+  for (std::int64_t i = 0, n = labels.numel(); i < n; ++i) {
+    if (l[i] < 0 || l[i] >= num_classes)
+      throw_value_error("OneHot", loc, "label ", l[i], " at index ", i, " is outside [0, ", num_classes, ")");
+    out.data()[i * num_classes + l[i]] = T(1);
+  }
+  return out;
+}
+
+/// Cross-entropy of logits [N, C] against int32 class labels [N] (sparse, as MindSpore's
+/// SoftmaxCrossEntropyWithLogits(sparse=True)); per-sample losses folded by `reduction`.
+template <FloatingPoint T>
+Tensor<T> softmax_cross_entropy(const Tensor<T>& logits, const Tensor<std::int32_t>& labels,
+                                Reduction reduction = Reduction::mean, SourceLoc loc = SourceLoc::current()) {
+  if (logits.ndim() != 2 || labels.ndim() != 1 || labels.shape()[0] != logits.shape()[0])
+    throw_shape_error("SoftmaxCrossEntropyWithLogits", loc, "logits must be [N, C] and labels [N] (inputs ",
+                      detail::describe_inputs({{"logits", &logits}, {"labels", &labels}}), ")");
+  auto picked = mul(one_hot<T>(labels, logits.shape()[1], loc), log_softmax(logits, -1, loc), loc);
+  auto losses = neg(sum(picked, {1}, false, loc), loc);
+  switch (reduction) {
+    case Reduction::none: return losses;
+    case Reduction::sum: return sum(losses, {}, false, loc);
+    case Reduction::mean: break;
+  }
+  return mean(losses, {}, false, loc);
+}
+
+}  // namespace xgrad

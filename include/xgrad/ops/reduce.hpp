@@ -1,0 +1,193 @@
+// Reductions: sum, mean, max, min over any axes (keepdims or not), argmax, and sum_to.
+#pragma once
+
+#include <algorithm>
+#include <limits>
+#include <vector>
+
+#include <xsimd/xsimd.hpp>
+
+#include "xgrad/backend/cpu/reduce.hpp"
+#include "xgrad/ops/elementwise.hpp"
+#include "xgrad/ops/manipulation.hpp"
+
+namespace xgrad {
+
+namespace op {
+
+struct SumReducer {
+  template <class T> static T identity() { return T(0); }
+  template <class V> static V combine(const V& a, const V& b) { return a + b; }
+  template <class B> static auto horizontal(const B& b) { return xsimd::hadd(b); }
+};
+
+template <class Select>
+struct ExtremumReducer {
+  template <class B> static auto horizontal(const B& b) {
+    alignas(64) typename B::value_type lanes[B::size];
+    b.store_aligned(lanes);
+    auto acc = lanes[0];
+    for (std::size_t i = 1; i < B::size; ++i) acc = Select::combine(acc, lanes[i]);
+    return acc;
+  }
+};
+struct MaxReducer : ExtremumReducer<MaxReducer> {
+  template <class T> static T identity() { return std::numeric_limits<T>::lowest(); }
+  template <class V> static V combine(const V& a, const V& b) { return xsimd::max(a, b); }
+};
+struct MinReducer : ExtremumReducer<MinReducer> {
+  template <class T> static T identity() { return std::numeric_limits<T>::max(); }
+  template <class V> static V combine(const V& a, const V& b) { return xsimd::min(a, b); }
+};
+
+}  // namespace op
+
+namespace detail {
+
+/// Reduces x with R down to `kept`, which has x's rank (or fewer leading axes) and 1 on each
+/// reduced axis. Alternating runs of kept and reduced axes are reduced one run per pass.
+template <class R, class T>
+Tensor<T> reduce_to(const Tensor<T>& x, const Shape& kept) {
+  const int lead = x.ndim() - kept.ndim();
+  std::vector<bool> reduced_axis(x.ndim());
+  for (int i = 0; i < x.ndim(); ++i) reduced_axis[i] = i < lead || (kept[i - lead] == 1 && x.shape()[i] != 1);
+  Tensor<T> cur = x.detach();
+  Shape cur_shape = x.shape();
+  for (int end = x.ndim(); end > 0;) {
+    if (!reduced_axis[end - 1]) {
+      --end;
+      continue;
+    }
+    int begin = end;
+    while (begin > 0 && reduced_axis[begin - 1]) --begin;
+    std::int64_t outer = 1, reduced = 1, inner = 1;
+    for (int i = 0; i < begin; ++i) outer *= cur_shape[i];
+    for (int i = begin; i < end; ++i) {
+      reduced *= cur_shape[i];
+      cur_shape[i] = 1;
+    }
+    for (int i = end; i < x.ndim(); ++i) inner *= cur_shape[i];
+    auto next = Tensor<T>::empty(cur_shape);
+    cpu::reduce<R>(cur.data(), next.data(), outer, reduced, inner);
+    cur = next;
+    end = begin;
+  }
+  return Tensor<T>(std::make_shared<TensorImpl>(kept, x.dtype(), cur.impl()->storage));
+}
+
+/// The shapes a reduction over `axes` produces: with size-1 axes kept, and as asked.
+struct ReducedShapes {
+  Shape kept;
+  Shape out;
+  std::int64_t count = 1;  // elements folded into each output
+};
+
+inline ReducedShapes reduced_shapes(std::string_view op, const TensorBase& x, const std::vector<std::int64_t>& axes,
+                                    bool keepdims, SourceLoc loc) {
+  std::vector<bool> reduce(x.ndim(), axes.empty());
+  for (auto axis : axes) {
+    int a = normalize_axis(axis, x.ndim(), op, loc);
+    if (reduce[a]) throw_shape_error(op, loc, "axis ", axis, " appears twice in axes ", Shape(axes));
+    reduce[a] = true;
+  }
+  ReducedShapes r;
+  for (int i = 0; i < x.ndim(); ++i) {
+    r.kept.push_back(reduce[i] ? 1 : x.shape()[i]);
+    if (reduce[i]) r.count *= x.shape()[i];
+    if (!reduce[i] || keepdims) r.out.push_back(reduce[i] ? 1 : x.shape()[i]);
+  }
+  return r;
+}
+
+}  // namespace detail
+
+/// Sums x over its broadcast axes so that it takes `shape` (the adjoint of broadcast_to).
+template <Numeric T>
+Tensor<T> sum_to(const Tensor<T>& x, const Shape& shape, SourceLoc loc) {
+  if (x.shape() == shape) return x;
+  Shape check;
+  if (!try_broadcast(shape, x.shape(), check) || !(check == x.shape()))
+    throw_shape_error("SumTo", loc, "input ", dtype_name(x.dtype()), x.shape(), " does not broadcast from ", shape);
+  auto out = detail::reduce_to<op::SumReducer>(x, shape);
+  if constexpr (FloatingPoint<T>) {
+    if (detail::should_record(x)) {
+      Shape in_shape = x.shape();
+      detail::record(out, "SumTo", loc, {x}, {}, false, [in_shape](const TensorBase&, const TensorBase& g) {
+        return autograd::Grads{broadcast_to(Tensor<T>(g), in_shape)};
+      });
+    }
+  }
+  return out;
+}
+
+/// Sum over `axes` (all axes when empty).
+template <Numeric T>
+Tensor<T> sum(const Tensor<T>& x, const std::vector<std::int64_t>& axes = {}, bool keepdims = false,
+              SourceLoc loc = SourceLoc::current()) {
+  auto shapes = detail::reduced_shapes("ReduceSum", x, axes, keepdims, loc);
+  auto kept = sum_to(x, shapes.kept, loc);
+  return shapes.out == shapes.kept ? kept : reshape(kept, shapes.out, loc);
+}
+
+/// Mean over `axes` (all axes when empty).
+template <FloatingPoint T>
+Tensor<T> mean(const Tensor<T>& x, const std::vector<std::int64_t>& axes = {}, bool keepdims = false,
+               SourceLoc loc = SourceLoc::current()) {
+  auto shapes = detail::reduced_shapes("ReduceMean", x, axes, keepdims, loc);
+  return sum(x, axes, keepdims, loc) / static_cast<T>(shapes.count);
+}
+
+namespace detail {
+
+/// max or min over axes; the gradient is shared evenly between tied extrema.
+template <class R, class T>
+Tensor<T> extremum(std::string_view op, const Tensor<T>& x, const std::vector<std::int64_t>& axes, bool keepdims,
+                   SourceLoc loc) {
+  auto shapes = reduced_shapes(op, x, axes, keepdims, loc);
+  if (shapes.count == 0 && shapes.kept.numel() != 0)
+    throw_shape_error(op, loc, "cannot reduce over an empty axis of input ", dtype_name(x.dtype()), x.shape());
+  Tensor<T> kept = reduce_to<R>(x, shapes.kept);
+  if constexpr (FloatingPoint<T>) {
+    if (should_record(x)) {
+      record(kept, op, loc, {x}, {x}, true, [x](const TensorBase& y, const TensorBase& g) {
+        auto mask = cast<T>(equal(x, Tensor<T>(y)));
+        return autograd::Grads{Tensor<T>(g) * mask / sum_to(mask, Tensor<T>(y).shape())};
+      });
+    }
+  }
+  return shapes.out == shapes.kept ? kept : reshape(kept, shapes.out, loc);
+}
+
+}  // namespace detail
+
+/// Largest element over `axes` (all axes when empty).
+template <Numeric T>
+Tensor<T> max(const Tensor<T>& x, const std::vector<std::int64_t>& axes = {}, bool keepdims = false,
+              SourceLoc loc = SourceLoc::current()) {
+  return detail::extremum<op::MaxReducer>("ReduceMax", x, axes, keepdims, loc);
+}
+
+/// Smallest element over `axes` (all axes when empty).
+template <Numeric T>
+Tensor<T> min(const Tensor<T>& x, const std::vector<std::int64_t>& axes = {}, bool keepdims = false,
+              SourceLoc loc = SourceLoc::current()) {
+  return detail::extremum<op::MinReducer>("ReduceMin", x, axes, keepdims, loc);
+}
+
+/// Index of the largest element along `axis` (the first on ties), as int32 like labels.
+template <Numeric T>
+Tensor<std::int32_t> argmax(const Tensor<T>& x, std::int64_t axis = -1, bool keepdims = false,
+                            SourceLoc loc = SourceLoc::current()) {
+  if (x.ndim() == 0) return zeros<std::int32_t>(Shape{});
+  int a = normalize_axis(axis, x.ndim(), "Argmax", loc);
+  if (x.shape()[a] == 0) throw_shape_error("Argmax", loc, "axis ", axis, " of input ", dtype_name(x.dtype()), x.shape(), " is empty");
+  auto shapes = detail::reduced_shapes("Argmax", x, {a}, keepdims, loc);
+  std::int64_t outer = 1, inner = 1;
+  for (int i = 0; i < a; ++i) outer *= x.shape()[i];
+  for (int i = a + 1; i < x.ndim(); ++i) inner *= x.shape()[i];
+  auto out = Tensor<std::int32_t>::empty(shapes.out);
+  cpu::argmax(x.data(), out.data(), outer, x.shape()[a], inner);
+  return out;
+}
+
+}  // namespace xgrad

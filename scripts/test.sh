@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Builds and runs the test suite: once optimized, once under AddressSanitizer + UBSan.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/ensure_packages.sh g++ cmake make ccache xtensor-dev libxsimd-dev doctest-dev
+jobs="$(nproc)"
+
+cmake -S . -B build-test -DCMAKE_BUILD_TYPE=Release -DXGRAD_BUILD_TESTS=ON -DXGRAD_BUILD_EXAMPLES=ON
+cmake --build build-test -j"$jobs"
+(cd build-test && ctest --output-on-failure)
+build-test/examples/worked_examples > /dev/null
+
+cmake -S . -B build-sanitize -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS=-O1 -DXGRAD_SANITIZE=ON \
+  -DXGRAD_BUILD_TESTS=ON -DXGRAD_BUILD_EXAMPLES=OFF
+cmake --build build-sanitize -j"$jobs"
+(cd build-sanitize && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure)

@@ -1,0 +1,490 @@
+// Tests for reverse-mode autodiff: backward, grad, value_and_grad, no_grad, custom_vjp, version checks.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <xgrad/xgrad.hpp>
+
+namespace xg = xgrad;
+
+namespace {
+
+using Dims = std::vector<std::int64_t>;
+
+template <class T>
+void check_close(const xg::Tensor<T>& actual, const std::vector<double>& expected, double tol = 1e-5) {
+  REQUIRE(actual.defined());
+  auto v = actual.to_vector();
+  REQUIRE(v.size() == expected.size());
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    INFO("element ", i, ": got ", v[i], ", expected ", expected[i]);
+    CHECK(std::abs(static_cast<double>(v[i]) - expected[i]) <= tol * (1.0 + std::abs(expected[i])));
+  }
+}
+
+template <class E, class F>
+std::string message_of(F&& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  }
+  FAIL("the call did not throw the expected exception type");
+  return {};
+}
+
+std::string here(int line) { return "test_autograd.cpp:" + std::to_string(line); }
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+}  // namespace
+
+TEST_CASE("autograd seeds: Add and Mul forward values and gradients") {
+  auto x = xg::tensor<float>({1, 2, 3});
+  auto y = xg::tensor<float>({4, 5, 6});
+  auto sum = x + y;
+  CHECK(sum.to_vector() == std::vector<float>{5, 7, 9});
+  auto prod = x * y;
+  CHECK(prod.to_vector() == std::vector<float>{4, 10, 18});
+
+  auto add = [](xg::Tensor<float> a, xg::Tensor<float> b) { return a + b; };
+  auto mul = [](xg::Tensor<float> a, xg::Tensor<float> b) { return a * b; };
+  auto [ga, gb] = xg::grad(add, xg::argnums<0, 1>)(x, y);
+  CHECK(ga.to_vector() == std::vector<float>{1, 1, 1});
+  CHECK(gb.to_vector() == std::vector<float>{1, 1, 1});
+  // d(x*y)/dx = y and d(x*y)/dy = x, elementwise.
+  auto [mx, my] = xg::grad(mul, xg::argnums<0, 1>)(x, y);
+  CHECK(mx.to_vector() == std::vector<float>{4, 5, 6});
+  CHECK(my.to_vector() == std::vector<float>{1, 2, 3});
+}
+
+TEST_CASE("autograd seeds: GradNetWrtX, matmul(x * z, y) differentiated w.r.t. x") {
+  auto x = xg::tensor<float>({{0.8, 0.6, 0.2}, {1.8, 1.3, 1.1}});
+  auto y = xg::tensor<float>({{0.11, 3.3, 1.1}, {1.1, 0.2, 1.4}, {1.1, 2.2, 0.3}});
+  xg::Parameter<float> z(xg::tensor<float>({1.0}), "z");
+  auto net = [z](xg::Tensor<float> a, xg::Tensor<float> b) { return xg::matmul(a * z, b); };
+
+  auto gx = xg::grad(net)(x, y);
+  CHECK(gx.shape() == Dims{2, 3});
+  // With a sensitivity of ones, dx[i][k] = z * sum_j y[k][j]: the row sums of y.
+  check_close(gx, {4.51, 2.7, 3.6, 4.51, 2.7, 3.6});
+
+  // The same from a plain loop over y's values.
+  auto yv = y.to_vector();
+  std::vector<double> expected;
+  for (int i = 0; i < 2; ++i)
+    for (int k = 0; k < 3; ++k) expected.push_back(double(yv[k * 3]) + yv[k * 3 + 1] + yv[k * 3 + 2]);
+  check_close(gx, expected);
+
+  // grad() returns gradients; it does not accumulate into the Parameter it passed through.
+  CHECK_FALSE(z.grad().defined());
+}
+
+TEST_CASE("autograd seeds: a for-loop net x = x + z three times") {
+  auto x = xg::tensor<float>({1, 2, 3});
+  xg::Parameter<float> z(xg::tensor<float>({1.0}), "z");
+  auto net = [z](xg::Tensor<float> a) {
+    for (int i = 0; i < 3; ++i) a = a + z;
+    return a;
+  };
+  std::vector<xg::Parameter<float>> params{z};
+  auto [value, grads] = xg::value_and_grad(net, params)(x);
+  CHECK(value.to_vector() == std::vector<float>{4, 5, 6});
+  REQUIRE(grads.size() == 1);
+  CHECK(grads[0].shape() == Dims{1});
+  // z reaches each of the 3 outputs once per iteration: 3 iterations x 3 elements.
+  CHECK(grads[0].item() == doctest::Approx(9.0));
+
+  // The same through backward() and the accumulated grad().
+  auto out = net(x);
+  out.backward();
+  REQUIRE(z.grad().defined());
+  CHECK(z.grad().item() == doctest::Approx(9.0));
+}
+
+TEST_CASE("autograd: backward: accumulates across calls until zero_grad") {
+  auto x = xg::tensor<float>({1, -2, 3});
+  x.set_requires_grad(true);
+  auto loss = xg::sum(x * x);
+  loss.backward();
+  check_close(x.grad(), {2, -4, 6});
+  loss.backward();
+  check_close(x.grad(), {4, -8, 12});
+
+  x.zero_grad();
+  CHECK_FALSE(x.grad().defined());
+  xg::sum(x * 3.0f).backward();
+  check_close(x.grad(), {3, 3, 3});
+}
+
+TEST_CASE("autograd: backward: the output and intermediate tensors are not leaves and keep no grad") {
+  auto x = xg::tensor<double>({1, 2});
+  x.set_requires_grad(true);
+  auto h = x * 2.0;
+  auto y = xg::sum(h);
+  CHECK(x.is_leaf());
+  CHECK_FALSE(h.is_leaf());
+  CHECK(h.requires_grad());
+  y.backward();
+  check_close(x.grad(), {2, 2});
+  CHECK_FALSE(h.grad().defined());
+}
+
+TEST_CASE("autograd: backward: a non-scalar output uses a sensitivity of ones") {
+  auto x = xg::tensor<float>({{1, 2}, {3, 4}});
+  x.set_requires_grad(true);
+  auto y = x * x;  // shape [2, 2]
+  y.backward();
+  // The same as backward on sum(y): d/dx sum(x^2) = 2x.
+  check_close(x.grad(), {2, 4, 6, 8});
+
+  auto w = xg::tensor<float>({1, 2, 3});
+  w.set_requires_grad(true);
+  auto m = xg::matmul(xg::ones<float>({4, 3}), xg::reshape(w, Dims{3, 1}));  // [4, 1]
+  m.backward();
+  // Each of the 4 outputs is sum(w): each w[i] gets 4.
+  check_close(w.grad(), {4, 4, 4});
+}
+
+TEST_CASE("autograd: backward: a broadcast input gets its gradient summed back to its shape") {
+  auto a = xg::tensor<float>({{1, 2, 3}, {4, 5, 6}});
+  auto row = xg::tensor<float>({10, 20, 30});
+  auto col = xg::tensor<float>(std::vector<float>{7, 8}, {2, 1});
+  auto s = xg::scalar<float>(2.0f);
+  a.set_requires_grad(true);
+  row.set_requires_grad(true);
+  col.set_requires_grad(true);
+  s.set_requires_grad(true);
+
+  auto y = (a * row + col) * s;
+  y.backward();
+  REQUIRE(row.grad().defined());
+  CHECK(row.grad().shape() == Dims{3});
+  CHECK(col.grad().shape() == Dims{2, 1});
+  CHECK(s.grad().shape() == Dims{});
+  CHECK(a.grad().shape() == Dims{2, 3});
+
+  // Plain-loop reference: y[i][j] = (a[i][j] * row[j] + col[i]) * s.
+  auto av = a.to_vector(), rv = row.to_vector(), cv = col.to_vector();
+  const double sv = 2.0;
+  std::vector<double> g_a(6), g_row(3, 0.0), g_col(2, 0.0);
+  double g_s = 0.0;
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < 3; ++j) {
+      g_a[i * 3 + j] = rv[j] * sv;
+      g_row[j] += av[i * 3 + j] * sv;
+      g_col[i] += sv;
+      g_s += av[i * 3 + j] * rv[j] + cv[i];
+    }
+  check_close(a.grad(), g_a);
+  check_close(row.grad(), g_row);
+  check_close(col.grad(), g_col);
+  check_close(s.grad(), {g_s});
+}
+
+TEST_CASE("autograd: grad: of a one-argument function") {
+  auto f = [](xg::Tensor<float> x) { return xg::sum(x * x * x); };
+  auto x = xg::tensor<float>({-1, 0.5, 2});
+  auto g = xg::grad(f)(x);
+  check_close(g, {3, 0.75, 12});
+  // grad() neither marks its argument nor leaves a gradient behind on it.
+  CHECK_FALSE(x.requires_grad());
+  CHECK_FALSE(x.grad().defined());
+
+  auto fd = [](xg::Tensor<double> x) { return xg::mean(xg::exp(x)); };
+  auto xd = xg::tensor<double>({0.0, 1.0});
+  check_close(xg::grad(fd)(xd), {0.5, std::exp(1.0) / 2}, 1e-12);
+}
+
+TEST_CASE("autograd: grad: argnums<0, 1> returns a tuple of gradients") {
+  auto f = [](xg::Tensor<float> x, xg::Tensor<float> w) { return xg::matmul(x, w); };
+  auto x = xg::tensor<float>({{1, 2}, {3, 4}, {5, 6}});  // [3, 2]
+  auto w = xg::tensor<float>({{1, -1, 2}, {0, 3, 1}});  // [2, 3]
+  std::tuple<xg::Tensor<float>, xg::Tensor<float>> both = xg::grad(f, xg::argnums<0, 1>)(x, w);
+  auto [gx, gw] = both;
+  CHECK(gx.shape() == Dims{3, 2});
+  CHECK(gw.shape() == Dims{2, 3});
+  // d sum(x w) / dx[i][k] = sum_j w[k][j]; / dw[k][j] = sum_i x[i][k].
+  auto xv = x.to_vector(), wv = w.to_vector();
+  std::vector<double> ex(6), ew(6);
+  for (int i = 0; i < 3; ++i)
+    for (int k = 0; k < 2; ++k) ex[i * 2 + k] = double(wv[k * 3]) + wv[k * 3 + 1] + wv[k * 3 + 2];
+  for (int k = 0; k < 2; ++k)
+    for (int j = 0; j < 3; ++j) ew[k * 3 + j] = double(xv[k]) + xv[2 + k] + xv[4 + k];
+  check_close(gx, ex);
+  check_close(gw, ew);
+
+  // argnums picks arguments by position, in the order given.
+  auto gw_only = xg::grad(f, xg::argnums<1>)(x, w);
+  check_close(gw_only, ew);
+  auto [gw2, gx2] = xg::grad(f, xg::argnums<1, 0>)(x, w);
+  check_close(gw2, ew);
+  check_close(gx2, ex);
+}
+
+TEST_CASE("autograd: grad: w.r.t. an argument the function does not use gives zeros") {
+  auto f = [](xg::Tensor<float> x, xg::Tensor<float>) { return xg::sum(x * 2.0f); };
+  auto x = xg::tensor<float>({1, 2, 3});
+  auto unused = xg::tensor<float>({{5, 6}, {7, 8}});
+
+  auto [gx, gu] = xg::grad(f, xg::argnums<0, 1>)(x, unused);
+  check_close(gx, {2, 2, 2});
+  CHECK(gu.shape() == Dims{2, 2});
+  CHECK(gu.to_vector() == std::vector<float>(4, 0.0f));
+
+  // Only the unused argument differentiated: the output does not depend on it at all.
+  auto g_only = xg::grad(f, xg::argnums<1>)(x, unused);
+  CHECK(g_only.shape() == Dims{2, 2});
+  CHECK(g_only.to_vector() == std::vector<float>(4, 0.0f));
+}
+
+TEST_CASE("autograd: value_and_grad: one gradient per Parameter, in order") {
+  xg::Parameter<float> w(xg::tensor<float>({{1, 2}, {3, 4}}), "w");
+  xg::Parameter<float> b(xg::tensor<float>({0.5, -0.5}), "b");
+  xg::Parameter<float> unused(xg::tensor<float>({9, 9, 9}), "unused");
+  std::vector<xg::Parameter<float>> params{w, b, unused};
+  auto loss_fn = [w, b](xg::Tensor<float> x) { return xg::sum(xg::square(xg::matmul(x, w) + b)); };
+  auto x = xg::tensor<float>({{1, 1}, {2, -1}});
+
+  auto [value, grads] = xg::value_and_grad(loss_fn, params)(x);
+  REQUIRE(grads.size() == 3);
+
+  // Plain-loop reference: r = x w + b, loss = sum r^2, dw[k][j] = sum_i 2 r[i][j] x[i][k], db[j] = sum_i 2 r[i][j].
+  auto xv = x.to_vector(), wv = w.to_vector(), bv = b.to_vector();
+  double loss = 0;
+  std::vector<double> gw(4, 0.0), gb(2, 0.0);
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < 2; ++j) {
+      double r = double(xv[i * 2]) * wv[j] + double(xv[i * 2 + 1]) * wv[2 + j] + bv[j];
+      loss += r * r;
+      gb[j] += 2 * r;
+      for (int k = 0; k < 2; ++k) gw[k * 2 + j] += 2 * r * xv[i * 2 + k];
+    }
+  CHECK(value.item() == doctest::Approx(loss).epsilon(1e-6));
+  check_close(grads[0], gw);
+  check_close(grads[1], gb);
+  CHECK(grads[2].shape() == Dims{3});
+  CHECK(grads[2].to_vector() == std::vector<float>(3, 0.0f));
+
+  // The value is a plain result, and nothing accumulates on the parameters.
+  CHECK_FALSE(value.requires_grad());
+  CHECK_FALSE(w.grad().defined());
+  CHECK_FALSE(b.grad().defined());
+}
+
+TEST_CASE("autograd: value_and_grad: a non-scalar loss is differentiated as its sum") {
+  xg::Parameter<double> p(xg::tensor<double>({1, 2, 3}), "p");
+  std::vector<xg::Parameter<double>> params{p};
+  auto f = [p](xg::Tensor<double> x) { return p * x; };
+  auto [value, grads] = xg::value_and_grad(f, params)(xg::tensor<double>({4, 5, 6}));
+  check_close(value, {4, 10, 18}, 1e-12);
+  check_close(grads[0], {4, 5, 6}, 1e-12);
+}
+
+TEST_CASE("autograd: no_grad: nothing is recorded and results do not require grad") {
+  auto x = xg::tensor<float>({1, 2, 3});
+  x.set_requires_grad(true);
+  CHECK(xg::is_grad_enabled());
+  xg::Tensor<float> y;
+  {
+    xg::no_grad guard;
+    CHECK_FALSE(xg::is_grad_enabled());
+    y = xg::sum(xg::exp(x) * x);
+    CHECK_FALSE(y.requires_grad());
+    CHECK(y.is_leaf());
+    {
+      // enable_grad inside no_grad records again, and restores no_grad on exit.
+      xg::enable_grad on;
+      CHECK(xg::is_grad_enabled());
+      CHECK((x * 2.0f).requires_grad());
+    }
+    CHECK_FALSE(xg::is_grad_enabled());
+  }
+  CHECK(xg::is_grad_enabled());
+  CHECK_THROWS_AS(y.backward(), xg::AutogradError);
+  CHECK_FALSE(x.grad().defined());
+  // Outside the scope, the same op records.
+  CHECK((x * 2.0f).requires_grad());
+}
+
+TEST_CASE("autograd: grad of grad: second derivatives") {
+  // d2/dx2 x^3 = 6x
+  auto cube = [](xg::Tensor<float> x) { return x * x * x; };
+  auto x = xg::tensor<float>({-2, 0.5, 1, 3});
+  auto d1 = xg::grad(cube)(x);
+  check_close(d1, {12, 0.75, 3, 27});
+  auto d2 = xg::grad(xg::grad(cube))(x);
+  check_close(d2, {-12, 3, 6, 18});
+  // And the third derivative is 6 everywhere.
+  auto d3 = xg::grad(xg::grad(xg::grad(cube)))(x);
+  check_close(d3, {6, 6, 6, 6});
+
+  // d2/dx2 sin(x) = -sin(x)
+  auto sine = [](xg::Tensor<double> t) { return xg::sin(t); };
+  auto t = xg::tensor<double>({-1.0, 0.0, 0.3, 2.0});
+  auto s2 = xg::grad(xg::grad(sine))(t);
+  std::vector<double> expected;
+  for (double v : t.to_vector()) expected.push_back(-std::sin(v));
+  check_close(s2, expected, 1e-9);
+  auto c1 = xg::grad(sine)(t);
+  expected.clear();
+  for (double v : t.to_vector()) expected.push_back(std::cos(v));
+  check_close(c1, expected, 1e-9);
+}
+
+TEST_CASE("autograd: grad of grad: mixed and pure second derivatives of a two-input function") {
+  // f(x, y) = sum(x^2 * y^3): df/dx = 2 x y^3.
+  auto f = [](xg::Tensor<float> x, xg::Tensor<float> y) { return xg::sum(x * x * y * y * y); };
+  auto dfdx = xg::grad(f);
+  auto x = xg::tensor<float>({1, 2});
+  auto y = xg::tensor<float>({3, -1});
+
+  check_close(dfdx(x, y), {54, -4});
+  // d/dx (2 x y^3) = 2 y^3
+  check_close(xg::grad(dfdx)(x, y), {54, -2});
+  // d/dy (2 x y^3) = 6 x y^2
+  check_close(xg::grad(dfdx, xg::argnums<1>)(x, y), {54, 12});
+  auto [dxx, dxy] = xg::grad(dfdx, xg::argnums<0, 1>)(x, y);
+  check_close(dxx, {54, -2});
+  check_close(dxy, {54, 12});
+}
+
+TEST_CASE("autograd: custom_vjp: a straight-through estimator uses the custom gradient") {
+  // sign() has a zero gradient; the straight-through estimator passes the incoming one on.
+  auto ste = xg::custom_vjp([](const xg::Tensor<float>& x) { return xg::sign(x); },
+                            [](const xg::Tensor<float>&, const xg::Tensor<float>&, const xg::Tensor<float>& g) { return g; });
+  auto x = xg::tensor<float>({-1.5, 0.2, 3});
+  auto plain = xg::grad([](xg::Tensor<float> v) { return xg::sum(xg::sign(v) * v); })(x);
+  // d/dx sum(sign(x) x) with sign's zero gradient is sign(x).
+  check_close(plain, {-1, 1, 1});
+
+  auto f = [ste](xg::Tensor<float> v) { return xg::sum(ste(v) * v); };
+  CHECK(ste(x).to_vector() == std::vector<float>{-1, 1, 1});
+  // With the straight-through gradient: sign(x) + x.
+  check_close(xg::grad(f)(x), {-2.5, 1.2, 4});
+
+  // Through backward() as well.
+  auto leaf = xg::tensor<float>({-1.5, 0.2, 3});
+  leaf.set_requires_grad(true);
+  ste(leaf * 2.0f).backward();
+  check_close(leaf.grad(), {2, 2, 2});
+}
+
+TEST_CASE("autograd: custom_vjp: several inputs get their gradients in order") {
+  auto weighted = xg::custom_vjp(
+      [](const xg::Tensor<float>& a, const xg::Tensor<float>& b) { return a * b; },
+      [](const xg::Tensor<float>&, const xg::Tensor<float>&, const xg::Tensor<float>&, const xg::Tensor<float>& g) {
+        return std::tuple{g * 2.0f, g * 5.0f};
+      });
+  auto a = xg::tensor<float>({1, 2});
+  auto b = xg::tensor<float>({3, 4});
+  CHECK(weighted(a, b).to_vector() == std::vector<float>{3, 8});
+  auto [ga, gb] = xg::grad([weighted](xg::Tensor<float> p, xg::Tensor<float> q) { return weighted(p, q); },
+                           xg::argnums<0, 1>)(a, b);
+  check_close(ga, {2, 2});
+  check_close(gb, {5, 5});
+}
+
+TEST_CASE("autograd: custom_vjp: the custom gradient works under grad of grad") {
+  // Forward x^2, but the backward claims 3 x^2 (the derivative of x^3): second derivative 6x.
+  auto odd = xg::custom_vjp([](const xg::Tensor<double>& x) { return x * x; },
+                            [](const xg::Tensor<double>& x, const xg::Tensor<double>&, const xg::Tensor<double>& g) {
+                              return g * 3.0 * x * x;
+                            });
+  auto f = [odd](xg::Tensor<double> x) { return odd(x); };
+  auto x = xg::tensor<double>({-1, 0.5, 2});
+  check_close(f(x), {1, 0.25, 4}, 1e-12);
+  check_close(xg::grad(f)(x), {3, 0.75, 12}, 1e-12);
+  check_close(xg::grad(xg::grad(f))(x), {-6, 3, 12}, 1e-12);
+}
+
+TEST_CASE("autograd: version counter: a saved tensor changed in place makes backward throw, naming the op") {
+  auto x = xg::tensor<float>({1, 2, 3});
+  auto y = xg::tensor<float>({4, 5, 6});
+  x.set_requires_grad(true);
+  const int line = __LINE__ + 1;
+  auto z = xg::mul(x, y);  // Mul saves y for x's gradient
+  {
+    xg::no_grad guard;
+    y += 1.0f;
+  }
+  auto msg = message_of<xg::AutogradError>([&] { z.backward(); });
+  CHECK(contains(msg, "Mul"));
+  CHECK(contains(msg, here(line)));
+  CHECK(contains(msg, "in place"));
+
+  // Written with the operator, the op's line is still the user's.
+  auto w = xg::tensor<float>({1, 1, 1});
+  const int op_line = __LINE__ + 1;
+  auto p = xg::sum(x * w);
+  w.assign(xg::tensor<float>({2, 2, 2}));
+  auto msg2 = message_of<xg::AutogradError>([&] { p.backward(); });
+  CHECK(contains(msg2, "Mul"));
+  CHECK(contains(msg2, here(op_line)));
+
+  // A leaf that requires grad, changed under no_grad after being saved, also trips the check.
+  auto q = xg::sum(xg::square(x));
+  {
+    xg::no_grad guard;
+    x -= 0.5f;
+  }
+  auto msg3 = message_of<xg::AutogradError>([&] { q.backward(); });
+  CHECK(contains(msg3, "Square"));
+}
+
+TEST_CASE("autograd: version counter: changes to tensors the gradient does not read are fine") {
+  auto x = xg::tensor<float>({1, 2, 3});
+  auto y = xg::tensor<float>({4, 5, 6});
+  x.set_requires_grad(true);
+  auto z = xg::sum(x + y);  // Add reads neither input for its gradient
+  {
+    xg::no_grad guard;
+    y += 100.0f;
+  }
+  z.backward();
+  check_close(x.grad(), {1, 1, 1});
+}
+
+TEST_CASE("autograd: in-place update of a tensor that requires grad outside no_grad throws") {
+  auto x = xg::tensor<float>({1, 2, 3});
+  x.set_requires_grad(true);
+  {
+    const int line = __LINE__ + 1;
+    auto msg = message_of<xg::AutogradError>([&] { x += 1.0f; });
+    CHECK(contains(msg, "AssignAdd"));
+    CHECK(contains(msg, here(line)));
+  }
+  CHECK_THROWS_AS(x *= xg::tensor<float>({2, 2, 2}), xg::AutogradError);
+  CHECK_THROWS_AS(x.assign(xg::zeros<float>({3})), xg::AutogradError);
+  // Nothing was written.
+  CHECK(x.to_vector() == std::vector<float>{1, 2, 3});
+
+  xg::Parameter<float> w(xg::ones<float>({2}), "w");
+  CHECK_THROWS_AS(w -= 0.1f, xg::AutogradError);
+  {
+    xg::no_grad guard;
+    w -= 0.25f;
+  }
+  CHECK(w.to_vector() == std::vector<float>{0.75f, 0.75f});
+}
+
+TEST_CASE("autograd: backward on a tensor that does not require grad throws a clear error") {
+  auto x = xg::tensor<float>({1, 2, 3});
+  {
+    const int line = __LINE__ + 1;
+    auto msg = message_of<xg::AutogradError>([&] { xg::sum(x * x).backward(); });
+    CHECK(contains(msg, "backward"));
+    CHECK(contains(msg, "requires grad"));
+    CHECK(contains(msg, here(line)));
+  }
+  // Integer tensors carry no gradient.
+  auto i = xg::tensor<std::int32_t>({1, 2});
+  auto msg = message_of<xg::AutogradError>([&] { i.backward(); });
+  CHECK(contains(msg, "Int32"));
+  // AutogradError is a runtime_error.
+  CHECK_THROWS_AS(x.backward(), std::runtime_error);
+}

@@ -1,0 +1,208 @@
+// Tests for xgrad::cpu::gemm against a naive double-precision reference.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "xgrad/backend/cpu/gemm.hpp"
+#include "xgrad/backend/cpu/thread_pool.hpp"
+
+namespace {
+
+struct GemmCase {
+  int64_t m, n, k;
+  bool trans_a = false;
+  bool trans_b = false;
+  double alpha = 1.0;
+  double beta = 0.0;
+  int64_t ldc_pad = 0;  // extra columns in C beyond n
+};
+
+/// Runs one gemm<T> against the reference and returns the worst error relative to the
+/// magnitude of the terms summed into each entry.
+template <class T>
+double run_case(const GemmCase& g, uint32_t seed = 7) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<double> dist(-1.0, 1.0);
+  const int64_t ldc = g.n + g.ldc_pad;
+  std::vector<T> a(static_cast<size_t>(std::max<int64_t>(1, g.m * g.k)));
+  std::vector<T> b(static_cast<size_t>(std::max<int64_t>(1, g.k * g.n)));
+  std::vector<T> c(static_cast<size_t>(std::max<int64_t>(1, g.m * ldc)));
+  for (auto& x : a) x = static_cast<T>(dist(rng));
+  for (auto& x : b) x = static_cast<T>(dist(rng));
+  if (g.beta == 0.0) {
+    for (auto& x : c) x = std::numeric_limits<T>::quiet_NaN();
+  } else {
+    for (auto& x : c) x = static_cast<T>(dist(rng));
+  }
+  const std::vector<T> c0 = c;
+
+  // Storage of A is m x k row-major, or k x m row-major when transposed (then A = stored^T).
+  const int64_t ars = g.trans_a ? 1 : g.k;
+  const int64_t acs = g.trans_a ? g.m : 1;
+  const int64_t brs = g.trans_b ? 1 : g.n;
+  const int64_t bcs = g.trans_b ? g.k : 1;
+
+  xgrad::cpu::gemm<T>(g.m, g.n, g.k, static_cast<T>(g.alpha), a.data(), ars, acs, b.data(), brs, bcs,
+                      static_cast<T>(g.beta), c.data(), ldc);
+
+  double worst = 0.0;
+  for (int64_t i = 0; i < g.m; ++i) {
+    for (int64_t j = 0; j < g.n; ++j) {
+      double sum = 0.0, mag = 0.0;
+      for (int64_t p = 0; p < g.k; ++p) {
+        const double t = static_cast<double>(a[static_cast<size_t>(i * ars + p * acs)]) *
+                         static_cast<double>(b[static_cast<size_t>(p * brs + j * bcs)]);
+        sum += t;
+        mag += std::abs(t);
+      }
+      const double c_old = static_cast<double>(c0[static_cast<size_t>(i * ldc + j)]);
+      double want = g.alpha * sum;
+      if (g.beta != 0.0) want += g.beta * c_old;
+      const double scale = std::abs(g.alpha) * mag + std::abs(g.beta * c_old) + 1.0;
+      const double got = static_cast<double>(c[static_cast<size_t>(i * ldc + j)]);
+      const double err = std::isfinite(got) ? std::abs(got - want) / scale : std::numeric_limits<double>::infinity();
+      worst = std::max(worst, err);
+    }
+    // Padding columns of C must be untouched.
+    for (int64_t j = g.n; j < ldc; ++j) {
+      const T before = c0[static_cast<size_t>(i * ldc + j)];
+      const T after = c[static_cast<size_t>(i * ldc + j)];
+      if (!(before == after || (std::isnan(before) && std::isnan(after))))
+        worst = std::numeric_limits<double>::infinity();
+    }
+  }
+  return worst;
+}
+
+template <class T>
+double tolerance() {
+  return std::is_same_v<T, float> ? 1e-5 : 1e-13;
+}
+
+template <class T>
+void check_shapes(const std::vector<GemmCase>& cases) {
+  for (const auto& g : cases) {
+    CAPTURE(g.m);
+    CAPTURE(g.n);
+    CAPTURE(g.k);
+    CAPTURE(g.trans_a);
+    CAPTURE(g.trans_b);
+    CAPTURE(g.alpha);
+    CAPTURE(g.beta);
+    CHECK(run_case<T>(g) <= tolerance<T>());
+  }
+}
+
+std::vector<GemmCase> basic_shapes() {
+  std::vector<GemmCase> out;
+  const int64_t dims[][3] = {{1, 1, 1},     {1, 7, 1},     {7, 1, 3},     {2, 3, 4},    {7, 13, 5},   {16, 16, 16},
+                             {15, 17, 31},  {14, 32, 8},   {13, 31, 9},   {28, 64, 64}, {64, 64, 64}, {65, 33, 129},
+                             {33, 65, 257}, {100, 3, 300}, {3, 100, 300}, {1, 300, 70}, {300, 1, 70}, {129, 97, 513}};
+  for (const auto& d : dims) {
+    for (int t = 0; t < 4; ++t) {
+      out.push_back({d[0], d[1], d[2], (t & 1) != 0, (t & 2) != 0});
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("gemm matches naive reference across shapes and transposes", T, float, double) {
+  check_shapes<T>(basic_shapes());
+}
+
+TEST_CASE_TEMPLATE("gemm alpha and beta", T, float, double) {
+  std::vector<GemmCase> cases;
+  for (const auto& d : {GemmCase{7, 13, 5}, GemmCase{65, 33, 129}, GemmCase{30, 70, 300}}) {
+    for (double alpha : {1.0, 2.0, -0.5}) {
+      for (double beta : {0.0, 1.0, 0.25}) {
+        GemmCase g = d;
+        g.alpha = alpha;
+        g.beta = beta;
+        g.ldc_pad = 3;
+        cases.push_back(g);
+        g.trans_a = g.trans_b = true;
+        cases.push_back(g);
+      }
+    }
+  }
+  check_shapes<T>(cases);
+}
+
+TEST_CASE_TEMPLATE("gemm sizes crossing the cache blocks", T, float, double) {
+  using cfg = xgrad::cpu::detail::GemmConfig<T>;
+  const int64_t mc = cfg::mc, nc = cfg::nc, kc = cfg::kc;
+  std::vector<GemmCase> cases = {
+      {mc + 1, 40, kc + 1, false, false, 1.0, 1.0},
+      {mc - 1, 40, 2 * kc + 3, true, false, 1.0, 0.0},
+      {20, nc + 5, 50, false, true, 2.0, 0.0},
+      {2 * cfg::mr + 1, nc - 1, kc - 1, true, true, 1.0, 1.0},
+  };
+  check_shapes<T>(cases);
+}
+
+TEST_CASE_TEMPLATE("gemm with zero-sized dimensions", T, float, double) {
+  std::vector<T> a(16, T(1)), b(16, T(1));
+  SUBCASE("m or n zero leaves C alone") {
+    std::vector<T> c(16, T(5));
+    xgrad::cpu::gemm<T>(0, 4, 4, T(1), a.data(), 4, 1, b.data(), 4, 1, T(0), c.data(), 4);
+    xgrad::cpu::gemm<T>(4, 0, 4, T(1), a.data(), 4, 1, b.data(), 4, 1, T(0), c.data(), 4);
+    for (T x : c) CHECK(x == T(5));
+  }
+  SUBCASE("k zero scales C by beta") {
+    std::vector<T> c(16, T(5));
+    xgrad::cpu::gemm<T>(4, 4, 0, T(1), a.data(), 1, 1, b.data(), 1, 1, T(0.5), c.data(), 4);
+    for (T x : c) CHECK(x == T(2.5));
+  }
+  SUBCASE("k zero with beta zero clears NaN C") {
+    std::vector<T> c(16, std::numeric_limits<T>::quiet_NaN());
+    xgrad::cpu::gemm<T>(4, 4, 0, T(1), a.data(), 1, 1, b.data(), 1, 1, T(0), c.data(), 4);
+    for (T x : c) CHECK(x == T(0));
+  }
+}
+
+TEST_CASE_TEMPLATE("gemm with general (non-unit) strides", T, float, double) {
+  // A and B are every other row/column of larger buffers, so neither stride is 1.
+  const int64_t m = 37, n = 45, k = 70;
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<double> dist(-1.0, 1.0);
+  std::vector<T> abuf(static_cast<size_t>(2 * m * 3 * k)), bbuf(static_cast<size_t>(2 * k * 3 * n));
+  for (auto& x : abuf) x = static_cast<T>(dist(rng));
+  for (auto& x : bbuf) x = static_cast<T>(dist(rng));
+  const int64_t ars = 6 * k, acs = 2, brs = 3, bcs = 2 * k * 3;
+  std::vector<T> c(static_cast<size_t>(m * n), std::numeric_limits<T>::quiet_NaN());
+  xgrad::cpu::gemm<T>(m, n, k, T(1), abuf.data(), ars, acs, bbuf.data(), brs, bcs, T(0), c.data(), n);
+  double worst = 0.0;
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      double sum = 0.0, mag = 0.0;
+      for (int64_t p = 0; p < k; ++p) {
+        const double t = static_cast<double>(abuf[static_cast<size_t>(i * ars + p * acs)]) *
+                         static_cast<double>(bbuf[static_cast<size_t>(p * brs + j * bcs)]);
+        sum += t;
+        mag += std::abs(t);
+      }
+      const double got = static_cast<double>(c[static_cast<size_t>(i * n + j)]);
+      const double err =
+          std::isfinite(got) ? std::abs(got - sum) / (mag + 1.0) : std::numeric_limits<double>::infinity();
+      worst = std::max(worst, err);
+    }
+  }
+  CHECK(worst <= tolerance<T>());
+}
+
+TEST_CASE("gemm multithreaded matches single-threaded") {
+  const int saved = xgrad::cpu::num_threads();
+  for (int threads : {1, 2, 3}) {
+    xgrad::cpu::set_num_threads(threads);
+    CAPTURE(threads);
+    check_shapes<float>({{200, 190, 120}, {500, 40, 100, true, false}, {40, 500, 100, false, true, 1.0, 1.0}});
+    check_shapes<double>({{130, 250, 70, true, true, 2.0, 0.5}});
+  }
+  xgrad::cpu::set_num_threads(saved);
+}

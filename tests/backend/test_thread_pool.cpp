@@ -1,0 +1,196 @@
+// Tests for xgrad::cpu::parallel_for and the thread-count controls.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <set>
+#include <stdexcept>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "xgrad/backend/cpu/thread_pool.hpp"
+
+namespace {
+
+/// Restores the thread count when a test exits, however it exits.
+class ThreadCountGuard {
+ public:
+  explicit ThreadCountGuard(int n) : m_saved(xgrad::cpu::num_threads()) { xgrad::cpu::set_num_threads(n); }
+  ~ThreadCountGuard() { xgrad::cpu::set_num_threads(m_saved); }
+  ThreadCountGuard(const ThreadCountGuard&) = delete;
+  ThreadCountGuard& operator=(const ThreadCountGuard&) = delete;
+
+ private:
+  int m_saved;
+};
+
+}  // namespace
+
+TEST_CASE("parallel_for covers the range exactly once") {
+  for (int threads : {1, 2, 3, 8}) {
+    ThreadCountGuard guard(threads);
+    CAPTURE(threads);
+    for (int64_t begin : {int64_t{0}, int64_t{-5}, int64_t{17}}) {
+      for (int64_t len : {1, 2, 3, 7, 64, 1000, 12345}) {
+        for (int64_t grain : {1, 3, 100, 5000}) {
+          std::vector<std::atomic<int>> hits(static_cast<size_t>(len));
+          for (auto& h : hits) h.store(0);
+          xgrad::cpu::parallel_for(begin, begin + len, grain, [&](int64_t lo, int64_t hi) {
+            REQUIRE(begin <= lo);
+            REQUIRE(lo < hi);
+            REQUIRE(hi <= begin + len);
+            for (int64_t i = lo; i < hi; ++i) hits[static_cast<size_t>(i - begin)].fetch_add(1);
+          });
+          const bool all_once =
+              std::all_of(hits.begin(), hits.end(), [](const std::atomic<int>& h) { return h.load() == 1; });
+          CHECK(all_once);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("parallel_for on an empty range does not call f") {
+  ThreadCountGuard guard(4);
+  int calls = 0;
+  xgrad::cpu::parallel_for(5, 5, 1, [&](int64_t, int64_t) { ++calls; });
+  xgrad::cpu::parallel_for(5, 2, 1, [&](int64_t, int64_t) { ++calls; });
+  CHECK(calls == 0);
+}
+
+TEST_CASE("parallel_for grain behaviour") {
+  ThreadCountGuard guard(4);
+
+  SUBCASE("range within grain runs inline as one call") {
+    std::vector<std::pair<int64_t, int64_t>> calls;
+    const auto caller = std::this_thread::get_id();
+    bool same_thread = true;
+    xgrad::cpu::parallel_for(0, 100, 100, [&](int64_t lo, int64_t hi) {
+      calls.emplace_back(lo, hi);
+      same_thread = same_thread && std::this_thread::get_id() == caller;
+    });
+    REQUIRE(calls.size() == 1);
+    CHECK(calls[0] == std::make_pair(int64_t{0}, int64_t{100}));
+    CHECK(same_thread);
+  }
+
+  SUBCASE("chunks are never shorter than grain and at most one per thread") {
+    std::mutex mu;
+    std::vector<int64_t> sizes;
+    xgrad::cpu::parallel_for(0, 1000, 300, [&](int64_t lo, int64_t hi) {
+      std::lock_guard<std::mutex> lk(mu);
+      sizes.push_back(hi - lo);
+    });
+    CHECK(sizes.size() == 3);
+    for (int64_t s : sizes) CHECK(s >= 300);
+  }
+
+  SUBCASE("non-positive grain is treated as one") {
+    std::atomic<int64_t> total{0};
+    xgrad::cpu::parallel_for(0, 10, 0, [&](int64_t lo, int64_t hi) { total += hi - lo; });
+    CHECK(total.load() == 10);
+  }
+}
+
+TEST_CASE("parallel_for uses several threads when work is large") {
+  ThreadCountGuard guard(2);
+  std::mutex mu;
+  std::set<std::thread::id> ids;
+  std::atomic<int> arrived{0};
+  xgrad::cpu::parallel_for(0, 2, 1, [&](int64_t, int64_t) {
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      ids.insert(std::this_thread::get_id());
+    }
+    // Keep the first chunk busy until the second has started, so the caller cannot
+    // claim both; gives up after a while rather than hang if only one thread runs.
+    arrived.fetch_add(1);
+    for (int i = 0; i < 2000 && arrived.load() < 2; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  });
+  CHECK(ids.size() == 2);
+}
+
+TEST_CASE("nested parallel_for runs inline without deadlock") {
+  ThreadCountGuard guard(4);
+  std::atomic<int64_t> total{0};
+  xgrad::cpu::parallel_for(0, 8, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      const auto outer_thread = std::this_thread::get_id();
+      xgrad::cpu::parallel_for(0, 1000, 1, [&](int64_t ilo, int64_t ihi) {
+        CHECK(std::this_thread::get_id() == outer_thread);
+        total += ihi - ilo;
+      });
+    }
+  });
+  CHECK(total.load() == 8000);
+}
+
+TEST_CASE("parallel_for propagates exceptions") {
+  for (int threads : {1, 4}) {
+    ThreadCountGuard guard(threads);
+    CAPTURE(threads);
+    CHECK_THROWS_AS(xgrad::cpu::parallel_for(0, 100, 1,
+                                             [](int64_t lo, int64_t hi) {
+                                               if (lo <= 50 && 50 < hi) throw std::runtime_error("boom");
+                                             }),
+                    std::runtime_error);
+    // Every chunk throwing still yields exactly one exception at the caller.
+    CHECK_THROWS_WITH_AS(xgrad::cpu::parallel_for(0, 100, 1, [](int64_t, int64_t) { throw std::logic_error("all"); }),
+                         "all", std::logic_error);
+    // The pool stays usable afterwards.
+    std::atomic<int64_t> total{0};
+    xgrad::cpu::parallel_for(0, 1000, 1, [&](int64_t lo, int64_t hi) { total += hi - lo; });
+    CHECK(total.load() == 1000);
+  }
+}
+
+TEST_CASE("set_num_threads and num_threads") {
+  const int saved = xgrad::cpu::num_threads();
+  CHECK(saved >= 1);
+  xgrad::cpu::set_num_threads(3);
+  CHECK(xgrad::cpu::num_threads() == 3);
+  xgrad::cpu::set_num_threads(1);
+  CHECK(xgrad::cpu::num_threads() == 1);
+  int calls = 0;
+  xgrad::cpu::parallel_for(0, 1000, 1, [&](int64_t lo, int64_t hi) {
+    ++calls;
+    CHECK(lo == 0);
+    CHECK(hi == 1000);
+  });
+  CHECK(calls == 1);
+  xgrad::cpu::set_num_threads(0);  // back to the default
+  CHECK(xgrad::cpu::num_threads() >= 1);
+  xgrad::cpu::set_num_threads(saved);
+}
+
+TEST_CASE("parallel_for from several external threads at once") {
+  ThreadCountGuard guard(3);
+  std::atomic<int64_t> total{0};
+  std::vector<std::thread> callers;
+  for (int t = 0; t < 4; ++t) {
+    callers.emplace_back([&] {
+      for (int rep = 0; rep < 200; ++rep) {
+        xgrad::cpu::parallel_for(0, 100, 1, [&](int64_t lo, int64_t hi) { total += hi - lo; });
+      }
+    });
+  }
+  for (auto& th : callers) th.join();
+  CHECK(total.load() == 4 * 200 * 100);
+}
+
+TEST_CASE("many back-to-back small regions") {
+  ThreadCountGuard guard(2);
+  int64_t sum = 0;
+  std::vector<int64_t> partial(2);
+  for (int rep = 0; rep < 20000; ++rep) {
+    std::fill(partial.begin(), partial.end(), 0);
+    xgrad::cpu::parallel_for(0, 2, 1, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) partial[static_cast<size_t>(i)] += i + 1;
+    });
+    sum += partial[0] + partial[1];
+  }
+  CHECK(sum == 20000 * 3);
+}

@@ -1,0 +1,412 @@
+// The rows of the op table: each op with sample shapes and a plain-loop reference.
+#include "ops/op_table.hpp"
+
+#include <algorithm>
+#include <limits>
+
+namespace xgrad::testing {
+
+namespace {
+
+using Shapes = std::vector<std::vector<std::int64_t>>;
+using D = Domain;
+
+std::function<Ref(const std::vector<Ref>&)> elementwise(std::function<double(const std::vector<double>&)> f) {
+  return [f](const std::vector<Ref>& in) { return broadcast_map(in, f); };
+}
+
+// ---- references for the non-elementwise ops, in plain loops ----
+
+/// Reduces axes of x (all when empty) with `combine` from `init`; keepdims keeps size-1 axes.
+Ref reduce_ref(const Ref& x, std::vector<std::int64_t> axes, bool keepdims, double init,
+               const std::function<double(double, double)>& combine, bool average = false) {
+  const std::size_t rank = x.shape.size();
+  std::vector<bool> red(rank, axes.empty());
+  for (auto a : axes) red[static_cast<std::size_t>(a < 0 ? a + static_cast<std::int64_t>(rank) : a)] = true;
+  std::vector<std::int64_t> kept(rank), out_shape;
+  std::int64_t count = 1;
+  for (std::size_t i = 0; i < rank; ++i) {
+    kept[i] = red[i] ? 1 : x.shape[i];
+    if (red[i]) count *= x.shape[i];
+    if (!red[i] || keepdims) out_shape.push_back(kept[i]);
+  }
+  Ref acc = Ref::zeros(kept);
+  std::fill(acc.data.begin(), acc.data.end(), init);
+  for (std::int64_t flat = 0; flat < x.numel(); ++flat) {
+    std::int64_t rem = flat, off = 0, stride = 1;
+    for (std::size_t i = rank; i-- > 0;) {
+      std::int64_t idx = rem % x.shape[i];
+      rem /= x.shape[i];
+      off += (red[i] ? 0 : idx) * stride;
+      stride *= kept[i];
+    }
+    auto& slot = acc.data[static_cast<std::size_t>(off)];
+    slot = combine(slot, x.data[static_cast<std::size_t>(flat)]);
+  }
+  if (average)
+    for (auto& v : acc.data) v /= static_cast<double>(count);
+  acc.shape = out_shape;
+  return acc;
+}
+
+Ref matmul_ref(const Ref& a, const Ref& b) {  // [B, M, K] x [K, N] or [M, K] x [K, N]
+  std::int64_t batch = a.shape.size() == 3 ? a.shape[0] : 1;
+  std::int64_t m = a.shape[a.shape.size() - 2], k = a.shape.back(), n = b.shape.back();
+  auto shape = a.shape;
+  shape.back() = n;
+  Ref out = Ref::zeros(shape);
+  for (std::int64_t p = 0; p < batch; ++p)
+    for (std::int64_t i = 0; i < m; ++i)
+      for (std::int64_t j = 0; j < n; ++j) {
+        double s = 0;
+        for (std::int64_t q = 0; q < k; ++q) s += a.data[static_cast<std::size_t>((p * m + i) * k + q)] * b.data[static_cast<std::size_t>(q * n + j)];
+        out.data[static_cast<std::size_t>((p * m + i) * n + j)] = s;
+      }
+  return out;
+}
+
+Ref transpose2_ref(const Ref& a) {
+  Ref out = Ref::zeros({a.shape[1], a.shape[0]});
+  for (std::int64_t i = 0; i < a.shape[0]; ++i)
+    for (std::int64_t j = 0; j < a.shape[1]; ++j) out.at({j, i}) = a.at({i, j});
+  return out;
+}
+
+Ref conv_ref(const Ref& x, const Ref& w, std::int64_t stride, std::int64_t pad_top, std::int64_t pad_left, std::int64_t dil,
+             std::int64_t oh, std::int64_t ow) {
+  Ref y = Ref::zeros({x.shape[0], w.shape[0], oh, ow});
+  for (std::int64_t n = 0; n < x.shape[0]; ++n)
+    for (std::int64_t o = 0; o < w.shape[0]; ++o)
+      for (std::int64_t i = 0; i < oh; ++i)
+        for (std::int64_t j = 0; j < ow; ++j) {
+          double s = 0;
+          for (std::int64_t c = 0; c < x.shape[1]; ++c)
+            for (std::int64_t p = 0; p < w.shape[2]; ++p)
+              for (std::int64_t q = 0; q < w.shape[3]; ++q) {
+                std::int64_t r = i * stride - pad_top + p * dil, t = j * stride - pad_left + q * dil;
+                if (r >= 0 && r < x.shape[2] && t >= 0 && t < x.shape[3]) s += x.at({n, c, r, t}) * w.at({o, c, p, q});
+              }
+          y.at({n, o, i, j}) = s;
+        }
+  return y;
+}
+
+Ref pool_ref(const Ref& x, std::int64_t k, std::int64_t s, bool is_max) {
+  std::int64_t oh = (x.shape[2] - k) / s + 1, ow = (x.shape[3] - k) / s + 1;
+  Ref y = Ref::zeros({x.shape[0], x.shape[1], oh, ow});
+  for (std::int64_t n = 0; n < x.shape[0]; ++n)
+    for (std::int64_t c = 0; c < x.shape[1]; ++c)
+      for (std::int64_t i = 0; i < oh; ++i)
+        for (std::int64_t j = 0; j < ow; ++j) {
+          double acc = is_max ? -std::numeric_limits<double>::infinity() : 0.0;
+          for (std::int64_t p = 0; p < k; ++p)
+            for (std::int64_t q = 0; q < k; ++q) {
+              double v = x.at({n, c, i * s + p, j * s + q});
+              acc = is_max ? std::max(acc, v) : acc + v;
+            }
+          y.at({n, c, i, j}) = is_max ? acc : acc / static_cast<double>(k * k);
+        }
+  return y;
+}
+
+Ref resize_ref(const Ref& x, std::int64_t oh, std::int64_t ow) {  // half-pixel centres, clamped
+  Ref y = Ref::zeros({x.shape[0], x.shape[1], oh, ow});
+  auto src = [](std::int64_t o, std::int64_t in, std::int64_t out, std::int64_t& i0, std::int64_t& i1, double& f) {
+    double c = std::max(0.0, (static_cast<double>(o) + 0.5) * static_cast<double>(in) / static_cast<double>(out) - 0.5);
+    i0 = std::min<std::int64_t>(static_cast<std::int64_t>(c), in - 1);
+    i1 = std::min<std::int64_t>(i0 + 1, in - 1);
+    f = c - static_cast<double>(i0);
+  };
+  for (std::int64_t n = 0; n < x.shape[0]; ++n)
+    for (std::int64_t c = 0; c < x.shape[1]; ++c)
+      for (std::int64_t i = 0; i < oh; ++i)
+        for (std::int64_t j = 0; j < ow; ++j) {
+          std::int64_t r0, r1, c0, c1;
+          double fr, fc;
+          src(i, x.shape[2], oh, r0, r1, fr);
+          src(j, x.shape[3], ow, c0, c1, fc);
+          double top = x.at({n, c, r0, c0}) * (1 - fc) + x.at({n, c, r0, c1}) * fc;
+          double bottom = x.at({n, c, r1, c0}) * (1 - fc) + x.at({n, c, r1, c1}) * fc;
+          y.at({n, c, i, j}) = top * (1 - fr) + bottom * fr;
+        }
+  return y;
+}
+
+Ref log_softmax_ref(const Ref& x) {  // over the last axis
+  Ref y = x;
+  std::int64_t c = x.shape.back(), rows = x.numel() / c;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    double m = -std::numeric_limits<double>::infinity(), s = 0;
+    for (std::int64_t j = 0; j < c; ++j) m = std::max(m, x.data[static_cast<std::size_t>(r * c + j)]);
+    for (std::int64_t j = 0; j < c; ++j) s += std::exp(x.data[static_cast<std::size_t>(r * c + j)] - m);
+    for (std::int64_t j = 0; j < c; ++j) y.data[static_cast<std::size_t>(r * c + j)] -= m + std::log(s);
+  }
+  return y;
+}
+
+Ref copy_block(const Ref& x, std::vector<std::int64_t> begin, std::vector<std::int64_t> size) {
+  Ref y = Ref::zeros(size);
+  for (std::int64_t flat = 0; flat < y.numel(); ++flat) {
+    std::int64_t rem = flat, off = 0, stride = 1;
+    for (std::size_t i = size.size(); i-- > 0;) {
+      off += (rem % size[i] + begin[i]) * stride;
+      rem /= size[i];
+      stride *= x.shape[i];
+    }
+    y.data[static_cast<std::size_t>(flat)] = x.data[static_cast<std::size_t>(off)];
+  }
+  return y;
+}
+
+Ref permute_ref(const Ref& x, const std::vector<std::int64_t>& perm) {
+  std::vector<std::int64_t> shape;
+  for (auto p : perm) shape.push_back(x.shape[static_cast<std::size_t>(p)]);
+  Ref y = Ref::zeros(shape);
+  std::vector<std::int64_t> xs(x.shape.size(), 1);
+  for (std::size_t i = x.shape.size() - 1; i-- > 0;) xs[i] = xs[i + 1] * x.shape[i + 1];
+  for (std::int64_t flat = 0; flat < y.numel(); ++flat) {
+    std::int64_t rem = flat, off = 0;
+    for (std::size_t i = shape.size(); i-- > 0;) {
+      off += (rem % shape[i]) * xs[static_cast<std::size_t>(perm[i])];
+      rem /= shape[i];
+    }
+    y.data[static_cast<std::size_t>(flat)] = x.data[static_cast<std::size_t>(off)];
+  }
+  return y;
+}
+
+Ref with_shape(Ref r, std::vector<std::int64_t> shape) {
+  r.shape = std::move(shape);
+  return r;
+}
+
+double sigmoid_ref(double v) { return 1 / (1 + std::exp(-v)); }
+double sign_ref(double v) { return static_cast<double>((v > 0) - (v < 0)); }
+
+std::vector<OpCase> build_table() {
+  std::vector<OpCase> t;
+  auto unary = [&](std::string name, auto f, double (*ref)(double), Domain d = D::any, bool diff = true) {
+    auto r = [ref](const std::vector<double>& a) { return ref(a[0]); };
+    t.push_back(make_case(name, Shapes{{3, 5}}, f, elementwise(r), {d}, diff));
+    t.push_back(make_case(name + "/one_element", Shapes{{1}}, f, elementwise(r), {d}, diff));
+    t.push_back(make_case(name + "/empty", Shapes{{0, 3}}, f, elementwise(r), {d}, diff));
+    t.push_back(make_case(name + "/scalar", Shapes{{}}, f, elementwise(r), {d}, diff));
+    t.push_back(make_case(name + "/long", Shapes{{2, 37}}, f, elementwise(r), {d}, diff));  // SIMD body + tail
+  };
+  unary("neg", [](const auto& in) { return -in[0]; }, [](double v) { return -v; });
+  unary("exp", [](const auto& in) { return exp(in[0]); }, [](double v) { return std::exp(v); });
+  unary("log", [](const auto& in) { return log(in[0]); }, [](double v) { return std::log(v); }, D::positive);
+  unary("sqrt", [](const auto& in) { return sqrt(in[0]); }, [](double v) { return std::sqrt(v); }, D::positive);
+  unary("rsqrt", [](const auto& in) { return rsqrt(in[0]); }, [](double v) { return 1 / std::sqrt(v); }, D::positive);
+  unary("tanh", [](const auto& in) { return tanh(in[0]); }, [](double v) { return std::tanh(v); });
+  unary("sigmoid", [](const auto& in) { return sigmoid(in[0]); }, sigmoid_ref);
+  unary("relu", [](const auto& in) { return relu(in[0]); }, [](double v) { return std::max(v, 0.0); }, D::away_from_zero);
+  unary("abs", [](const auto& in) { return abs(in[0]); }, [](double v) { return std::abs(v); }, D::away_from_zero);
+  unary("square", [](const auto& in) { return square(in[0]); }, [](double v) { return v * v; });
+  unary("sin", [](const auto& in) { return sin(in[0]); }, [](double v) { return std::sin(v); });
+  unary("cos", [](const auto& in) { return cos(in[0]); }, [](double v) { return std::cos(v); });
+  unary("sign", [](const auto& in) { return sign(in[0]); }, sign_ref, D::away_from_zero, false);
+
+  auto binary = [&](std::string name, auto f, double (*ref)(double, double), Domain da = D::any, Domain db = D::any, bool diff = true) {
+    auto r = [ref](const std::vector<double>& a) { return ref(a[0], a[1]); };
+    t.push_back(make_case(name, Shapes{{3, 4}, {3, 4}}, f, elementwise(r), {da, db}, diff));
+    t.push_back(make_case(name + "/broadcast_row", Shapes{{3, 4}, {4}}, f, elementwise(r), {da, db}, diff));
+    t.push_back(make_case(name + "/broadcast_both", Shapes{{3, 1, 5}, {2, 1}}, f, elementwise(r), {da, db}, diff));
+    t.push_back(make_case(name + "/scalar_left", Shapes{{}, {2, 19}}, f, elementwise(r), {da, db}, diff));
+    t.push_back(make_case(name + "/column", Shapes{{4, 1}, {4, 33}}, f, elementwise(r), {da, db}, diff));
+    t.push_back(make_case(name + "/one_element", Shapes{{1}, {1}}, f, elementwise(r), {da, db}, diff));
+    t.push_back(make_case(name + "/empty", Shapes{{0, 4}, {4}}, f, elementwise(r), {da, db}, diff));
+  };
+  binary("add", [](const auto& in) { return in[0] + in[1]; }, [](double a, double b) { return a + b; });
+  binary("sub", [](const auto& in) { return in[0] - in[1]; }, [](double a, double b) { return a - b; });
+  binary("mul", [](const auto& in) { return in[0] * in[1]; }, [](double a, double b) { return a * b; });
+  binary("div", [](const auto& in) { return in[0] / in[1]; }, [](double a, double b) { return a / b; }, D::any, D::away_from_zero);
+  binary("pow", [](const auto& in) { return pow(in[0], in[1]); }, [](double a, double b) { return std::pow(a, b); }, D::positive);
+  binary("maximum", [](const auto& in) { return maximum(in[0], in[1]); }, [](double a, double b) { return std::max(a, b); });
+  binary("minimum", [](const auto& in) { return minimum(in[0], in[1]); }, [](double a, double b) { return std::min(a, b); });
+  binary("equal", [](const auto& in) {
+    using T = typename std::decay_t<decltype(in[0])>::value_type;
+    return cast<T>(equal(in[0], in[0] * T(1) + in[1] * T(0)));  // equal where values match exactly
+  }, [](double, double) { return 1.0; }, D::any, D::any, false);
+  binary("less", [](const auto& in) { return cast<typename std::decay_t<decltype(in[0])>::value_type>(less(in[0], in[1])); },
+         [](double a, double b) { return a < b ? 1.0 : 0.0; }, D::any, D::any, false);
+  binary("greater", [](const auto& in) { return cast<typename std::decay_t<decltype(in[0])>::value_type>(in[0] > in[1]); },
+         [](double a, double b) { return a > b ? 1.0 : 0.0; }, D::any, D::any, false);
+
+  t.push_back(make_case("scalar_operators", Shapes{{2, 3}}, [](const auto& in) {
+    return (2.0f + in[0] * 3.0f - 1.0f) / 2.0f - (1.0f / (in[0] * in[0] + 1.0f));
+  }, elementwise([](const std::vector<double>& a) { return (2 + a[0] * 3 - 1) / 2 - 1 / (a[0] * a[0] + 1); })));
+  t.push_back(make_case("where", Shapes{{3, 4}, {3, 4}, {4}}, [](const auto& in) {
+    return where(in[0] > 0.0f, in[1], in[2]);
+  }, elementwise([](const std::vector<double>& a) { return a[0] > 0 ? a[1] : a[2]; }), {D::away_from_zero, D::any, D::any}));
+  t.push_back(make_case("clip", Shapes{{4, 5}}, [](const auto& in) { return clip(in[0], -0.5f, 0.5f); },
+                        elementwise([](const std::vector<double>& a) { return std::clamp(a[0], -0.5, 0.5); })));
+
+  auto plus = [](double a, double b) { return a + b; };
+  auto maxf = [](double a, double b) { return std::max(a, b); };
+  auto minf = [](double a, double b) { return std::min(a, b); };
+  const double inf = std::numeric_limits<double>::infinity();
+  t.push_back(make_case("sum/all", Shapes{{3, 4, 5}}, [](const auto& in) { return sum(in[0]); },
+                        [=](const std::vector<Ref>& r) { return reduce_ref(r[0], {}, false, 0, plus); }));
+  t.push_back(make_case("sum/axes_0_2", Shapes{{3, 4, 5}}, [](const auto& in) { return sum(in[0], {0, 2}); },
+                        [=](const std::vector<Ref>& r) { return reduce_ref(r[0], {0, 2}, false, 0, plus); }));
+  t.push_back(make_case("sum/axis_last_keepdims", Shapes{{3, 41}}, [](const auto& in) { return sum(in[0], {-1}, true); },
+                        [=](const std::vector<Ref>& r) { return reduce_ref(r[0], {-1}, true, 0, plus); }));
+  t.push_back(make_case("sum/axis_0_long", Shapes{{7, 35}}, [](const auto& in) { return sum(in[0], {0}); },
+                        [=](const std::vector<Ref>& r) { return reduce_ref(r[0], {0}, false, 0, plus); }));
+  t.push_back(make_case("sum/empty", Shapes{{0, 3}}, [](const auto& in) { return sum(in[0], {0}); },
+                        [=](const std::vector<Ref>& r) { return reduce_ref(r[0], {0}, false, 0, plus); }));
+  t.push_back(make_case("mean/axis_1", Shapes{{3, 4, 2}}, [](const auto& in) { return mean(in[0], {1}); },
+                        [=](const std::vector<Ref>& r) { return reduce_ref(r[0], {1}, false, 0, plus, true); }));
+  t.push_back(make_case("mean/all", Shapes{{5, 3}}, [](const auto& in) { return mean(in[0]); },
+                        [=](const std::vector<Ref>& r) { return reduce_ref(r[0], {}, false, 0, plus, true); }));
+  t.push_back(make_case("max/axis_1", Shapes{{3, 6, 2}}, [](const auto& in) { return max(in[0], {1}); },
+                        [=](const std::vector<Ref>& r) { return reduce_ref(r[0], {1}, false, -inf, maxf); }));
+  t.push_back(make_case("max/all_keepdims", Shapes{{4, 37}}, [](const auto& in) { return max(in[0], {}, true); },
+                        [=](const std::vector<Ref>& r) { return reduce_ref(r[0], {}, true, -inf, maxf); }));
+  t.push_back(make_case("min/axes_0_2", Shapes{{3, 2, 4}}, [](const auto& in) { return min(in[0], {0, 2}); },
+                        [=](const std::vector<Ref>& r) { return reduce_ref(r[0], {0, 2}, false, inf, minf); }));
+  t.push_back(make_case("argmax/axis_1", Shapes{{4, 7}}, [](const auto& in) {
+    return cast<typename std::decay_t<decltype(in[0])>::value_type>(argmax(in[0], 1));
+  }, [](const std::vector<Ref>& r) {
+    Ref out = Ref::zeros({r[0].shape[0]});
+    for (std::int64_t i = 0; i < r[0].shape[0]; ++i) {
+      std::int64_t best = 0;
+      for (std::int64_t j = 1; j < r[0].shape[1]; ++j) if (r[0].at({i, j}) > r[0].at({i, best})) best = j;
+      out.data[static_cast<std::size_t>(i)] = static_cast<double>(best);
+    }
+    return out;
+  }, {}, false));
+
+  t.push_back(make_case("matmul/2d", Shapes{{3, 4}, {4, 5}}, [](const auto& in) { return matmul(in[0], in[1]); },
+                        [](const std::vector<Ref>& r) { return matmul_ref(r[0], r[1]); }));
+  t.push_back(make_case("matmul/batched_broadcast", Shapes{{2, 3, 4}, {4, 5}}, [](const auto& in) { return matmul(in[0], in[1]); },
+                        [](const std::vector<Ref>& r) { return matmul_ref(r[0], r[1]); }));
+  t.push_back(make_case("matmul/transpose_a_b", Shapes{{4, 3}, {5, 4}}, [](const auto& in) { return matmul(in[0], in[1], true, true); },
+                        [](const std::vector<Ref>& r) { return matmul_ref(transpose2_ref(r[0]), transpose2_ref(r[1])); }));
+  t.push_back(make_case("matmul/large_tiles", Shapes{{17, 33}, {33, 19}}, [](const auto& in) { return matmul(in[0], in[1]); },
+                        [](const std::vector<Ref>& r) { return matmul_ref(r[0], r[1]); }));
+
+  t.push_back(make_case("reshape", Shapes{{2, 6}}, [](const auto& in) { return reshape(in[0], {3, -1}) * 1.5f; },
+                        [](const std::vector<Ref>& r) {
+                          Ref y = with_shape(r[0], {3, 4});
+                          for (auto& v : y.data) v *= 1.5;
+                          return y;
+                        }));
+  t.push_back(make_case("transpose/reverse", Shapes{{2, 3, 4}}, [](const auto& in) { return transpose(in[0]); },
+                        [](const std::vector<Ref>& r) { return permute_ref(r[0], {2, 1, 0}); }));
+  t.push_back(make_case("transpose/perm", Shapes{{2, 3, 4}}, [](const auto& in) { return transpose(in[0], {0, 2, 1}); },
+                        [](const std::vector<Ref>& r) { return permute_ref(r[0], {0, 2, 1}); }));
+  t.push_back(make_case("broadcast_to", Shapes{{3, 1}}, [](const auto& in) { return broadcast_to(in[0], {2, 3, 4}); },
+                        [](const std::vector<Ref>& r) {
+                          Ref zero = Ref::zeros({2, 3, 4});
+                          return broadcast_map({r[0], zero}, [](const std::vector<double>& a) { return a[0]; });
+                        }));
+  t.push_back(make_case("expand_dims", Shapes{{2, 3}}, [](const auto& in) { return expand_dims(in[0], 1) * 2.0f; },
+                        [](const std::vector<Ref>& r) {
+                          Ref y = with_shape(r[0], {2, 1, 3});
+                          for (auto& v : y.data) v *= 2;
+                          return y;
+                        }));
+  t.push_back(make_case("squeeze", Shapes{{2, 1, 3, 1}}, [](const auto& in) { return squeeze(in[0], {1}) * 2.0f; },
+                        [](const std::vector<Ref>& r) {
+                          Ref y = with_shape(r[0], {2, 3, 1});
+                          for (auto& v : y.data) v *= 2;
+                          return y;
+                        }));
+  t.push_back(make_case("flatten", Shapes{{2, 3, 2}}, [](const auto& in) { return flatten(in[0]) * 2.0f; },
+                        [](const std::vector<Ref>& r) {
+                          Ref y = with_shape(r[0], {2, 6});
+                          for (auto& v : y.data) v *= 2;
+                          return y;
+                        }));
+  t.push_back(make_case("slice", Shapes{{4, 5, 3}}, [](const auto& in) { return slice(in[0], {1, 0, 1}, {2, -1, 2}); },
+                        [](const std::vector<Ref>& r) { return copy_block(r[0], {1, 0, 1}, {2, 5, 2}); }));
+  t.push_back(make_case("concat/axis_1", Shapes{{2, 3}, {2, 1}, {2, 2}}, [](const auto& in) { return concat(in, 1); },
+                        [](const std::vector<Ref>& r) {
+                          Ref y = Ref::zeros({2, 6});
+                          for (std::int64_t i = 0; i < 2; ++i) {
+                            std::int64_t at = 0;
+                            for (const auto& x : r)
+                              for (std::int64_t j = 0; j < x.shape[1]; ++j) y.at({i, at++}) = x.at({i, j});
+                          }
+                          return y;
+                        }));
+  t.push_back(make_case("stack/axis_0", Shapes{{2, 3}, {2, 3}}, [](const auto& in) { return stack(in, 0); },
+                        [](const std::vector<Ref>& r) {
+                          Ref y = Ref::zeros({2, 2, 3});
+                          std::copy(r[0].data.begin(), r[0].data.end(), y.data.begin());
+                          std::copy(r[1].data.begin(), r[1].data.end(), y.data.begin() + 6);
+                          return y;
+                        }));
+  t.push_back(make_case("cast/round_trip", Shapes{{3, 2}}, [](const auto& in) {
+    using T = typename std::decay_t<decltype(in[0])>::value_type;
+    return cast<T>(cast<double>(in[0]) * 2.0);
+  }, elementwise([](const std::vector<double>& a) { return 2 * a[0]; })));
+
+  t.push_back(make_case("bias_add", Shapes{{2, 3, 2, 2}, {3}}, [](const auto& in) { return bias_add(in[0], in[1]); },
+                        [](const std::vector<Ref>& r) {
+                          Ref y = r[0];
+                          for (std::int64_t i = 0; i < y.numel(); ++i) y.data[static_cast<std::size_t>(i)] += r[1].data[static_cast<std::size_t>((i / 4) % 3)];
+                          return y;
+                        }));
+  t.push_back(make_case("conv2d/pad_1", Shapes{{2, 3, 5, 5}, {4, 3, 3, 3}},
+                        [](const auto& in) { return conv2d(in[0], in[1], {.padding = 1}); },
+                        [](const std::vector<Ref>& r) { return conv_ref(r[0], r[1], 1, 1, 1, 1, 5, 5); }));
+  t.push_back(make_case("conv2d/stride_2_dilation_2", Shapes{{1, 2, 9, 8}, {3, 2, 3, 2}},
+                        [](const auto& in) { return conv2d(in[0], in[1], {.stride = 2, .padding = 1, .dilation = 2}); },
+                        [](const std::vector<Ref>& r) { return conv_ref(r[0], r[1], 2, 1, 1, 2, 4, 4); }));
+  t.push_back(make_case("conv2d/valid", Shapes{{2, 1, 7, 7}, {2, 1, 5, 5}},
+                        [](const auto& in) { return conv2d(in[0], in[1], {.pad_mode = PadMode::valid}); },
+                        [](const std::vector<Ref>& r) { return conv_ref(r[0], r[1], 1, 0, 0, 1, 3, 3); }));
+  t.push_back(make_case("conv2d/same_stride_2", Shapes{{1, 2, 6, 7}, {2, 2, 3, 3}},
+                        [](const auto& in) { return conv2d(in[0], in[1], {.stride = 2, .pad_mode = PadMode::same}); },
+                        // out 3x4; pad total rows max((3-1)*2+3-6, 0)=1 -> top 0; cols (4-1)*2+3-7=2 -> left 1
+                        [](const std::vector<Ref>& r) { return conv_ref(r[0], r[1], 2, 0, 1, 1, 3, 4); }));
+  t.push_back(make_case("conv2d/pointwise", Shapes{{2, 3, 4, 4}, {5, 3, 1, 1}},
+                        [](const auto& in) { return conv2d(in[0], in[1]); },
+                        [](const std::vector<Ref>& r) { return conv_ref(r[0], r[1], 1, 0, 0, 1, 4, 4); }));
+  t.push_back(make_case("max_pool2d", Shapes{{2, 2, 6, 6}}, [](const auto& in) { return max_pool2d(in[0], 2, 2); },
+                        [](const std::vector<Ref>& r) { return pool_ref(r[0], 2, 2, true); }));
+  t.push_back(make_case("max_pool2d/overlap", Shapes{{1, 2, 7, 7}}, [](const auto& in) { return max_pool2d(in[0], 3, 2); },
+                        [](const std::vector<Ref>& r) { return pool_ref(r[0], 3, 2, true); }));
+  t.push_back(make_case("avg_pool2d", Shapes{{2, 2, 6, 4}}, [](const auto& in) { return avg_pool2d(in[0], 2, 2); },
+                        [](const std::vector<Ref>& r) { return pool_ref(r[0], 2, 2, false); }));
+  t.push_back(make_case("resize_bilinear/up", Shapes{{1, 2, 3, 4}}, [](const auto& in) { return resize_bilinear(in[0], 5, 7); },
+                        [](const std::vector<Ref>& r) { return resize_ref(r[0], 5, 7); }));
+  t.push_back(make_case("resize_bilinear/down", Shapes{{2, 1, 6, 5}}, [](const auto& in) { return resize_bilinear(in[0], 4, 3); },
+                        [](const std::vector<Ref>& r) { return resize_ref(r[0], 4, 3); }));
+  t.push_back(make_case("log_softmax", Shapes{{3, 5}}, [](const auto& in) { return log_softmax(in[0]); },
+                        [](const std::vector<Ref>& r) { return log_softmax_ref(r[0]); }));
+  t.push_back(make_case("softmax/axis_0", Shapes{{4, 3}}, [](const auto& in) { return softmax(in[0], 0); },
+                        [](const std::vector<Ref>& r) {
+                          Ref y = permute_ref(log_softmax_ref(permute_ref(r[0], {1, 0})), {1, 0});
+                          for (auto& v : y.data) v = std::exp(v);
+                          return y;
+                        }));
+  t.push_back(make_case("softmax_cross_entropy", Shapes{{4, 5}}, [](const auto& in) {
+    return softmax_cross_entropy(in[0], tensor<std::int32_t>({1, 0, 4, 2}), Reduction::mean);
+  }, [](const std::vector<Ref>& r) {
+    Ref ls = log_softmax_ref(r[0]);
+    const std::int64_t labels[] = {1, 0, 4, 2};
+    double s = 0;
+    for (std::int64_t i = 0; i < 4; ++i) s -= ls.at({i, labels[i]});
+    return Ref{{}, {s / 4}};
+  }));
+  t.push_back(make_case("softmax_cross_entropy/none", Shapes{{3, 4}}, [](const auto& in) {
+    return softmax_cross_entropy(in[0], tensor<std::int32_t>({3, 3, 0}), Reduction::none);
+  }, [](const std::vector<Ref>& r) {
+    Ref ls = log_softmax_ref(r[0]);
+    return Ref{{3}, {-ls.at({0, 3}), -ls.at({1, 3}), -ls.at({2, 0})}};
+  }));
+  return t;
+}
+
+}  // namespace
+
+const std::vector<OpCase>& op_table() {
+  static const std::vector<OpCase> table = build_table();
+  return table;
+}
+
+}  // namespace xgrad::testing

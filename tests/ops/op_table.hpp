@@ -1,0 +1,137 @@
+// The op table: one row per op case (inputs, the op, a plain-loop reference), shared by the
+// generic value / gradient / shape tests.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <xgrad/xgrad.hpp>
+
+namespace xgrad::testing {
+
+/// A dense row-major double array: what references compute on.
+struct Ref {
+  std::vector<std::int64_t> shape;
+  std::vector<double> data;
+
+  std::int64_t numel() const {
+    std::int64_t n = 1;
+    for (auto d : shape) n *= d;
+    return n;
+  }
+  double& at(std::initializer_list<std::int64_t> idx) { return data[offset(idx)]; }
+  double at(std::initializer_list<std::int64_t> idx) const { return data[offset(idx)]; }
+  std::size_t offset(std::initializer_list<std::int64_t> idx) const {
+    std::int64_t off = 0;
+    std::size_t i = 0;
+    for (auto v : idx) off = off * shape[i++] + v;
+    return static_cast<std::size_t>(off);
+  }
+  static Ref zeros(std::vector<std::int64_t> shape) {
+    Ref r{std::move(shape), {}};
+    r.data.assign(static_cast<std::size_t>(r.numel()), 0.0);
+    return r;
+  }
+};
+
+/// Where an input's random values come from, so every op stays smooth near its inputs.
+enum class Domain { any, positive, away_from_zero };
+
+template <class T>
+using OpFn = std::function<Tensor<T>(const std::vector<Tensor<T>>&)>;
+
+struct OpCase {
+  std::string name;
+  std::vector<std::vector<std::int64_t>> shapes;  // one per input
+  std::vector<Domain> domains;                     // one per input (defaults to any)
+  OpFn<float> f32;
+  OpFn<double> f64;
+  std::function<Ref(const std::vector<Ref>&)> reference;
+  bool differentiable = true;
+  std::vector<bool> grad_inputs;  // which inputs the gradient check covers (all if empty)
+};
+
+/// One row from a generic callable usable at float and double.
+template <class F>
+OpCase make_case(std::string name, std::vector<std::vector<std::int64_t>> shapes, F f,
+                 std::function<Ref(const std::vector<Ref>&)> reference, std::vector<Domain> domains = {},
+                 bool differentiable = true) {
+  OpCase c;
+  c.name = std::move(name);
+  c.shapes = std::move(shapes);
+  c.domains = domains.empty() ? std::vector<Domain>(c.shapes.size(), Domain::any) : std::move(domains);
+  c.f32 = [f](const std::vector<Tensor<float>>& in) { return f(in); };
+  c.f64 = [f](const std::vector<Tensor<double>>& in) { return f(in); };
+  c.reference = std::move(reference);
+  c.differentiable = differentiable;
+  return c;
+}
+
+/// Random values for one input, drawn from its domain.
+inline Ref random_input(const std::vector<std::int64_t>& shape, Domain domain, std::uint64_t seed) {
+  Ref r = Ref::zeros(shape);
+  std::mt19937_64 gen(seed);
+  std::uniform_real_distribution<double> u(-1.0, 1.0);
+  for (auto& v : r.data) {
+    double x = u(gen);
+    if (domain == Domain::positive) x = 0.5 + std::abs(x);
+    if (domain == Domain::away_from_zero) x = (x < 0 ? -0.3 : 0.3) + 0.7 * x;
+    v = x;
+  }
+  return r;
+}
+
+template <class T>
+Tensor<T> to_tensor(const Ref& r) {
+  std::vector<T> values(r.data.begin(), r.data.end());
+  return tensor<T>(values, Shape(r.shape));
+}
+
+template <class T>
+Ref to_ref(const Tensor<T>& t) {
+  Ref r{t.shape().to_vector(), {}};
+  auto v = t.to_vector();
+  r.data.assign(v.begin(), v.end());
+  return r;
+}
+
+/// NumPy-broadcast elementwise map over reference arrays.
+inline Ref broadcast_map(const std::vector<Ref>& in, const std::function<double(const std::vector<double>&)>& f) {
+  std::size_t rank = 0;
+  for (const auto& r : in) rank = std::max(rank, r.shape.size());
+  std::vector<std::int64_t> shape(rank, 1);
+  for (const auto& r : in)
+    for (std::size_t i = 0; i < r.shape.size(); ++i) {
+      auto& d = shape[rank - r.shape.size() + i];
+      if (r.shape[i] != 1) d = r.shape[i];
+    }
+  Ref out = Ref::zeros(shape);
+  std::vector<double> args(in.size());
+  for (std::int64_t flat = 0; flat < out.numel(); ++flat) {
+    for (std::size_t k = 0; k < in.size(); ++k) {
+      std::int64_t rem = flat, off = 0, stride = 1;
+      for (std::size_t i = rank; i-- > 0;) {
+        std::int64_t idx = rem % shape[i];
+        rem /= shape[i];
+        std::size_t lead = rank - in[k].shape.size();
+        if (i >= lead) {
+          std::int64_t d = in[k].shape[i - lead];
+          off += (d == 1 ? 0 : idx) * stride;
+          stride *= d;
+        }
+      }
+      args[k] = in[k].data[static_cast<std::size_t>(off)];
+    }
+    out.data[static_cast<std::size_t>(flat)] = f(args);
+  }
+  return out;
+}
+
+/// Every row of the table (defined in op_table.cpp).
+const std::vector<OpCase>& op_table();
+
+}  // namespace xgrad::testing

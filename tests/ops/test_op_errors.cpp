@@ -1,0 +1,112 @@
+// Bad input to ops: every ShapeError / ValueError names the op, the inputs' shapes and the
+// caller's file:line.
+#include <doctest/doctest.h>
+
+#include <string>
+
+#include <xgrad/xgrad.hpp>
+
+namespace xg = xgrad;
+
+namespace {
+
+/// Runs f, which must throw E, and returns what() for further checks.
+template <class E, class F>
+std::string message_of(F&& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  }
+  FAIL("no exception was thrown");
+  return {};
+}
+
+std::string here(int line) { return "test_op_errors.cpp:" + std::to_string(line); }
+
+}  // namespace
+
+TEST_CASE("op errors: the seeds' BiasAdd mismatch names the op, both shapes and the call site") {
+  auto x = xg::ones<float>({3, 32});
+  auto w = xg::ones<float>({32, 8});
+  auto b = xg::ones<float>({4});
+  int line = 0;
+  auto msg = message_of<xg::ShapeError>([&] {
+    auto h = xg::matmul(x, w);
+    line = __LINE__ + 1;
+    xg::bias_add(h, b);
+  });
+  CHECK(msg.find("BiasAdd") != std::string::npos);
+  CHECK(msg.find("Float32[3, 8]") != std::string::npos);
+  CHECK(msg.find("Float32[4]") != std::string::npos);
+  CHECK(msg.find(here(line)) != std::string::npos);
+}
+
+TEST_CASE("op errors: operators report the user's line") {
+  auto a = xg::ones<float>({2, 3});
+  auto b = xg::ones<float>({4});
+  int line = __LINE__ + 1;
+  auto msg = message_of<xg::ShapeError>([&] { return a * b; });
+  CHECK(msg.find("Mul") != std::string::npos);
+  CHECK(msg.find("[2, 3]") != std::string::npos);
+  CHECK(msg.find("[4]") != std::string::npos);
+  CHECK(msg.find(here(line)) != std::string::npos);
+  line = __LINE__ + 1;
+  msg = message_of<xg::ShapeError>([&] { return 1.0f - (a + b); });
+  CHECK(msg.find("Add") != std::string::npos);
+  CHECK(msg.find(here(line)) != std::string::npos);
+  bool derived = std::is_base_of_v<std::invalid_argument, xg::ShapeError>;
+  CHECK(derived);
+}
+
+TEST_CASE("op errors: matmul, conv2d, pooling, reductions and shape ops") {
+  auto m23 = xg::ones<float>({2, 3});
+  int line = __LINE__ + 1;
+  auto msg = message_of<xg::ShapeError>([&] { return xg::matmul(m23, m23); });
+  CHECK(msg.find("MatMul") != std::string::npos);
+  CHECK(msg.find("3 vs 2") != std::string::npos);
+  CHECK(msg.find(here(line)) != std::string::npos);
+  CHECK_THROWS_AS(xg::matmul(xg::ones<float>({3}), m23), xg::ShapeError);
+  CHECK_THROWS_AS(xg::matmul(xg::ones<float>({2, 2, 3}), xg::ones<float>({3, 3, 1})), xg::ShapeError);
+
+  auto x = xg::ones<float>({1, 3, 8, 8});
+  line = __LINE__ + 1;
+  msg = message_of<xg::ShapeError>([&] { return xg::conv2d(x, xg::ones<float>({4, 2, 3, 3})); });
+  CHECK(msg.find("Conv2D") != std::string::npos);
+  CHECK(msg.find("Float32[4, 2, 3, 3]") != std::string::npos);
+  CHECK(msg.find(here(line)) != std::string::npos);
+  CHECK_THROWS_AS(xg::conv2d(x, xg::ones<float>({4, 3, 9, 9}), {.pad_mode = xg::PadMode::valid}), xg::ShapeError);
+  CHECK_THROWS_AS(xg::conv2d(x, xg::ones<float>({4, 3, 3, 3}), {.stride = 0}), xg::ValueError);
+  CHECK_THROWS_AS(xg::max_pool2d(m23, 2, 2), xg::ShapeError);
+  CHECK_THROWS_AS(xg::max_pool2d(x, 9, 1), xg::ShapeError);
+
+  line = __LINE__ + 1;
+  msg = message_of<xg::ShapeError>([&] { return xg::sum(m23, {2}); });
+  CHECK(msg.find("ReduceSum") != std::string::npos);
+  CHECK(msg.find("axis 2") != std::string::npos);
+  CHECK(msg.find(here(line)) != std::string::npos);
+  CHECK_THROWS_AS(xg::sum(m23, {0, -2}), xg::ShapeError);  // the same axis twice
+  CHECK_THROWS_AS(xg::max(xg::zeros<float>({0, 3}), {0}), xg::ShapeError);
+  CHECK_THROWS_AS(xg::argmax(xg::zeros<float>({2, 0}), 1), xg::ShapeError);
+
+  CHECK_THROWS_AS(xg::transpose(m23, {0, 0}), xg::ShapeError);
+  CHECK_THROWS_AS(xg::transpose(m23, {1, 0, 2}), xg::ShapeError);
+  CHECK_THROWS_AS(xg::broadcast_to(m23, {3, 3}), xg::ShapeError);
+  CHECK_THROWS_AS(xg::squeeze(m23, {0}), xg::ShapeError);
+  CHECK_THROWS_AS(xg::slice(m23, {1, 0}, {2, 3}), xg::ShapeError);
+  CHECK_THROWS_AS(xg::slice(m23, {0}, {1}), xg::ShapeError);
+  CHECK_THROWS_AS(xg::concat(std::vector<xg::Tensor<float>>{m23, xg::ones<float>({3, 3})}, 1), xg::ShapeError);
+  CHECK_THROWS_AS(xg::stack(std::vector<xg::Tensor<float>>{m23, xg::ones<float>({3, 2})}), xg::ShapeError);
+  CHECK_THROWS_AS(xg::where(xg::ones<float>({2}) > 0.0f, m23, m23), xg::ShapeError);
+}
+
+TEST_CASE("op errors: losses and value errors") {
+  auto logits = xg::zeros<float>({2, 3});
+  int line = __LINE__ + 1;
+  auto msg = message_of<xg::ValueError>([&] { return xg::softmax_cross_entropy(logits, xg::tensor<std::int32_t>({0, 3})); });
+  CHECK(msg.find("label 3") != std::string::npos);
+  CHECK(msg.find(here(line)) != std::string::npos);
+  CHECK_THROWS_AS(xg::softmax_cross_entropy(logits, xg::tensor<std::int32_t>({0, 1, 2})), xg::ShapeError);
+  CHECK_THROWS_AS(xg::clip(logits, 1.0f, -1.0f), xg::ValueError);
+  CHECK_THROWS_AS(xg::resize_bilinear(xg::zeros<float>({1, 1, 2, 2}), 0, 3), xg::ValueError);
+}
