@@ -119,15 +119,13 @@ struct ReluOp {
   template <class V> static V body(const V& x) { return xsimd::max(x, V(0)); }
 };
 
-template <class Op>
-void hand_unary(const float* x, float* y, std::int64_t n) {
+template <class Op> void hand_unary(const float* x, float* y, std::int64_t n) {
   std::int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes) Op::body(Batch::load_unaligned(x + i)).store_unaligned(y + i);
   for (; i < n; ++i) y[i] = Op::body(x[i]);
 }
 
-template <class Op>
-void hand_binary(const float* a, const float* b, float* y, std::int64_t n) {
+template <class Op> void hand_binary(const float* a, const float* b, float* y, std::int64_t n) {
   std::int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes)
     Op::body(Batch::load_unaligned(a + i), Batch::load_unaligned(b + i)).store_unaligned(y + i);
@@ -135,15 +133,16 @@ void hand_binary(const float* a, const float* b, float* y, std::int64_t n) {
 }
 
 /// The xgrad op, out of place (a fresh result tensor per call).
-template <class Op>
-void elementwise_xgrad(benchmark::State& state, int threads) {
+template <class Op> void elementwise_xgrad(benchmark::State& state, int threads) {
   ThreadScope scope(threads);
   const std::int64_t n = state.range(0);
   auto a = random_vector(n, 1);
   auto b = random_vector(n, 2);
   auto call = [&] {
-    if constexpr (Op::arity == 2) return Op::run(a, b);
-    else return Op::run(a);
+    if constexpr (Op::arity == 2)
+      return Op::run(a, b);
+    else
+      return Op::run(a);
   };
   call();  // warm-up: the allocator's first growth is not what is measured
   FaultCounter faults;
@@ -157,8 +156,7 @@ void elementwise_xgrad(benchmark::State& state, int threads) {
 }
 
 /// The same op by hand over xsimd batches, into a preallocated buffer; one thread.
-template <class Op>
-void elementwise_hand(benchmark::State& state) {
+template <class Op> void elementwise_hand(benchmark::State& state) {
   const std::int64_t n = state.range(0);
   auto a = random_vector(n, 1);
   auto b = random_vector(n, 2);
@@ -166,12 +164,16 @@ void elementwise_hand(benchmark::State& state) {
   const float* pa = a.data();
   const float* pb = b.data();
   float* py = y.data();
-  if constexpr (Op::arity == 2) hand_binary<Op>(pa, pb, py, n);  // warm-up: touch the output
-  else hand_unary<Op>(pa, py, n);
+  if constexpr (Op::arity == 2)
+    hand_binary<Op>(pa, pb, py, n);  // warm-up: touch the output
+  else
+    hand_unary<Op>(pa, py, n);
   FaultCounter faults;
   for (auto _ : state) {
-    if constexpr (Op::arity == 2) hand_binary<Op>(pa, pb, py, n);
-    else hand_unary<Op>(pa, py, n);
+    if constexpr (Op::arity == 2)
+      hand_binary<Op>(pa, pb, py, n);
+    else
+      hand_unary<Op>(pa, py, n);
     benchmark::DoNotOptimize(py);
     benchmark::ClobberMemory();
   }
@@ -179,8 +181,7 @@ void elementwise_hand(benchmark::State& state) {
   set_elementwise_counters(state, n, Op::arity + 1);
 }
 
-template <class Op>
-void register_elementwise(const std::string& name) {
+template <class Op> void register_elementwise(const std::string& name) {
   benchmark::RegisterBenchmark((name + "/xgrad").c_str(), elementwise_xgrad<Op>, kOneThread)->Arg(1000000);
   benchmark::RegisterBenchmark((name + "/xsimd_loop").c_str(), elementwise_hand<Op>)->Arg(1000000);
   benchmark::RegisterBenchmark((name + "/xgrad_mt").c_str(), elementwise_xgrad<Op>, kDefaultThreads)
@@ -193,7 +194,9 @@ void register_elementwise(const std::string& name) {
 
 struct Chain {
   static xg::Tensor<float> run(const xg::Tensor<float>& x) { return xg::relu((x * 2.0f + 1.0f) * x - 0.5f) / 3.0f; }
-  template <class V> static V body(const V& x) { return xsimd::max((x * V(2.0f) + V(1.0f)) * x - V(0.5f), V(0.0f)) / V(3.0f); }
+  template <class V> static V body(const V& x) {
+    return xsimd::max((x * V(2.0f) + V(1.0f)) * x - V(0.5f), V(0.0f)) / V(3.0f);
+  }
 };
 
 void chain_xgrad(benchmark::State& state, int threads) {
@@ -240,10 +243,18 @@ void chain_fused(benchmark::State& state) {
   set_elementwise_counters(state, n, 2);
 }
 
-struct Times2 { template <class V> static V body(const V& x) { return x * V(2.0f); } };
-struct Plus1 { template <class V> static V body(const V& x) { return x + V(1.0f); } };
-struct Minus05 { template <class V> static V body(const V& x) { return x - V(0.5f); } };
-struct Div3 { template <class V> static V body(const V& x) { return x / V(3.0f); } };
+struct Times2 {
+  template <class V> static V body(const V& x) { return x * V(2.0f); }
+};
+struct Plus1 {
+  template <class V> static V body(const V& x) { return x + V(1.0f); }
+};
+struct Minus05 {
+  template <class V> static V body(const V& x) { return x - V(0.5f); }
+};
+struct Div3 {
+  template <class V> static V body(const V& x) { return x / V(3.0f); }
+};
 
 /// The chain as six hand-written passes into two preallocated scratch buffers: the memory
 /// traffic of eager execution without its allocations and dispatch.

@@ -86,10 +86,14 @@ enum class Op { add, mul, exp, relu };
 
 torch::Tensor run(Op op, const torch::Tensor& a, const torch::Tensor& b) {
   switch (op) {
-    case Op::add: return torch::add(a, b);
-    case Op::mul: return torch::mul(a, b);
-    case Op::exp: return torch::exp(a);
-    case Op::relu: return torch::relu(a);
+    case Op::add:
+      return torch::add(a, b);
+    case Op::mul:
+      return torch::mul(a, b);
+    case Op::exp:
+      return torch::exp(a);
+    case Op::relu:
+      return torch::relu(a);
   }
   return {};
 }

@@ -54,10 +54,12 @@ void train_classifier() {
   xg::Tensor<std::int32_t> labels;
   make_spirals(200, points, labels);
 
-  std::vector<xg::Parameter<float>> params{
-      xg::Parameter<float>(xg::randn<float>({2, 64}, 1) * 0.7f, "w1"), xg::Parameter<float>(xg::zeros<float>({64}), "b1"),
-      xg::Parameter<float>(xg::randn<float>({64, 64}, 2) * 0.15f, "w2"), xg::Parameter<float>(xg::zeros<float>({64}), "b2"),
-      xg::Parameter<float>(xg::randn<float>({64, 2}, 3) * 0.15f, "w3"), xg::Parameter<float>(xg::zeros<float>({2}), "b3")};
+  std::vector<xg::Parameter<float>> params{xg::Parameter<float>(xg::randn<float>({2, 64}, 1) * 0.7f, "w1"),
+                                           xg::Parameter<float>(xg::zeros<float>({64}), "b1"),
+                                           xg::Parameter<float>(xg::randn<float>({64, 64}, 2) * 0.15f, "w2"),
+                                           xg::Parameter<float>(xg::zeros<float>({64}), "b2"),
+                                           xg::Parameter<float>(xg::randn<float>({64, 2}, 3) * 0.15f, "w3"),
+                                           xg::Parameter<float>(xg::zeros<float>({2}), "b3")};
   auto logits_of = [&](const xg::Tensor<float>& x) {
     auto h = xg::tanh(xg::bias_add(xg::matmul(x, params[0]), params[1]));
     h = xg::tanh(xg::bias_add(xg::matmul(h, params[2]), params[3]));

@@ -1,6 +1,8 @@
 // xgrad: the one header users include.
 #pragma once
 
+#include "xgrad/autograd/engine.hpp"
+#include "xgrad/autograd/functional.hpp"
 #include "xgrad/core/context.hpp"
 #include "xgrad/core/factory.hpp"
 #include "xgrad/core/print.hpp"
@@ -12,5 +14,3 @@
 #include "xgrad/ops/manipulation.hpp"
 #include "xgrad/ops/nn.hpp"
 #include "xgrad/ops/reduce.hpp"
-#include "xgrad/autograd/engine.hpp"
-#include "xgrad/autograd/functional.hpp"

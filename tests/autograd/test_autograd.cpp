@@ -26,8 +26,7 @@ void check_close(const xg::Tensor<T>& actual, const std::vector<double>& expecte
   }
 }
 
-template <class E, class F>
-std::string message_of(F&& f) {
+template <class E, class F> std::string message_of(F&& f) {
   try {
     f();
   } catch (const E& e) {
@@ -203,7 +202,7 @@ TEST_CASE("autograd: grad: of a one-argument function") {
 TEST_CASE("autograd: grad: argnums<0, 1> returns a tuple of gradients") {
   auto f = [](xg::Tensor<float> x, xg::Tensor<float> w) { return xg::matmul(x, w); };
   auto x = xg::tensor<float>({{1, 2}, {3, 4}, {5, 6}});  // [3, 2]
-  auto w = xg::tensor<float>({{1, -1, 2}, {0, 3, 1}});  // [2, 3]
+  auto w = xg::tensor<float>({{1, -1, 2}, {0, 3, 1}});   // [2, 3]
   std::tuple<xg::Tensor<float>, xg::Tensor<float>> both = xg::grad(f, xg::argnums<0, 1>)(x, w);
   auto [gx, gw] = both;
   CHECK(gx.shape() == Dims{3, 2});
@@ -355,8 +354,9 @@ TEST_CASE("autograd: grad of grad: mixed and pure second derivatives of a two-in
 
 TEST_CASE("autograd: custom_vjp: a straight-through estimator uses the custom gradient") {
   // sign() has a zero gradient; the straight-through estimator passes the incoming one on.
-  auto ste = xg::custom_vjp([](const xg::Tensor<float>& x) { return xg::sign(x); },
-                            [](const xg::Tensor<float>&, const xg::Tensor<float>&, const xg::Tensor<float>& g) { return g; });
+  auto ste =
+      xg::custom_vjp([](const xg::Tensor<float>& x) { return xg::sign(x); },
+                     [](const xg::Tensor<float>&, const xg::Tensor<float>&, const xg::Tensor<float>& g) { return g; });
   auto x = xg::tensor<float>({-1.5, 0.2, 3});
   auto plain = xg::grad([](xg::Tensor<float> v) { return xg::sum(xg::sign(v) * v); })(x);
   // d/dx sum(sign(x) x) with sign's zero gradient is sign(x).

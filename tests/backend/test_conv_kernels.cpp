@@ -22,131 +22,119 @@ using Vec = std::vector<double>;
 // ---------------------------------------------------------------- helpers
 
 Vec random_vec(int64_t size, uint32_t seed, double lo = -1.0, double hi = 1.0) {
-    std::mt19937 gen(seed);
-    std::uniform_real_distribution<double> dist(lo, hi);
-    Vec v(static_cast<std::size_t>(size));
-    for (auto& e : v) e = dist(gen);
-    return v;
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<double> dist(lo, hi);
+  Vec v(static_cast<std::size_t>(size));
+  for (auto& e : v) e = dist(gen);
+  return v;
 }
 
 // Small integers, so that max-pool windows are full of ties.
 Vec random_ints(int64_t size, uint32_t seed, int lo, int hi) {
-    std::mt19937 gen(seed);
-    std::uniform_int_distribution<int> dist(lo, hi);
-    Vec v(static_cast<std::size_t>(size));
-    for (auto& e : v) e = dist(gen);
-    return v;
+  std::mt19937 gen(seed);
+  std::uniform_int_distribution<int> dist(lo, hi);
+  Vec v(static_cast<std::size_t>(size));
+  for (auto& e : v) e = dist(gen);
+  return v;
 }
 
-template <class T>
-std::vector<T> cast_vec(const Vec& v) {
-    return std::vector<T>(v.begin(), v.end());
-}
+template <class T> std::vector<T> cast_vec(const Vec& v) { return std::vector<T>(v.begin(), v.end()); }
 
 // Round-trips through T so that the double reference sees exactly the kernel's inputs.
-template <class T>
-Vec through(const Vec& v) {
-    Vec r(v.size());
-    for (std::size_t i = 0; i < v.size(); ++i) r[i] = static_cast<double>(static_cast<T>(v[i]));
-    return r;
+template <class T> Vec through(const Vec& v) {
+  Vec r(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) r[i] = static_cast<double>(static_cast<T>(v[i]));
+  return r;
 }
 
 Vec abs_vec(const Vec& v) {
-    Vec r(v.size());
-    for (std::size_t i = 0; i < v.size(); ++i) r[i] = std::abs(v[i]);
-    return r;
+  Vec r(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) r[i] = std::abs(v[i]);
+  return r;
 }
 
-template <class T>
-std::vector<T> nan_vec(int64_t size) {
-    return std::vector<T>(static_cast<std::size_t>(size), std::numeric_limits<T>::quiet_NaN());
+template <class T> std::vector<T> nan_vec(int64_t size) {
+  return std::vector<T>(static_cast<std::size_t>(size), std::numeric_limits<T>::quiet_NaN());
 }
 
 double dot(const Vec& a, const Vec& b) {
-    REQUIRE(a.size() == b.size());
-    double s = 0;
-    for (std::size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
-    return s;
+  REQUIRE(a.size() == b.size());
+  double s = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
+  return s;
 }
 
-template <class T>
-Vec to_double(const std::vector<T>& v) {
-    return Vec(v.begin(), v.end());
-}
+template <class T> Vec to_double(const std::vector<T>& v) { return Vec(v.begin(), v.end()); }
 
-template <class T>
-double tolerance() {
-    return 256 * static_cast<double>(std::numeric_limits<T>::epsilon());
-}
+template <class T> double tolerance() { return 256 * static_cast<double>(std::numeric_limits<T>::epsilon()); }
 
 // Every |got - ref| must be within tolerance<T>() * scale, where scale bounds the magnitude of
 // the terms that were summed (so the check is independent of cancellation).
 template <class T>
 void check_close(const std::vector<T>& got, const Vec& ref, const Vec& scale, const std::string& what) {
-    REQUIRE(got.size() == ref.size());
-    REQUIRE(scale.size() == ref.size());
-    std::size_t worst = 0;
-    double worst_excess = -1;
-    bool ok = true;
-    for (std::size_t i = 0; i < ref.size(); ++i) {
-        const double err = std::abs(static_cast<double>(got[i]) - ref[i]);
-        const double allowed = tolerance<T>() * scale[i] + 1e-300;
-        // !(err <= allowed) also catches NaN left behind in an output that should be overwritten.
-        if (!(err <= allowed)) ok = false;
-        const double excess = std::isnan(err) ? std::numeric_limits<double>::infinity() : err - allowed;
-        if (excess > worst_excess) {
-            worst_excess = excess;
-            worst = i;
-        }
+  REQUIRE(got.size() == ref.size());
+  REQUIRE(scale.size() == ref.size());
+  std::size_t worst = 0;
+  double worst_excess = -1;
+  bool ok = true;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    const double err = std::abs(static_cast<double>(got[i]) - ref[i]);
+    const double allowed = tolerance<T>() * scale[i] + 1e-300;
+    // !(err <= allowed) also catches NaN left behind in an output that should be overwritten.
+    if (!(err <= allowed)) ok = false;
+    const double excess = std::isnan(err) ? std::numeric_limits<double>::infinity() : err - allowed;
+    if (excess > worst_excess) {
+      worst_excess = excess;
+      worst = i;
     }
-    INFO(what << ": worst index " << worst << " got " << static_cast<double>(got[worst]) << " expected " << ref[worst]);
-    CHECK(ok);
+  }
+  INFO(what << ": worst index " << worst << " got " << static_cast<double>(got[worst]) << " expected " << ref[worst]);
+  CHECK(ok);
 }
 
-template <class T>
-void check_close(const std::vector<T>& got, const Vec& ref, double scale, const std::string& what) {
-    check_close(got, ref, Vec(ref.size(), scale), what);
+template <class T> void check_close(const std::vector<T>& got, const Vec& ref, double scale, const std::string& what) {
+  check_close(got, ref, Vec(ref.size(), scale), what);
 }
 
 void check_adjoint(double lhs, double rhs, double scale, const std::string& what) {
-    INFO(what << ": <Ax, y> = " << lhs << ", <x, A^T y> = " << rhs);
-    CHECK(std::abs(lhs - rhs) <= 1e-12 * scale);
+  INFO(what << ": <Ax, y> = " << lhs << ", <x, A^T y> = " << rhs);
+  CHECK(std::abs(lhs - rhs) <= 1e-12 * scale);
 }
 
 // ---------------------------------------------------------------- convolution
 
 struct ConvCase {
-    int64_t n, c_in, h, w, c_out, kh, kw, sh, sw, pt, pb, pl, pr, dh, dw;
+  int64_t n, c_in, h, w, c_out, kh, kw, sh, sw, pt, pb, pl, pr, dh, dw;
 };
 
 cpu::Conv2dGeometry conv_geometry(const ConvCase& c) {
-    const int64_t out_h = (c.h + c.pt + c.pb - c.dh * (c.kh - 1) - 1) / c.sh + 1;
-    const int64_t out_w = (c.w + c.pl + c.pr - c.dw * (c.kw - 1) - 1) / c.sw + 1;
-    return {c.n, c.c_in, c.h, c.w, c.c_out, c.kh, c.kw, c.sh, c.sw, c.pt, c.pl, c.dh, c.dw, out_h, out_w};
+  const int64_t out_h = (c.h + c.pt + c.pb - c.dh * (c.kh - 1) - 1) / c.sh + 1;
+  const int64_t out_w = (c.w + c.pl + c.pr - c.dw * (c.kw - 1) - 1) / c.sw + 1;
+  return {c.n, c.c_in, c.h, c.w, c.c_out, c.kh, c.kw, c.sh, c.sw, c.pt, c.pl, c.dh, c.dw, out_h, out_w};
 }
 
 const std::vector<ConvCase>& conv_cases() {
-    //                                  n  ci  h   w  co kh kw sh sw pt pb pl pr dh dw
-    static const std::vector<ConvCase> cases = {
-        {1, 1, 5, 5, 1, 3, 3, 1, 1, 0, 0, 0, 0, 1, 1},         // plain valid conv
-        {3, 3, 7, 6, 4, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1},         // same padding
-        {3, 3, 9, 8, 2, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1},         // stride 2
-        {1, 3, 7, 7, 5, 3, 3, 1, 1, 2, 2, 2, 2, 2, 2},         // dilation 2
-        {3, 1, 11, 9, 3, 3, 2, 2, 1, 2, 1, 0, 3, 2, 1},        // asymmetric everything
-        {3, 3, 6, 5, 4, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1},         // 1x1 pointwise fast path
-        {1, 3, 7, 6, 2, 1, 1, 2, 2, 0, 0, 0, 0, 1, 1},         // 1x1 stride 2
-        {3, 3, 5, 5, 2, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1},         // 1x1 with padding
-        {1, 1, 4, 4, 1, 5, 5, 1, 1, 2, 2, 2, 2, 1, 1},         // kernel larger than the image
-        {3, 2, 5, 7, 3, 2, 3, 3, 2, 0, 1, 2, 0, 1, 2},         // strides 3/2, odd sizes
-        {1, 2, 3, 3, 2, 2, 2, 1, 1, 3, 3, 3, 3, 1, 1},         // windows entirely in the padding
-        {3, 2, 10, 10, 3, 2, 2, 3, 3, 0, 0, 0, 0, 1, 1},       // stride > kernel: untouched inputs
-        {3, 3, 8, 8, 4, 3, 3, 2, 2, 1, 0, 1, 0, 2, 2},         // dilation 2 with stride 2
-        {1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1},         // 1x1 image
-        {8, 16, 16, 16, 16, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1},     // large: parallel batch and weight blocks
-        {6, 32, 12, 12, 24, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1},     // large pointwise
-        {5, 3, 20, 17, 8, 5, 5, 2, 2, 2, 2, 2, 2, 1, 1},       // large strided
-    };
-    return cases;
+  //                                  n  ci  h   w  co kh kw sh sw pt pb pl pr dh dw
+  static const std::vector<ConvCase> cases = {
+      {1, 1, 5, 5, 1, 3, 3, 1, 1, 0, 0, 0, 0, 1, 1},      // plain valid conv
+      {3, 3, 7, 6, 4, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1},      // same padding
+      {3, 3, 9, 8, 2, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1},      // stride 2
+      {1, 3, 7, 7, 5, 3, 3, 1, 1, 2, 2, 2, 2, 2, 2},      // dilation 2
+      {3, 1, 11, 9, 3, 3, 2, 2, 1, 2, 1, 0, 3, 2, 1},     // asymmetric everything
+      {3, 3, 6, 5, 4, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1},      // 1x1 pointwise fast path
+      {1, 3, 7, 6, 2, 1, 1, 2, 2, 0, 0, 0, 0, 1, 1},      // 1x1 stride 2
+      {3, 3, 5, 5, 2, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1},      // 1x1 with padding
+      {1, 1, 4, 4, 1, 5, 5, 1, 1, 2, 2, 2, 2, 1, 1},      // kernel larger than the image
+      {3, 2, 5, 7, 3, 2, 3, 3, 2, 0, 1, 2, 0, 1, 2},      // strides 3/2, odd sizes
+      {1, 2, 3, 3, 2, 2, 2, 1, 1, 3, 3, 3, 3, 1, 1},      // windows entirely in the padding
+      {3, 2, 10, 10, 3, 2, 2, 3, 3, 0, 0, 0, 0, 1, 1},    // stride > kernel: untouched inputs
+      {3, 3, 8, 8, 4, 3, 3, 2, 2, 1, 0, 1, 0, 2, 2},      // dilation 2 with stride 2
+      {1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1},      // 1x1 image
+      {8, 16, 16, 16, 16, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1},  // large: parallel batch and weight blocks
+      {6, 32, 12, 12, 24, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1},  // large pointwise
+      {5, 3, 20, 17, 8, 5, 5, 2, 2, 2, 2, 2, 2, 1, 1},    // large strided
+  };
+  return cases;
 }
 
 int64_t x_size(const cpu::Conv2dGeometry& g) { return g.n * g.c_in * g.h * g.w; }
@@ -154,75 +142,73 @@ int64_t w_size(const cpu::Conv2dGeometry& g) { return g.c_out * g.c_in * g.kh * 
 int64_t y_size(const cpu::Conv2dGeometry& g) { return g.n * g.c_out * g.out_h * g.out_w; }
 
 // Visits every (x index, w index, y index) triple that the convolution multiplies together.
-template <class F>
-void for_each_conv_term(const cpu::Conv2dGeometry& g, F&& f) {
-    for (int64_t b = 0; b < g.n; ++b)
-        for (int64_t co = 0; co < g.c_out; ++co)
-            for (int64_t oh = 0; oh < g.out_h; ++oh)
-                for (int64_t ow = 0; ow < g.out_w; ++ow)
-                    for (int64_t ci = 0; ci < g.c_in; ++ci)
-                        for (int64_t ki = 0; ki < g.kh; ++ki)
-                            for (int64_t kj = 0; kj < g.kw; ++kj) {
-                                const int64_t ih = oh * g.stride_h - g.pad_top + ki * g.dil_h;
-                                const int64_t iw = ow * g.stride_w - g.pad_left + kj * g.dil_w;
-                                if (ih < 0 || ih >= g.h || iw < 0 || iw >= g.w) continue;
-                                const int64_t xi = ((b * g.c_in + ci) * g.h + ih) * g.w + iw;
-                                const int64_t wi = ((co * g.c_in + ci) * g.kh + ki) * g.kw + kj;
-                                const int64_t yi = ((b * g.c_out + co) * g.out_h + oh) * g.out_w + ow;
-                                f(static_cast<std::size_t>(xi), static_cast<std::size_t>(wi),
-                                  static_cast<std::size_t>(yi));
-                            }
+template <class F> void for_each_conv_term(const cpu::Conv2dGeometry& g, F&& f) {
+  for (int64_t b = 0; b < g.n; ++b)
+    for (int64_t co = 0; co < g.c_out; ++co)
+      for (int64_t oh = 0; oh < g.out_h; ++oh)
+        for (int64_t ow = 0; ow < g.out_w; ++ow)
+          for (int64_t ci = 0; ci < g.c_in; ++ci)
+            for (int64_t ki = 0; ki < g.kh; ++ki)
+              for (int64_t kj = 0; kj < g.kw; ++kj) {
+                const int64_t ih = oh * g.stride_h - g.pad_top + ki * g.dil_h;
+                const int64_t iw = ow * g.stride_w - g.pad_left + kj * g.dil_w;
+                if (ih < 0 || ih >= g.h || iw < 0 || iw >= g.w) continue;
+                const int64_t xi = ((b * g.c_in + ci) * g.h + ih) * g.w + iw;
+                const int64_t wi = ((co * g.c_in + ci) * g.kh + ki) * g.kw + kj;
+                const int64_t yi = ((b * g.c_out + co) * g.out_h + oh) * g.out_w + ow;
+                f(static_cast<std::size_t>(xi), static_cast<std::size_t>(wi), static_cast<std::size_t>(yi));
+              }
 }
 
 Vec naive_conv_forward(const cpu::Conv2dGeometry& g, const Vec& x, const Vec& w) {
-    Vec y(static_cast<std::size_t>(y_size(g)), 0.0);
-    for_each_conv_term(g, [&](auto xi, auto wi, auto yi) { y[yi] += x[xi] * w[wi]; });
-    return y;
+  Vec y(static_cast<std::size_t>(y_size(g)), 0.0);
+  for_each_conv_term(g, [&](auto xi, auto wi, auto yi) { y[yi] += x[xi] * w[wi]; });
+  return y;
 }
 
 Vec naive_conv_backward_input(const cpu::Conv2dGeometry& g, const Vec& gy, const Vec& w) {
-    Vec gx(static_cast<std::size_t>(x_size(g)), 0.0);
-    for_each_conv_term(g, [&](auto xi, auto wi, auto yi) { gx[xi] += gy[yi] * w[wi]; });
-    return gx;
+  Vec gx(static_cast<std::size_t>(x_size(g)), 0.0);
+  for_each_conv_term(g, [&](auto xi, auto wi, auto yi) { gx[xi] += gy[yi] * w[wi]; });
+  return gx;
 }
 
 Vec naive_conv_backward_weight(const cpu::Conv2dGeometry& g, const Vec& x, const Vec& gy) {
-    Vec gw(static_cast<std::size_t>(w_size(g)), 0.0);
-    for_each_conv_term(g, [&](auto xi, auto wi, auto yi) { gw[wi] += x[xi] * gy[yi]; });
-    return gw;
+  Vec gw(static_cast<std::size_t>(w_size(g)), 0.0);
+  for_each_conv_term(g, [&](auto xi, auto wi, auto yi) { gw[wi] += x[xi] * gy[yi]; });
+  return gw;
 }
 
 // ---------------------------------------------------------------- pooling
 
 struct PoolCase {
-    int64_t n, c, h, w, kh, kw, sh, sw, pt, pb, pl, pr;
+  int64_t n, c, h, w, kh, kw, sh, sw, pt, pb, pl, pr;
 };
 
 cpu::Pool2dGeometry pool_geometry(const PoolCase& c) {
-    const int64_t out_h = (c.h + c.pt + c.pb - c.kh) / c.sh + 1;
-    const int64_t out_w = (c.w + c.pl + c.pr - c.kw) / c.sw + 1;
-    return {c.n, c.c, c.h, c.w, c.kh, c.kw, c.sh, c.sw, c.pt, c.pl, out_h, out_w};
+  const int64_t out_h = (c.h + c.pt + c.pb - c.kh) / c.sh + 1;
+  const int64_t out_w = (c.w + c.pl + c.pr - c.kw) / c.sw + 1;
+  return {c.n, c.c, c.h, c.w, c.kh, c.kw, c.sh, c.sw, c.pt, c.pl, out_h, out_w};
 }
 
 const std::vector<PoolCase>& pool_cases() {
-    //                                  n  c   h   w kh kw sh sw pt pb pl pr
-    static const std::vector<PoolCase> cases = {
-        {1, 1, 4, 4, 2, 2, 2, 2, 0, 0, 0, 0},       // classic 2x2/2
-        {3, 3, 7, 7, 3, 3, 2, 2, 1, 1, 1, 1},       // overlapping 3x3/2 with padding
-        {1, 3, 5, 6, 3, 3, 1, 1, 1, 1, 1, 1},       // stride 1, same-size output
-        {3, 1, 9, 7, 2, 3, 2, 1, 0, 1, 1, 0},       // asymmetric
-        {3, 2, 5, 5, 1, 1, 2, 2, 0, 0, 0, 0},       // 1x1 kernel, stride 2
-        {1, 2, 7, 7, 2, 2, 2, 2, 0, 1, 0, 1},       // ceil-mode-like extra bottom/right pad
-        {1, 1, 3, 3, 3, 3, 1, 1, 1, 1, 1, 1},       // window bigger than most of the image
-        {3, 3, 8, 5, 4, 3, 3, 2, 2, 1, 1, 0},       // kernel > stride, odd sizes
-        {1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0},       // 1x1 image
-        {4, 16, 32, 32, 2, 2, 2, 2, 0, 0, 0, 0},    // large: parallel over planes
-        {2, 8, 33, 31, 3, 3, 2, 2, 1, 1, 1, 1},     // large, odd, padded
-        {2, 3, 6, 40, 3, 3, 1, 1, 1, 1, 1, 1},      // stride 1, wide: SIMD interior with clipped rows
-        {1, 2, 5, 37, 2, 3, 1, 1, 1, 0, 0, 2},      // stride 1, wide, asymmetric padding
-        {1, 2, 4, 33, 2, 3, 1, 1, 0, 1, 0, 2},      // stride 1: interior ends just short of a SIMD block
-    };
-    return cases;
+  //                                  n  c   h   w kh kw sh sw pt pb pl pr
+  static const std::vector<PoolCase> cases = {
+      {1, 1, 4, 4, 2, 2, 2, 2, 0, 0, 0, 0},     // classic 2x2/2
+      {3, 3, 7, 7, 3, 3, 2, 2, 1, 1, 1, 1},     // overlapping 3x3/2 with padding
+      {1, 3, 5, 6, 3, 3, 1, 1, 1, 1, 1, 1},     // stride 1, same-size output
+      {3, 1, 9, 7, 2, 3, 2, 1, 0, 1, 1, 0},     // asymmetric
+      {3, 2, 5, 5, 1, 1, 2, 2, 0, 0, 0, 0},     // 1x1 kernel, stride 2
+      {1, 2, 7, 7, 2, 2, 2, 2, 0, 1, 0, 1},     // ceil-mode-like extra bottom/right pad
+      {1, 1, 3, 3, 3, 3, 1, 1, 1, 1, 1, 1},     // window bigger than most of the image
+      {3, 3, 8, 5, 4, 3, 3, 2, 2, 1, 1, 0},     // kernel > stride, odd sizes
+      {1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0},     // 1x1 image
+      {4, 16, 32, 32, 2, 2, 2, 2, 0, 0, 0, 0},  // large: parallel over planes
+      {2, 8, 33, 31, 3, 3, 2, 2, 1, 1, 1, 1},   // large, odd, padded
+      {2, 3, 6, 40, 3, 3, 1, 1, 1, 1, 1, 1},    // stride 1, wide: SIMD interior with clipped rows
+      {1, 2, 5, 37, 2, 3, 1, 1, 1, 0, 0, 2},    // stride 1, wide, asymmetric padding
+      {1, 2, 4, 33, 2, 3, 1, 1, 0, 1, 0, 2},    // stride 1: interior ends just short of a SIMD block
+  };
+  return cases;
 }
 
 int64_t pool_in_size(const cpu::Pool2dGeometry& g) { return g.n * g.c * g.h * g.w; }
@@ -230,88 +216,85 @@ int64_t pool_out_size(const cpu::Pool2dGeometry& g) { return g.n * g.c * g.out_h
 
 // Flat input index of the first maximum of each window (padding never wins), -1 if empty.
 std::vector<int64_t> naive_argmax(const cpu::Pool2dGeometry& g, const Vec& x) {
-    std::vector<int64_t> arg(static_cast<std::size_t>(pool_out_size(g)), -1);
-    for (int64_t p = 0; p < g.n * g.c; ++p)
-        for (int64_t oh = 0; oh < g.out_h; ++oh)
-            for (int64_t ow = 0; ow < g.out_w; ++ow) {
-                int64_t best = -1;
-                for (int64_t ki = 0; ki < g.kh; ++ki)
-                    for (int64_t kj = 0; kj < g.kw; ++kj) {
-                        const int64_t ih = oh * g.stride_h - g.pad_top + ki;
-                        const int64_t iw = ow * g.stride_w - g.pad_left + kj;
-                        if (ih < 0 || ih >= g.h || iw < 0 || iw >= g.w) continue;
-                        const int64_t xi = (p * g.h + ih) * g.w + iw;
-                        if (best < 0 || x[static_cast<std::size_t>(xi)] > x[static_cast<std::size_t>(best)]) best = xi;
-                    }
-                arg[static_cast<std::size_t>((p * g.out_h + oh) * g.out_w + ow)] = best;
-            }
-    return arg;
+  std::vector<int64_t> arg(static_cast<std::size_t>(pool_out_size(g)), -1);
+  for (int64_t p = 0; p < g.n * g.c; ++p)
+    for (int64_t oh = 0; oh < g.out_h; ++oh)
+      for (int64_t ow = 0; ow < g.out_w; ++ow) {
+        int64_t best = -1;
+        for (int64_t ki = 0; ki < g.kh; ++ki)
+          for (int64_t kj = 0; kj < g.kw; ++kj) {
+            const int64_t ih = oh * g.stride_h - g.pad_top + ki;
+            const int64_t iw = ow * g.stride_w - g.pad_left + kj;
+            if (ih < 0 || ih >= g.h || iw < 0 || iw >= g.w) continue;
+            const int64_t xi = (p * g.h + ih) * g.w + iw;
+            if (best < 0 || x[static_cast<std::size_t>(xi)] > x[static_cast<std::size_t>(best)]) best = xi;
+          }
+        arg[static_cast<std::size_t>((p * g.out_h + oh) * g.out_w + ow)] = best;
+      }
+  return arg;
 }
 
 // Visits every (input index, output index, weight) of average pooling.
-template <class F>
-void for_each_avg_term(const cpu::Pool2dGeometry& g, F&& f) {
-    for (int64_t p = 0; p < g.n * g.c; ++p)
-        for (int64_t oh = 0; oh < g.out_h; ++oh)
-            for (int64_t ow = 0; ow < g.out_w; ++ow) {
-                std::vector<int64_t> members;
-                for (int64_t ki = 0; ki < g.kh; ++ki)
-                    for (int64_t kj = 0; kj < g.kw; ++kj) {
-                        const int64_t ih = oh * g.stride_h - g.pad_top + ki;
-                        const int64_t iw = ow * g.stride_w - g.pad_left + kj;
-                        if (ih >= 0 && ih < g.h && iw >= 0 && iw < g.w) members.push_back((p * g.h + ih) * g.w + iw);
-                    }
-                const int64_t yi = (p * g.out_h + oh) * g.out_w + ow;
-                for (int64_t xi : members)
-                    f(static_cast<std::size_t>(xi), static_cast<std::size_t>(yi), 1.0 / static_cast<double>(members.size()));
-            }
+template <class F> void for_each_avg_term(const cpu::Pool2dGeometry& g, F&& f) {
+  for (int64_t p = 0; p < g.n * g.c; ++p)
+    for (int64_t oh = 0; oh < g.out_h; ++oh)
+      for (int64_t ow = 0; ow < g.out_w; ++ow) {
+        std::vector<int64_t> members;
+        for (int64_t ki = 0; ki < g.kh; ++ki)
+          for (int64_t kj = 0; kj < g.kw; ++kj) {
+            const int64_t ih = oh * g.stride_h - g.pad_top + ki;
+            const int64_t iw = ow * g.stride_w - g.pad_left + kj;
+            if (ih >= 0 && ih < g.h && iw >= 0 && iw < g.w) members.push_back((p * g.h + ih) * g.w + iw);
+          }
+        const int64_t yi = (p * g.out_h + oh) * g.out_w + ow;
+        for (int64_t xi : members)
+          f(static_cast<std::size_t>(xi), static_cast<std::size_t>(yi), 1.0 / static_cast<double>(members.size()));
+      }
 }
 
 // ---------------------------------------------------------------- bilinear resize
 
 struct ResizeCase {
-    int64_t n, c, h, w, out_h, out_w;
+  int64_t n, c, h, w, out_h, out_w;
 };
 
 const std::vector<ResizeCase>& resize_cases() {
-    static const std::vector<ResizeCase> cases = {
-        {1, 1, 2, 2, 4, 4},   {3, 3, 5, 7, 9, 4},   {1, 2, 4, 4, 2, 2},      {3, 1, 7, 5, 7, 5},
-        {1, 1, 1, 1, 3, 3},   {1, 3, 1, 5, 4, 1},   {2, 2, 6, 9, 13, 3},     {3, 2, 8, 8, 3, 5},
-        {4, 8, 32, 32, 48, 20},
-    };
-    return cases;
+  static const std::vector<ResizeCase> cases = {
+      {1, 1, 2, 2, 4, 4}, {3, 3, 5, 7, 9, 4},  {1, 2, 4, 4, 2, 2}, {3, 1, 7, 5, 7, 5},     {1, 1, 1, 1, 3, 3},
+      {1, 3, 1, 5, 4, 1}, {2, 2, 6, 9, 13, 3}, {3, 2, 8, 8, 3, 5}, {4, 8, 32, 32, 48, 20},
+  };
+  return cases;
 }
 
 // Visits every (input index, output index, weight), written from the PyTorch formulas.
-template <class F>
-void for_each_resize_term(const ResizeCase& r, bool align_corners, F&& f) {
-    auto axis = [&](int64_t in, int64_t out, int64_t d, int64_t& i0, int64_t& i1, double& lambda) {
-        double src = 0;
-        if (align_corners) {
-            src = out > 1 ? static_cast<double>(d) * static_cast<double>(in - 1) / static_cast<double>(out - 1) : 0.0;
-        } else {
-            src = (static_cast<double>(d) + 0.5) * static_cast<double>(in) / static_cast<double>(out) - 0.5;
-            src = std::max(src, 0.0);
-        }
-        i0 = static_cast<int64_t>(std::floor(src));
-        i0 = std::min(i0, in - 1);
-        i1 = i0 < in - 1 ? i0 + 1 : i0;
-        lambda = std::min(src - static_cast<double>(i0), 1.0);
-    };
-    for (int64_t p = 0; p < r.n * r.c; ++p)
-        for (int64_t oh = 0; oh < r.out_h; ++oh)
-            for (int64_t ow = 0; ow < r.out_w; ++ow) {
-                int64_t h0, h1, w0, w1;
-                double lh, lw;
-                axis(r.h, r.out_h, oh, h0, h1, lh);
-                axis(r.w, r.out_w, ow, w0, w1, lw);
-                const auto yi = static_cast<std::size_t>((p * r.out_h + oh) * r.out_w + ow);
-                auto xi = [&](int64_t ih, int64_t iw) { return static_cast<std::size_t>((p * r.h + ih) * r.w + iw); };
-                f(xi(h0, w0), yi, (1 - lh) * (1 - lw));
-                f(xi(h0, w1), yi, (1 - lh) * lw);
-                f(xi(h1, w0), yi, lh * (1 - lw));
-                f(xi(h1, w1), yi, lh * lw);
-            }
+template <class F> void for_each_resize_term(const ResizeCase& r, bool align_corners, F&& f) {
+  auto axis = [&](int64_t in, int64_t out, int64_t d, int64_t& i0, int64_t& i1, double& lambda) {
+    double src = 0;
+    if (align_corners) {
+      src = out > 1 ? static_cast<double>(d) * static_cast<double>(in - 1) / static_cast<double>(out - 1) : 0.0;
+    } else {
+      src = (static_cast<double>(d) + 0.5) * static_cast<double>(in) / static_cast<double>(out) - 0.5;
+      src = std::max(src, 0.0);
+    }
+    i0 = static_cast<int64_t>(std::floor(src));
+    i0 = std::min(i0, in - 1);
+    i1 = i0 < in - 1 ? i0 + 1 : i0;
+    lambda = std::min(src - static_cast<double>(i0), 1.0);
+  };
+  for (int64_t p = 0; p < r.n * r.c; ++p)
+    for (int64_t oh = 0; oh < r.out_h; ++oh)
+      for (int64_t ow = 0; ow < r.out_w; ++ow) {
+        int64_t h0, h1, w0, w1;
+        double lh, lw;
+        axis(r.h, r.out_h, oh, h0, h1, lh);
+        axis(r.w, r.out_w, ow, w0, w1, lw);
+        const auto yi = static_cast<std::size_t>((p * r.out_h + oh) * r.out_w + ow);
+        auto xi = [&](int64_t ih, int64_t iw) { return static_cast<std::size_t>((p * r.h + ih) * r.w + iw); };
+        f(xi(h0, w0), yi, (1 - lh) * (1 - lw));
+        f(xi(h0, w1), yi, (1 - lh) * lw);
+        f(xi(h1, w0), yi, lh * (1 - lw));
+        f(xi(h1, w1), yi, lh * lw);
+      }
 }
 
 }  // namespace
@@ -319,375 +302,375 @@ void for_each_resize_term(const ResizeCase& r, bool align_corners, F&& f) {
 // ================================================================ convolution tests
 
 TEST_CASE_TEMPLATE("conv2d kernels match direct loops", T, float, double) {
-    uint32_t seed = 1;
-    for (const ConvCase& cc : conv_cases()) {
-        const cpu::Conv2dGeometry g = conv_geometry(cc);
-        CAPTURE(cc.n);
-        CAPTURE(cc.c_in);
-        CAPTURE(cc.h);
-        CAPTURE(cc.w);
-        CAPTURE(cc.c_out);
-        CAPTURE(cc.kh);
-        CAPTURE(cc.kw);
-        CAPTURE(cc.sh);
-        CAPTURE(cc.sw);
-        CAPTURE(cc.pt);
-        CAPTURE(cc.pl);
-        CAPTURE(cc.dh);
-        CAPTURE(cc.dw);
-        REQUIRE(g.out_h > 0);
-        REQUIRE(g.out_w > 0);
+  uint32_t seed = 1;
+  for (const ConvCase& cc : conv_cases()) {
+    const cpu::Conv2dGeometry g = conv_geometry(cc);
+    CAPTURE(cc.n);
+    CAPTURE(cc.c_in);
+    CAPTURE(cc.h);
+    CAPTURE(cc.w);
+    CAPTURE(cc.c_out);
+    CAPTURE(cc.kh);
+    CAPTURE(cc.kw);
+    CAPTURE(cc.sh);
+    CAPTURE(cc.sw);
+    CAPTURE(cc.pt);
+    CAPTURE(cc.pl);
+    CAPTURE(cc.dh);
+    CAPTURE(cc.dw);
+    REQUIRE(g.out_h > 0);
+    REQUIRE(g.out_w > 0);
 
-        const Vec x = through<T>(random_vec(x_size(g), seed++));
-        const Vec w = through<T>(random_vec(w_size(g), seed++));
-        const Vec gy = through<T>(random_vec(y_size(g), seed++));
-        const auto xt = cast_vec<T>(x), wt = cast_vec<T>(w), gyt = cast_vec<T>(gy);
+    const Vec x = through<T>(random_vec(x_size(g), seed++));
+    const Vec w = through<T>(random_vec(w_size(g), seed++));
+    const Vec gy = through<T>(random_vec(y_size(g), seed++));
+    const auto xt = cast_vec<T>(x), wt = cast_vec<T>(w), gyt = cast_vec<T>(gy);
 
-        // Outputs start as NaN: every kernel must overwrite, never accumulate into, its output.
-        auto y = nan_vec<T>(y_size(g));
-        cpu::conv2d_forward(g, xt.data(), wt.data(), y.data());
-        check_close(y, naive_conv_forward(g, x, w), naive_conv_forward(g, abs_vec(x), abs_vec(w)), "forward");
+    // Outputs start as NaN: every kernel must overwrite, never accumulate into, its output.
+    auto y = nan_vec<T>(y_size(g));
+    cpu::conv2d_forward(g, xt.data(), wt.data(), y.data());
+    check_close(y, naive_conv_forward(g, x, w), naive_conv_forward(g, abs_vec(x), abs_vec(w)), "forward");
 
-        auto gx = nan_vec<T>(x_size(g));
-        cpu::conv2d_backward_input(g, gyt.data(), wt.data(), gx.data());
-        check_close(gx, naive_conv_backward_input(g, gy, w), naive_conv_backward_input(g, abs_vec(gy), abs_vec(w)),
-                    "backward_input");
+    auto gx = nan_vec<T>(x_size(g));
+    cpu::conv2d_backward_input(g, gyt.data(), wt.data(), gx.data());
+    check_close(gx, naive_conv_backward_input(g, gy, w), naive_conv_backward_input(g, abs_vec(gy), abs_vec(w)),
+                "backward_input");
 
-        auto gw = nan_vec<T>(w_size(g));
-        cpu::conv2d_backward_weight(g, xt.data(), gyt.data(), gw.data());
-        check_close(gw, naive_conv_backward_weight(g, x, gy), naive_conv_backward_weight(g, abs_vec(x), abs_vec(gy)),
-                    "backward_weight");
+    auto gw = nan_vec<T>(w_size(g));
+    cpu::conv2d_backward_weight(g, xt.data(), gyt.data(), gw.data());
+    check_close(gw, naive_conv_backward_weight(g, x, gy), naive_conv_backward_weight(g, abs_vec(x), abs_vec(gy)),
+                "backward_weight");
 
-        // The batch reduction is deterministic: a second run agrees bit for bit.
-        auto gw2 = nan_vec<T>(w_size(g));
-        cpu::conv2d_backward_weight(g, xt.data(), gyt.data(), gw2.data());
-        CHECK(std::equal(gw.begin(), gw.end(), gw2.begin()));
-    }
+    // The batch reduction is deterministic: a second run agrees bit for bit.
+    auto gw2 = nan_vec<T>(w_size(g));
+    cpu::conv2d_backward_weight(g, xt.data(), gyt.data(), gw2.data());
+    CHECK(std::equal(gw.begin(), gw.end(), gw2.begin()));
+  }
 }
 
 TEST_CASE("conv2d backward kernels are adjoints of forward") {
-    uint32_t seed = 1000;
-    for (const ConvCase& cc : conv_cases()) {
-        const cpu::Conv2dGeometry g = conv_geometry(cc);
-        CAPTURE(cc.n);
-        CAPTURE(cc.c_in);
-        CAPTURE(cc.h);
-        CAPTURE(cc.kh);
-        CAPTURE(cc.sh);
-        CAPTURE(cc.pt);
-        CAPTURE(cc.dh);
-        const Vec x = random_vec(x_size(g), seed++);
-        const Vec w = random_vec(w_size(g), seed++);
-        const Vec gy = random_vec(y_size(g), seed++);
+  uint32_t seed = 1000;
+  for (const ConvCase& cc : conv_cases()) {
+    const cpu::Conv2dGeometry g = conv_geometry(cc);
+    CAPTURE(cc.n);
+    CAPTURE(cc.c_in);
+    CAPTURE(cc.h);
+    CAPTURE(cc.kh);
+    CAPTURE(cc.sh);
+    CAPTURE(cc.pt);
+    CAPTURE(cc.dh);
+    const Vec x = random_vec(x_size(g), seed++);
+    const Vec w = random_vec(w_size(g), seed++);
+    const Vec gy = random_vec(y_size(g), seed++);
 
-        Vec y(static_cast<std::size_t>(y_size(g)));
-        Vec gx(static_cast<std::size_t>(x_size(g)));
-        Vec gw(static_cast<std::size_t>(w_size(g)));
-        cpu::conv2d_forward(g, x.data(), w.data(), y.data());
-        cpu::conv2d_backward_input(g, gy.data(), w.data(), gx.data());
-        cpu::conv2d_backward_weight(g, x.data(), gy.data(), gw.data());
+    Vec y(static_cast<std::size_t>(y_size(g)));
+    Vec gx(static_cast<std::size_t>(x_size(g)));
+    Vec gw(static_cast<std::size_t>(w_size(g)));
+    cpu::conv2d_forward(g, x.data(), w.data(), y.data());
+    cpu::conv2d_backward_input(g, gy.data(), w.data(), gx.data());
+    cpu::conv2d_backward_weight(g, x.data(), gy.data(), gw.data());
 
-        // <conv(x, w), gy> is one trilinear sum; each backward kernel must reproduce it.
-        double scale = 0;
-        for_each_conv_term(g, [&](auto xi, auto wi, auto yi) { scale += std::abs(x[xi] * w[wi] * gy[yi]); });
-        const double lhs = dot(y, gy);
-        check_adjoint(lhs, dot(x, gx), scale + 1, "backward_input vs forward in x");
-        check_adjoint(lhs, dot(w, gw), scale + 1, "backward_weight vs forward in w");
-    }
+    // <conv(x, w), gy> is one trilinear sum; each backward kernel must reproduce it.
+    double scale = 0;
+    for_each_conv_term(g, [&](auto xi, auto wi, auto yi) { scale += std::abs(x[xi] * w[wi] * gy[yi]); });
+    const double lhs = dot(y, gy);
+    check_adjoint(lhs, dot(x, gx), scale + 1, "backward_input vs forward in x");
+    check_adjoint(lhs, dot(w, gw), scale + 1, "backward_weight vs forward in w");
+  }
 }
 
 TEST_CASE("im2col and col2im are adjoint, and col2im accumulates") {
-    uint32_t seed = 2000;
-    for (const ConvCase& cc : conv_cases()) {
-        cpu::Conv2dGeometry g = conv_geometry(cc);
-        CAPTURE(cc.h);
-        CAPTURE(cc.kh);
-        CAPTURE(cc.sh);
-        CAPTURE(cc.pt);
-        CAPTURE(cc.dh);
-        const int64_t img = g.c_in * g.h * g.w;
-        const int64_t col_size = g.c_in * g.kh * g.kw * g.out_h * g.out_w;
-        const Vec x = random_vec(img, seed++);
-        const Vec c = random_vec(col_size, seed++);
-        const Vec base = random_vec(img, seed++);
+  uint32_t seed = 2000;
+  for (const ConvCase& cc : conv_cases()) {
+    cpu::Conv2dGeometry g = conv_geometry(cc);
+    CAPTURE(cc.h);
+    CAPTURE(cc.kh);
+    CAPTURE(cc.sh);
+    CAPTURE(cc.pt);
+    CAPTURE(cc.dh);
+    const int64_t img = g.c_in * g.h * g.w;
+    const int64_t col_size = g.c_in * g.kh * g.kw * g.out_h * g.out_w;
+    const Vec x = random_vec(img, seed++);
+    const Vec c = random_vec(col_size, seed++);
+    const Vec base = random_vec(img, seed++);
 
-        Vec col(static_cast<std::size_t>(col_size), std::numeric_limits<double>::quiet_NaN());
-        cpu::im2col(g, x.data(), col.data());
-        Vec folded = base;
-        cpu::col2im(g, c.data(), folded.data());
-        Vec delta(folded.size());
-        for (std::size_t i = 0; i < delta.size(); ++i) delta[i] = folded[i] - base[i];
+    Vec col(static_cast<std::size_t>(col_size), std::numeric_limits<double>::quiet_NaN());
+    cpu::im2col(g, x.data(), col.data());
+    Vec folded = base;
+    cpu::col2im(g, c.data(), folded.data());
+    Vec delta(folded.size());
+    for (std::size_t i = 0; i < delta.size(); ++i) delta[i] = folded[i] - base[i];
 
-        double scale = 1;
-        for (std::size_t i = 0; i < c.size(); ++i) scale += std::abs(c[i]);
-        check_adjoint(dot(col, c), dot(x, delta), scale, "col2im vs im2col");
+    double scale = 1;
+    for (std::size_t i = 0; i < c.size(); ++i) scale += std::abs(c[i]);
+    check_adjoint(dot(col, c), dot(x, delta), scale, "col2im vs im2col");
 
-        // im2col of one image equals the direct-loop unfolding (zero in the padding).
-        g.n = 1;
-        Vec expect(static_cast<std::size_t>(col_size), 0.0);
-        const int64_t ohw = g.out_h * g.out_w;
-        for (int64_t ci = 0; ci < g.c_in; ++ci)
-            for (int64_t ki = 0; ki < g.kh; ++ki)
-                for (int64_t kj = 0; kj < g.kw; ++kj)
-                    for (int64_t oh = 0; oh < g.out_h; ++oh)
-                        for (int64_t ow = 0; ow < g.out_w; ++ow) {
-                            const int64_t ih = oh * g.stride_h - g.pad_top + ki * g.dil_h;
-                            const int64_t iw = ow * g.stride_w - g.pad_left + kj * g.dil_w;
-                            if (ih < 0 || ih >= g.h || iw < 0 || iw >= g.w) continue;
-                            expect[static_cast<std::size_t>(((ci * g.kh + ki) * g.kw + kj) * ohw + oh * g.out_w + ow)] =
-                                x[static_cast<std::size_t>((ci * g.h + ih) * g.w + iw)];
-                        }
-        CHECK(col == expect);
-    }
+    // im2col of one image equals the direct-loop unfolding (zero in the padding).
+    g.n = 1;
+    Vec expect(static_cast<std::size_t>(col_size), 0.0);
+    const int64_t ohw = g.out_h * g.out_w;
+    for (int64_t ci = 0; ci < g.c_in; ++ci)
+      for (int64_t ki = 0; ki < g.kh; ++ki)
+        for (int64_t kj = 0; kj < g.kw; ++kj)
+          for (int64_t oh = 0; oh < g.out_h; ++oh)
+            for (int64_t ow = 0; ow < g.out_w; ++ow) {
+              const int64_t ih = oh * g.stride_h - g.pad_top + ki * g.dil_h;
+              const int64_t iw = ow * g.stride_w - g.pad_left + kj * g.dil_w;
+              if (ih < 0 || ih >= g.h || iw < 0 || iw >= g.w) continue;
+              expect[static_cast<std::size_t>(((ci * g.kh + ki) * g.kw + kj) * ohw + oh * g.out_w + ow)] =
+                  x[static_cast<std::size_t>((ci * g.h + ih) * g.w + iw)];
+            }
+    CHECK(col == expect);
+  }
 }
 
 // ================================================================ pooling tests
 
 TEST_CASE_TEMPLATE("pool2d kernels match direct loops", T, float, double) {
-    uint32_t seed = 3000;
-    for (const PoolCase& pc : pool_cases()) {
-        const cpu::Pool2dGeometry g = pool_geometry(pc);
-        CAPTURE(pc.n);
-        CAPTURE(pc.c);
-        CAPTURE(pc.h);
-        CAPTURE(pc.w);
-        CAPTURE(pc.kh);
-        CAPTURE(pc.kw);
-        CAPTURE(pc.sh);
-        CAPTURE(pc.sw);
-        CAPTURE(pc.pt);
-        CAPTURE(pc.pl);
-        REQUIRE(g.out_h > 0);
-        REQUIRE(g.out_w > 0);
-        const auto in_n = static_cast<std::size_t>(pool_in_size(g));
-        const auto out_n = static_cast<std::size_t>(pool_out_size(g));
+  uint32_t seed = 3000;
+  for (const PoolCase& pc : pool_cases()) {
+    const cpu::Pool2dGeometry g = pool_geometry(pc);
+    CAPTURE(pc.n);
+    CAPTURE(pc.c);
+    CAPTURE(pc.h);
+    CAPTURE(pc.w);
+    CAPTURE(pc.kh);
+    CAPTURE(pc.kw);
+    CAPTURE(pc.sh);
+    CAPTURE(pc.sw);
+    CAPTURE(pc.pt);
+    CAPTURE(pc.pl);
+    REQUIRE(g.out_h > 0);
+    REQUIRE(g.out_w > 0);
+    const auto in_n = static_cast<std::size_t>(pool_in_size(g));
+    const auto out_n = static_cast<std::size_t>(pool_out_size(g));
 
-        // Continuous values, many ties, and all-negative values (a padded zero must never win).
-        for (int pattern = 0; pattern < 3; ++pattern) {
-            CAPTURE(pattern);
-            const Vec x = pattern == 0   ? through<T>(random_vec(pool_in_size(g), seed++))
-                          : pattern == 1 ? random_ints(pool_in_size(g), seed++, -2, 2)
-                                         : random_ints(pool_in_size(g), seed++, -5, -1);
-            const Vec v = through<T>(random_vec(pool_in_size(g), seed++));
-            const Vec gy = through<T>(random_vec(pool_out_size(g), seed++));
-            const auto xt = cast_vec<T>(x), vt = cast_vec<T>(v), gyt = cast_vec<T>(gy);
-            const auto arg = naive_argmax(g, x);
+    // Continuous values, many ties, and all-negative values (a padded zero must never win).
+    for (int pattern = 0; pattern < 3; ++pattern) {
+      CAPTURE(pattern);
+      const Vec x = pattern == 0   ? through<T>(random_vec(pool_in_size(g), seed++))
+                    : pattern == 1 ? random_ints(pool_in_size(g), seed++, -2, 2)
+                                   : random_ints(pool_in_size(g), seed++, -5, -1);
+      const Vec v = through<T>(random_vec(pool_in_size(g), seed++));
+      const Vec gy = through<T>(random_vec(pool_out_size(g), seed++));
+      const auto xt = cast_vec<T>(x), vt = cast_vec<T>(v), gyt = cast_vec<T>(gy);
+      const auto arg = naive_argmax(g, x);
 
-            Vec y_ref(out_n, 0.0), sel_ref(out_n, 0.0), gx_ref(in_n, 0.0), gx_scale(in_n, 0.0);
-            for (std::size_t o = 0; o < out_n; ++o) {
-                if (arg[o] < 0) continue;
-                const auto a = static_cast<std::size_t>(arg[o]);
-                y_ref[o] = x[a];
-                sel_ref[o] = v[a];
-                gx_ref[a] += gy[o];
-                gx_scale[a] += std::abs(gy[o]);
-            }
+      Vec y_ref(out_n, 0.0), sel_ref(out_n, 0.0), gx_ref(in_n, 0.0), gx_scale(in_n, 0.0);
+      for (std::size_t o = 0; o < out_n; ++o) {
+        if (arg[o] < 0) continue;
+        const auto a = static_cast<std::size_t>(arg[o]);
+        y_ref[o] = x[a];
+        sel_ref[o] = v[a];
+        gx_ref[a] += gy[o];
+        gx_scale[a] += std::abs(gy[o]);
+      }
 
-            auto y = nan_vec<T>(pool_out_size(g));
-            cpu::max_pool2d_forward(g, xt.data(), y.data());
-            CHECK(to_double(y) == y_ref);
+      auto y = nan_vec<T>(pool_out_size(g));
+      cpu::max_pool2d_forward(g, xt.data(), y.data());
+      CHECK(to_double(y) == y_ref);
 
-            auto sel = nan_vec<T>(pool_out_size(g));
-            cpu::max_pool2d_select(g, xt.data(), vt.data(), sel.data());
-            CHECK(to_double(sel) == sel_ref);
+      auto sel = nan_vec<T>(pool_out_size(g));
+      cpu::max_pool2d_select(g, xt.data(), vt.data(), sel.data());
+      CHECK(to_double(sel) == sel_ref);
 
-            auto gx = nan_vec<T>(pool_in_size(g));
-            cpu::max_pool2d_scatter(g, xt.data(), gyt.data(), gx.data());
-            check_close(gx, gx_ref, gx_scale, "max_pool2d_scatter");
+      auto gx = nan_vec<T>(pool_in_size(g));
+      cpu::max_pool2d_scatter(g, xt.data(), gyt.data(), gx.data());
+      check_close(gx, gx_ref, gx_scale, "max_pool2d_scatter");
 
-            Vec avg_ref(out_n, 0.0), avg_scale(out_n, 0.0), avg_back_ref(in_n, 0.0), avg_back_scale(in_n, 0.0);
-            for_each_avg_term(g, [&](auto xi, auto yi, double wgt) {
-                avg_ref[yi] += wgt * x[xi];
-                avg_scale[yi] += wgt * std::abs(x[xi]);
-                avg_back_ref[xi] += wgt * gy[yi];
-                avg_back_scale[xi] += wgt * std::abs(gy[yi]);
-            });
-            auto ya = nan_vec<T>(pool_out_size(g));
-            cpu::avg_pool2d_forward(g, xt.data(), ya.data());
-            check_close(ya, avg_ref, avg_scale, "avg_pool2d_forward");
+      Vec avg_ref(out_n, 0.0), avg_scale(out_n, 0.0), avg_back_ref(in_n, 0.0), avg_back_scale(in_n, 0.0);
+      for_each_avg_term(g, [&](auto xi, auto yi, double wgt) {
+        avg_ref[yi] += wgt * x[xi];
+        avg_scale[yi] += wgt * std::abs(x[xi]);
+        avg_back_ref[xi] += wgt * gy[yi];
+        avg_back_scale[xi] += wgt * std::abs(gy[yi]);
+      });
+      auto ya = nan_vec<T>(pool_out_size(g));
+      cpu::avg_pool2d_forward(g, xt.data(), ya.data());
+      check_close(ya, avg_ref, avg_scale, "avg_pool2d_forward");
 
-            auto gxa = nan_vec<T>(pool_in_size(g));
-            cpu::avg_pool2d_backward(g, gyt.data(), gxa.data());
-            check_close(gxa, avg_back_ref, avg_back_scale, "avg_pool2d_backward");
-        }
+      auto gxa = nan_vec<T>(pool_in_size(g));
+      cpu::avg_pool2d_backward(g, gyt.data(), gxa.data());
+      check_close(gxa, avg_back_ref, avg_back_scale, "avg_pool2d_backward");
     }
+  }
 }
 
 TEST_CASE("pool2d backward kernels are adjoints") {
-    uint32_t seed = 4000;
-    for (const PoolCase& pc : pool_cases()) {
-        const cpu::Pool2dGeometry g = pool_geometry(pc);
-        CAPTURE(pc.h);
-        CAPTURE(pc.kh);
-        CAPTURE(pc.sh);
-        CAPTURE(pc.pt);
-        for (int pattern = 0; pattern < 2; ++pattern) {
-            const Vec x = pattern == 0 ? random_vec(pool_in_size(g), seed++) : random_ints(pool_in_size(g), seed++, -1, 1);
-            const Vec v = random_vec(pool_in_size(g), seed++);
-            const Vec u = random_vec(pool_out_size(g), seed++);
+  uint32_t seed = 4000;
+  for (const PoolCase& pc : pool_cases()) {
+    const cpu::Pool2dGeometry g = pool_geometry(pc);
+    CAPTURE(pc.h);
+    CAPTURE(pc.kh);
+    CAPTURE(pc.sh);
+    CAPTURE(pc.pt);
+    for (int pattern = 0; pattern < 2; ++pattern) {
+      const Vec x = pattern == 0 ? random_vec(pool_in_size(g), seed++) : random_ints(pool_in_size(g), seed++, -1, 1);
+      const Vec v = random_vec(pool_in_size(g), seed++);
+      const Vec u = random_vec(pool_out_size(g), seed++);
 
-            Vec sel(static_cast<std::size_t>(pool_out_size(g)));
-            Vec sc(static_cast<std::size_t>(pool_in_size(g)));
-            cpu::max_pool2d_select(g, x.data(), v.data(), sel.data());
-            cpu::max_pool2d_scatter(g, x.data(), u.data(), sc.data());
-            check_adjoint(dot(sel, u), dot(v, sc), static_cast<double>(u.size()) + 1, "scatter vs select");
+      Vec sel(static_cast<std::size_t>(pool_out_size(g)));
+      Vec sc(static_cast<std::size_t>(pool_in_size(g)));
+      cpu::max_pool2d_select(g, x.data(), v.data(), sel.data());
+      cpu::max_pool2d_scatter(g, x.data(), u.data(), sc.data());
+      check_adjoint(dot(sel, u), dot(v, sc), static_cast<double>(u.size()) + 1, "scatter vs select");
 
-            // select(x, x) is the forward pass.
-            Vec y(static_cast<std::size_t>(pool_out_size(g)));
-            cpu::max_pool2d_forward(g, x.data(), y.data());
-            cpu::max_pool2d_select(g, x.data(), x.data(), sel.data());
-            CHECK(y == sel);
+      // select(x, x) is the forward pass.
+      Vec y(static_cast<std::size_t>(pool_out_size(g)));
+      cpu::max_pool2d_forward(g, x.data(), y.data());
+      cpu::max_pool2d_select(g, x.data(), x.data(), sel.data());
+      CHECK(y == sel);
 
-            Vec ya(static_cast<std::size_t>(pool_out_size(g)));
-            Vec gxa(static_cast<std::size_t>(pool_in_size(g)));
-            cpu::avg_pool2d_forward(g, x.data(), ya.data());
-            cpu::avg_pool2d_backward(g, u.data(), gxa.data());
-            check_adjoint(dot(ya, u), dot(x, gxa), static_cast<double>(u.size()) + 1, "avg backward vs forward");
-        }
+      Vec ya(static_cast<std::size_t>(pool_out_size(g)));
+      Vec gxa(static_cast<std::size_t>(pool_in_size(g)));
+      cpu::avg_pool2d_forward(g, x.data(), ya.data());
+      cpu::avg_pool2d_backward(g, u.data(), gxa.data());
+      check_adjoint(dot(ya, u), dot(x, gxa), static_cast<double>(u.size()) + 1, "avg backward vs forward");
     }
+  }
 }
 
 TEST_CASE("max_pool2d tie-breaking, padding and NaN") {
-    // One 3x3 plane, 2x2 windows, stride 1, padding 1 on every side: 4x4 outputs.
-    const cpu::Pool2dGeometry g{1, 1, 3, 3, 2, 2, 1, 1, 1, 1, 4, 4};
-    const std::vector<double> x = {-3, -1, -1,   //
-                                   -1, -2, -4,   //
-                                   -5, -6, -7};
-    std::vector<double> y(16);
-    cpu::max_pool2d_forward(g, x.data(), y.data());
-    // Corner windows hold one real element each; padding (which would be 0) never wins.
-    CHECK(y[0] == -3);
-    CHECK(y[3] == -1);
-    CHECK(y[12] == -5);
-    CHECK(y[15] == -7);
+  // One 3x3 plane, 2x2 windows, stride 1, padding 1 on every side: 4x4 outputs.
+  const cpu::Pool2dGeometry g{1, 1, 3, 3, 2, 2, 1, 1, 1, 1, 4, 4};
+  const std::vector<double> x = {-3, -1, -1,  //
+                                 -1, -2, -4,  //
+                                 -5, -6, -7};
+  std::vector<double> y(16);
+  cpu::max_pool2d_forward(g, x.data(), y.data());
+  // Corner windows hold one real element each; padding (which would be 0) never wins.
+  CHECK(y[0] == -3);
+  CHECK(y[3] == -1);
+  CHECK(y[12] == -5);
+  CHECK(y[15] == -7);
 
-    // Window (1, 1) covers x[0..1][0..1] = {-3, -1, -1, -2}: the first -1 (index 1) wins the tie.
-    std::vector<double> gy(16, 0.0);
-    gy[5] = 1;
-    std::vector<double> gx(9, 42.0);
-    cpu::max_pool2d_scatter(g, x.data(), gy.data(), gx.data());
-    CHECK(gx == std::vector<double>{0, 1, 0, 0, 0, 0, 0, 0, 0});
+  // Window (1, 1) covers x[0..1][0..1] = {-3, -1, -1, -2}: the first -1 (index 1) wins the tie.
+  std::vector<double> gy(16, 0.0);
+  gy[5] = 1;
+  std::vector<double> gx(9, 42.0);
+  cpu::max_pool2d_scatter(g, x.data(), gy.data(), gx.data());
+  CHECK(gx == std::vector<double>{0, 1, 0, 0, 0, 0, 0, 0, 0});
 
-    // A NaN propagates through its windows.
-    std::vector<float> xf = {1, 2, 3, 4, std::numeric_limits<float>::quiet_NaN(), 5, 6, 7, 8};
-    std::vector<float> yf(16);
-    cpu::max_pool2d_forward(g, xf.data(), yf.data());
-    CHECK(std::isnan(yf[5]));
-    CHECK(std::isnan(yf[10]));
-    CHECK(yf[0] == 1);
+  // A NaN propagates through its windows.
+  std::vector<float> xf = {1, 2, 3, 4, std::numeric_limits<float>::quiet_NaN(), 5, 6, 7, 8};
+  std::vector<float> yf(16);
+  cpu::max_pool2d_forward(g, xf.data(), yf.data());
+  CHECK(std::isnan(yf[5]));
+  CHECK(std::isnan(yf[10]));
+  CHECK(yf[0] == 1);
 }
 
 TEST_CASE_TEMPLATE("max_pool2d argmax with NaNs is the first NaN in row-major order", T, float, double) {
-    // A wide plane so that the SIMD path sees the NaNs too; one 3x3 window per 3 columns.
-    const int64_t w = 48;
-    const cpu::Pool2dGeometry g{1, 1, 3, w, 3, 3, 3, 3, 0, 0, 1, w / 3};
-    const T nan = std::numeric_limits<T>::quiet_NaN();
-    std::vector<T> x(static_cast<std::size_t>(3 * w));
-    for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<T>(i % 7);
-    // Window 0: NaNs at (1, 0) and (0, 2); (0, 2) comes first in row-major order.
-    x[static_cast<std::size_t>(1 * w + 0)] = nan;
-    x[static_cast<std::size_t>(0 * w + 2)] = nan;
-    // Window 15 (columns 45..47): NaNs at (2, 45) and (1, 46); (1, 46) comes first.
-    x[static_cast<std::size_t>(2 * w + 45)] = nan;
-    x[static_cast<std::size_t>(1 * w + 46)] = nan;
+  // A wide plane so that the SIMD path sees the NaNs too; one 3x3 window per 3 columns.
+  const int64_t w = 48;
+  const cpu::Pool2dGeometry g{1, 1, 3, w, 3, 3, 3, 3, 0, 0, 1, w / 3};
+  const T nan = std::numeric_limits<T>::quiet_NaN();
+  std::vector<T> x(static_cast<std::size_t>(3 * w));
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<T>(i % 7);
+  // Window 0: NaNs at (1, 0) and (0, 2); (0, 2) comes first in row-major order.
+  x[static_cast<std::size_t>(1 * w + 0)] = nan;
+  x[static_cast<std::size_t>(0 * w + 2)] = nan;
+  // Window 15 (columns 45..47): NaNs at (2, 45) and (1, 46); (1, 46) comes first.
+  x[static_cast<std::size_t>(2 * w + 45)] = nan;
+  x[static_cast<std::size_t>(1 * w + 46)] = nan;
 
-    std::vector<T> y(static_cast<std::size_t>(w / 3));
-    cpu::max_pool2d_forward(g, x.data(), y.data());
-    CHECK(std::isnan(y[0]));
-    CHECK(std::isnan(y[15]));
-    CHECK(y[1] == 5);  // columns 3..5: {3, 4, 5}, {2, 3, 4}, {1, 2, 3}
+  std::vector<T> y(static_cast<std::size_t>(w / 3));
+  cpu::max_pool2d_forward(g, x.data(), y.data());
+  CHECK(std::isnan(y[0]));
+  CHECK(std::isnan(y[15]));
+  CHECK(y[1] == 5);  // columns 3..5: {3, 4, 5}, {2, 3, 4}, {1, 2, 3}
 
-    std::vector<T> gy(y.size(), T(0));
-    gy[0] = 1;
-    gy[15] = 2;
-    std::vector<T> gx(x.size(), T(7));
-    cpu::max_pool2d_scatter(g, x.data(), gy.data(), gx.data());
-    CHECK(gx[static_cast<std::size_t>(0 * w + 2)] == 1);
-    CHECK(gx[static_cast<std::size_t>(1 * w + 46)] == 2);
-    CHECK(std::accumulate(gx.begin(), gx.end(), T(0)) == 3);
+  std::vector<T> gy(y.size(), T(0));
+  gy[0] = 1;
+  gy[15] = 2;
+  std::vector<T> gx(x.size(), T(7));
+  cpu::max_pool2d_scatter(g, x.data(), gy.data(), gx.data());
+  CHECK(gx[static_cast<std::size_t>(0 * w + 2)] == 1);
+  CHECK(gx[static_cast<std::size_t>(1 * w + 46)] == 2);
+  CHECK(std::accumulate(gx.begin(), gx.end(), T(0)) == 3);
 }
 
 TEST_CASE("avg_pool2d divides by the in-bounds count") {
-    const cpu::Pool2dGeometry g{1, 1, 2, 2, 2, 2, 1, 1, 1, 1, 3, 3};
-    const std::vector<double> x = {1, 2, 3, 4};
-    std::vector<double> y(9);
-    cpu::avg_pool2d_forward(g, x.data(), y.data());
-    CHECK(y == std::vector<double>{1, 1.5, 2, 2, 2.5, 3, 3, 3.5, 4});
+  const cpu::Pool2dGeometry g{1, 1, 2, 2, 2, 2, 1, 1, 1, 1, 3, 3};
+  const std::vector<double> x = {1, 2, 3, 4};
+  std::vector<double> y(9);
+  cpu::avg_pool2d_forward(g, x.data(), y.data());
+  CHECK(y == std::vector<double>{1, 1.5, 2, 2, 2.5, 3, 3, 3.5, 4});
 }
 
 // ================================================================ resize tests
 
 TEST_CASE_TEMPLATE("resize_bilinear matches direct loops", T, float, double) {
-    uint32_t seed = 5000;
-    for (const ResizeCase& rc : resize_cases()) {
-        for (bool align : {false, true}) {
-            CAPTURE(rc.h);
-            CAPTURE(rc.w);
-            CAPTURE(rc.out_h);
-            CAPTURE(rc.out_w);
-            CAPTURE(align);
-            const int64_t in_n = rc.n * rc.c * rc.h * rc.w;
-            const int64_t out_n = rc.n * rc.c * rc.out_h * rc.out_w;
-            const Vec x = through<T>(random_vec(in_n, seed++));
-            const Vec gy = through<T>(random_vec(out_n, seed++));
-            const auto xt = cast_vec<T>(x), gyt = cast_vec<T>(gy);
+  uint32_t seed = 5000;
+  for (const ResizeCase& rc : resize_cases()) {
+    for (bool align : {false, true}) {
+      CAPTURE(rc.h);
+      CAPTURE(rc.w);
+      CAPTURE(rc.out_h);
+      CAPTURE(rc.out_w);
+      CAPTURE(align);
+      const int64_t in_n = rc.n * rc.c * rc.h * rc.w;
+      const int64_t out_n = rc.n * rc.c * rc.out_h * rc.out_w;
+      const Vec x = through<T>(random_vec(in_n, seed++));
+      const Vec gy = through<T>(random_vec(out_n, seed++));
+      const auto xt = cast_vec<T>(x), gyt = cast_vec<T>(gy);
 
-            Vec y_ref(static_cast<std::size_t>(out_n), 0.0), y_scale(static_cast<std::size_t>(out_n), 0.0);
-            Vec gx_ref(static_cast<std::size_t>(in_n), 0.0), gx_scale(static_cast<std::size_t>(in_n), 0.0);
-            // Source coordinates up to max(h, w) are rounded, so the weights carry an absolute
-            // error of a few eps * max(h, w); the scale allows for it.
-            const double coord = static_cast<double>(std::max(rc.h, rc.w)) / 16;
-            for_each_resize_term(rc, align, [&](auto xi, auto yi, double wgt) {
-                y_ref[yi] += wgt * x[xi];
-                y_scale[yi] += (std::abs(wgt) + coord) * std::abs(x[xi]);
-                gx_ref[xi] += wgt * gy[yi];
-                gx_scale[xi] += (std::abs(wgt) + coord) * std::abs(gy[yi]);
-            });
+      Vec y_ref(static_cast<std::size_t>(out_n), 0.0), y_scale(static_cast<std::size_t>(out_n), 0.0);
+      Vec gx_ref(static_cast<std::size_t>(in_n), 0.0), gx_scale(static_cast<std::size_t>(in_n), 0.0);
+      // Source coordinates up to max(h, w) are rounded, so the weights carry an absolute
+      // error of a few eps * max(h, w); the scale allows for it.
+      const double coord = static_cast<double>(std::max(rc.h, rc.w)) / 16;
+      for_each_resize_term(rc, align, [&](auto xi, auto yi, double wgt) {
+        y_ref[yi] += wgt * x[xi];
+        y_scale[yi] += (std::abs(wgt) + coord) * std::abs(x[xi]);
+        gx_ref[xi] += wgt * gy[yi];
+        gx_scale[xi] += (std::abs(wgt) + coord) * std::abs(gy[yi]);
+      });
 
-            auto y = nan_vec<T>(out_n);
-            cpu::resize_bilinear_forward(rc.n, rc.c, rc.h, rc.w, rc.out_h, rc.out_w, align, xt.data(), y.data());
-            check_close(y, y_ref, y_scale, "resize forward");
+      auto y = nan_vec<T>(out_n);
+      cpu::resize_bilinear_forward(rc.n, rc.c, rc.h, rc.w, rc.out_h, rc.out_w, align, xt.data(), y.data());
+      check_close(y, y_ref, y_scale, "resize forward");
 
-            auto gx = nan_vec<T>(in_n);
-            cpu::resize_bilinear_backward(rc.n, rc.c, rc.h, rc.w, rc.out_h, rc.out_w, align, gyt.data(), gx.data());
-            check_close(gx, gx_ref, gx_scale, "resize backward");
-        }
+      auto gx = nan_vec<T>(in_n);
+      cpu::resize_bilinear_backward(rc.n, rc.c, rc.h, rc.w, rc.out_h, rc.out_w, align, gyt.data(), gx.data());
+      check_close(gx, gx_ref, gx_scale, "resize backward");
     }
+  }
 }
 
 TEST_CASE("resize_bilinear backward is the adjoint of forward") {
-    uint32_t seed = 6000;
-    for (const ResizeCase& rc : resize_cases()) {
-        for (bool align : {false, true}) {
-            CAPTURE(rc.h);
-            CAPTURE(rc.out_h);
-            CAPTURE(align);
-            const int64_t in_n = rc.n * rc.c * rc.h * rc.w;
-            const int64_t out_n = rc.n * rc.c * rc.out_h * rc.out_w;
-            const Vec x = random_vec(in_n, seed++);
-            const Vec u = random_vec(out_n, seed++);
-            Vec y(static_cast<std::size_t>(out_n));
-            Vec gx(static_cast<std::size_t>(in_n));
-            cpu::resize_bilinear_forward(rc.n, rc.c, rc.h, rc.w, rc.out_h, rc.out_w, align, x.data(), y.data());
-            cpu::resize_bilinear_backward(rc.n, rc.c, rc.h, rc.w, rc.out_h, rc.out_w, align, u.data(), gx.data());
-            check_adjoint(dot(y, u), dot(x, gx), static_cast<double>(out_n) + 1, "resize backward vs forward");
-        }
+  uint32_t seed = 6000;
+  for (const ResizeCase& rc : resize_cases()) {
+    for (bool align : {false, true}) {
+      CAPTURE(rc.h);
+      CAPTURE(rc.out_h);
+      CAPTURE(align);
+      const int64_t in_n = rc.n * rc.c * rc.h * rc.w;
+      const int64_t out_n = rc.n * rc.c * rc.out_h * rc.out_w;
+      const Vec x = random_vec(in_n, seed++);
+      const Vec u = random_vec(out_n, seed++);
+      Vec y(static_cast<std::size_t>(out_n));
+      Vec gx(static_cast<std::size_t>(in_n));
+      cpu::resize_bilinear_forward(rc.n, rc.c, rc.h, rc.w, rc.out_h, rc.out_w, align, x.data(), y.data());
+      cpu::resize_bilinear_backward(rc.n, rc.c, rc.h, rc.w, rc.out_h, rc.out_w, align, u.data(), gx.data());
+      check_adjoint(dot(y, u), dot(x, gx), static_cast<double>(out_n) + 1, "resize backward vs forward");
     }
+  }
 }
 
 TEST_CASE("resize_bilinear known values (as PyTorch interpolate)") {
-    const std::vector<double> x = {1, 2, 3, 4};
-    std::vector<double> y(16);
-    cpu::resize_bilinear_forward<double>(1, 1, 2, 2, 4, 4, false, x.data(), y.data());
-    CHECK(y == std::vector<double>{1, 1.25, 1.75, 2, 1.5, 1.75, 2.25, 2.5, 2.5, 2.75, 3.25, 3.5, 3, 3.25, 3.75, 4});
+  const std::vector<double> x = {1, 2, 3, 4};
+  std::vector<double> y(16);
+  cpu::resize_bilinear_forward<double>(1, 1, 2, 2, 4, 4, false, x.data(), y.data());
+  CHECK(y == std::vector<double>{1, 1.25, 1.75, 2, 1.5, 1.75, 2.25, 2.5, 2.5, 2.75, 3.25, 3.5, 3, 3.25, 3.75, 4});
 
-    std::vector<double> z(9);
-    cpu::resize_bilinear_forward<double>(1, 1, 2, 2, 3, 3, true, x.data(), z.data());
-    CHECK(z == std::vector<double>{1, 1.5, 2, 2, 2.5, 3, 3, 3.5, 4});
+  std::vector<double> z(9);
+  cpu::resize_bilinear_forward<double>(1, 1, 2, 2, 3, 3, true, x.data(), z.data());
+  CHECK(z == std::vector<double>{1, 1.5, 2, 2, 2.5, 3, 3, 3.5, 4});
 
-    // Downsampling 4 -> 2 without align_corners samples halfway between pixel pairs.
-    const std::vector<double> row = {0, 1, 2, 3};
-    std::vector<double> half(2);
-    cpu::resize_bilinear_forward<double>(1, 1, 1, 4, 1, 2, false, row.data(), half.data());
-    CHECK(half == std::vector<double>{0.5, 2.5});
+  // Downsampling 4 -> 2 without align_corners samples halfway between pixel pairs.
+  const std::vector<double> row = {0, 1, 2, 3};
+  std::vector<double> half(2);
+  cpu::resize_bilinear_forward<double>(1, 1, 1, 4, 1, 2, false, row.data(), half.data());
+  CHECK(half == std::vector<double>{0.5, 2.5});
 }

@@ -23,8 +23,7 @@ struct GemmCase {
 
 /// Runs one gemm<T> against the reference and returns the worst error relative to the
 /// magnitude of the terms summed into each entry.
-template <class T>
-double run_case(const GemmCase& g, uint32_t seed = 7) {
+template <class T> double run_case(const GemmCase& g, uint32_t seed = 7) {
   std::mt19937 rng(seed);
   std::uniform_real_distribution<double> dist(-1.0, 1.0);
   const int64_t ldc = g.n + g.ldc_pad;
@@ -78,13 +77,9 @@ double run_case(const GemmCase& g, uint32_t seed = 7) {
   return worst;
 }
 
-template <class T>
-double tolerance() {
-  return std::is_same_v<T, float> ? 1e-5 : 1e-13;
-}
+template <class T> double tolerance() { return std::is_same_v<T, float> ? 1e-5 : 1e-13; }
 
-template <class T>
-void check_shapes(const std::vector<GemmCase>& cases) {
+template <class T> void check_shapes(const std::vector<GemmCase>& cases) {
   for (const auto& g : cases) {
     CAPTURE(g.m);
     CAPTURE(g.n);

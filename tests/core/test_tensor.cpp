@@ -15,16 +15,14 @@ namespace {
 
 using Dims = std::vector<std::int64_t>;
 
-template <class T>
-std::string to_string(const xg::Tensor<T>& t) {
+template <class T> std::string to_string(const xg::Tensor<T>& t) {
   std::ostringstream out;
   out << t;
   return out.str();
 }
 
 // Runs f, which must throw E, and returns the exception's what().
-template <class E, class F>
-std::string message_of(F&& f) {
+template <class E, class F> std::string message_of(F&& f) {
   try {
     f();
   } catch (const E& e) {
@@ -352,7 +350,8 @@ TEST_CASE("tensor: comparisons give Tensor<bool>") {
   CHECK((a < 2.0f).to_vector() == std::vector<bool>{true, false, false});
 
   // Broadcasting applies to comparisons too.
-  auto m = xg::greater(xg::tensor<std::int32_t>(std::vector<std::int32_t>{1, 4}, {2, 1}), xg::tensor<std::int32_t>({0, 2, 4}));
+  auto m = xg::greater(xg::tensor<std::int32_t>(std::vector<std::int32_t>{1, 4}, {2, 1}),
+                       xg::tensor<std::int32_t>({0, 2, 4}));
   CHECK(m.shape() == Dims{2, 3});
   CHECK(m.to_vector() == std::vector<bool>{true, false, false, true, true, false});
 }

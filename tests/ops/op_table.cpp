@@ -59,7 +59,8 @@ Ref matmul_ref(const Ref& a, const Ref& b) {  // [B, M, K] x [K, N] or [M, K] x 
     for (std::int64_t i = 0; i < m; ++i)
       for (std::int64_t j = 0; j < n; ++j) {
         double s = 0;
-        for (std::int64_t q = 0; q < k; ++q) s += a.data[static_cast<std::size_t>((p * m + i) * k + q)] * b.data[static_cast<std::size_t>(q * n + j)];
+        for (std::int64_t q = 0; q < k; ++q)
+          s += a.data[static_cast<std::size_t>((p * m + i) * k + q)] * b.data[static_cast<std::size_t>(q * n + j)];
         out.data[static_cast<std::size_t>((p * m + i) * n + j)] = s;
       }
   return out;
@@ -72,8 +73,8 @@ Ref transpose2_ref(const Ref& a) {
   return out;
 }
 
-Ref conv_ref(const Ref& x, const Ref& w, std::int64_t stride, std::int64_t pad_top, std::int64_t pad_left, std::int64_t dil,
-             std::int64_t oh, std::int64_t ow) {
+Ref conv_ref(const Ref& x, const Ref& w, std::int64_t stride, std::int64_t pad_top, std::int64_t pad_left,
+             std::int64_t dil, std::int64_t oh, std::int64_t ow) {
   Ref y = Ref::zeros({x.shape[0], w.shape[0], oh, ow});
   for (std::int64_t n = 0; n < x.shape[0]; ++n)
     for (std::int64_t o = 0; o < w.shape[0]; ++o)
@@ -193,21 +194,35 @@ std::vector<OpCase> build_table() {
     t.push_back(make_case(name + "/scalar", Shapes{{}}, f, elementwise(r), {d}, diff));
     t.push_back(make_case(name + "/long", Shapes{{2, 37}}, f, elementwise(r), {d}, diff));  // SIMD body + tail
   };
-  unary("neg", [](const auto& in) { return -in[0]; }, [](double v) { return -v; });
-  unary("exp", [](const auto& in) { return exp(in[0]); }, [](double v) { return std::exp(v); });
-  unary("log", [](const auto& in) { return log(in[0]); }, [](double v) { return std::log(v); }, D::positive);
-  unary("sqrt", [](const auto& in) { return sqrt(in[0]); }, [](double v) { return std::sqrt(v); }, D::positive);
-  unary("rsqrt", [](const auto& in) { return rsqrt(in[0]); }, [](double v) { return 1 / std::sqrt(v); }, D::positive);
-  unary("tanh", [](const auto& in) { return tanh(in[0]); }, [](double v) { return std::tanh(v); });
-  unary("sigmoid", [](const auto& in) { return sigmoid(in[0]); }, sigmoid_ref);
-  unary("relu", [](const auto& in) { return relu(in[0]); }, [](double v) { return std::max(v, 0.0); }, D::away_from_zero);
-  unary("abs", [](const auto& in) { return abs(in[0]); }, [](double v) { return std::abs(v); }, D::away_from_zero);
-  unary("square", [](const auto& in) { return square(in[0]); }, [](double v) { return v * v; });
-  unary("sin", [](const auto& in) { return sin(in[0]); }, [](double v) { return std::sin(v); });
-  unary("cos", [](const auto& in) { return cos(in[0]); }, [](double v) { return std::cos(v); });
-  unary("sign", [](const auto& in) { return sign(in[0]); }, sign_ref, D::away_from_zero, false);
+  unary(
+      "neg", [](const auto& in) { return -in[0]; }, [](double v) { return -v; });
+  unary(
+      "exp", [](const auto& in) { return exp(in[0]); }, [](double v) { return std::exp(v); });
+  unary(
+      "log", [](const auto& in) { return log(in[0]); }, [](double v) { return std::log(v); }, D::positive);
+  unary(
+      "sqrt", [](const auto& in) { return sqrt(in[0]); }, [](double v) { return std::sqrt(v); }, D::positive);
+  unary(
+      "rsqrt", [](const auto& in) { return rsqrt(in[0]); }, [](double v) { return 1 / std::sqrt(v); }, D::positive);
+  unary(
+      "tanh", [](const auto& in) { return tanh(in[0]); }, [](double v) { return std::tanh(v); });
+  unary(
+      "sigmoid", [](const auto& in) { return sigmoid(in[0]); }, sigmoid_ref);
+  unary(
+      "relu", [](const auto& in) { return relu(in[0]); }, [](double v) { return std::max(v, 0.0); }, D::away_from_zero);
+  unary(
+      "abs", [](const auto& in) { return abs(in[0]); }, [](double v) { return std::abs(v); }, D::away_from_zero);
+  unary(
+      "square", [](const auto& in) { return square(in[0]); }, [](double v) { return v * v; });
+  unary(
+      "sin", [](const auto& in) { return sin(in[0]); }, [](double v) { return std::sin(v); });
+  unary(
+      "cos", [](const auto& in) { return cos(in[0]); }, [](double v) { return std::cos(v); });
+  unary(
+      "sign", [](const auto& in) { return sign(in[0]); }, sign_ref, D::away_from_zero, false);
 
-  auto binary = [&](std::string name, auto f, double (*ref)(double, double), Domain da = D::any, Domain db = D::any, bool diff = true) {
+  auto binary = [&](std::string name, auto f, double (*ref)(double, double), Domain da = D::any, Domain db = D::any,
+                    bool diff = true) {
     auto r = [ref](const std::vector<double>& a) { return ref(a[0], a[1]); };
     t.push_back(make_case(name, Shapes{{3, 4}, {3, 4}}, f, elementwise(r), {da, db}, diff));
     t.push_back(make_case(name + "/broadcast_row", Shapes{{3, 4}, {4}}, f, elementwise(r), {da, db}, diff));
@@ -217,188 +232,285 @@ std::vector<OpCase> build_table() {
     t.push_back(make_case(name + "/one_element", Shapes{{1}, {1}}, f, elementwise(r), {da, db}, diff));
     t.push_back(make_case(name + "/empty", Shapes{{0, 4}, {4}}, f, elementwise(r), {da, db}, diff));
   };
-  binary("add", [](const auto& in) { return in[0] + in[1]; }, [](double a, double b) { return a + b; });
-  binary("sub", [](const auto& in) { return in[0] - in[1]; }, [](double a, double b) { return a - b; });
-  binary("mul", [](const auto& in) { return in[0] * in[1]; }, [](double a, double b) { return a * b; });
-  binary("div", [](const auto& in) { return in[0] / in[1]; }, [](double a, double b) { return a / b; }, D::any, D::away_from_zero);
-  binary("pow", [](const auto& in) { return pow(in[0], in[1]); }, [](double a, double b) { return std::pow(a, b); }, D::positive);
-  binary("maximum", [](const auto& in) { return maximum(in[0], in[1]); }, [](double a, double b) { return std::max(a, b); });
-  binary("minimum", [](const auto& in) { return minimum(in[0], in[1]); }, [](double a, double b) { return std::min(a, b); });
-  binary("equal", [](const auto& in) {
-    using T = typename std::decay_t<decltype(in[0])>::value_type;
-    return cast<T>(equal(in[0], in[0] * T(1) + in[1] * T(0)));  // equal where values match exactly
-  }, [](double, double) { return 1.0; }, D::any, D::any, false);
-  binary("less", [](const auto& in) { return cast<typename std::decay_t<decltype(in[0])>::value_type>(less(in[0], in[1])); },
-         [](double a, double b) { return a < b ? 1.0 : 0.0; }, D::any, D::any, false);
-  binary("greater", [](const auto& in) { return cast<typename std::decay_t<decltype(in[0])>::value_type>(in[0] > in[1]); },
-         [](double a, double b) { return a > b ? 1.0 : 0.0; }, D::any, D::any, false);
+  binary(
+      "add", [](const auto& in) { return in[0] + in[1]; }, [](double a, double b) { return a + b; });
+  binary(
+      "sub", [](const auto& in) { return in[0] - in[1]; }, [](double a, double b) { return a - b; });
+  binary(
+      "mul", [](const auto& in) { return in[0] * in[1]; }, [](double a, double b) { return a * b; });
+  binary(
+      "div", [](const auto& in) { return in[0] / in[1]; }, [](double a, double b) { return a / b; }, D::any,
+      D::away_from_zero);
+  binary(
+      "pow", [](const auto& in) { return pow(in[0], in[1]); }, [](double a, double b) { return std::pow(a, b); },
+      D::positive);
+  binary(
+      "maximum", [](const auto& in) { return maximum(in[0], in[1]); },
+      [](double a, double b) { return std::max(a, b); });
+  binary(
+      "minimum", [](const auto& in) { return minimum(in[0], in[1]); },
+      [](double a, double b) { return std::min(a, b); });
+  binary(
+      "equal",
+      [](const auto& in) {
+        using T = typename std::decay_t<decltype(in[0])>::value_type;
+        return cast<T>(equal(in[0], in[0] * T(1) + in[1] * T(0)));  // equal where values match exactly
+      },
+      [](double, double) { return 1.0; }, D::any, D::any, false);
+  binary(
+      "less",
+      [](const auto& in) { return cast<typename std::decay_t<decltype(in[0])>::value_type>(less(in[0], in[1])); },
+      [](double a, double b) { return a < b ? 1.0 : 0.0; }, D::any, D::any, false);
+  binary(
+      "greater", [](const auto& in) { return cast<typename std::decay_t<decltype(in[0])>::value_type>(in[0] > in[1]); },
+      [](double a, double b) { return a > b ? 1.0 : 0.0; }, D::any, D::any, false);
 
-  t.push_back(make_case("scalar_operators", Shapes{{2, 3}}, [](const auto& in) {
-    return (2.0f + in[0] * 3.0f - 1.0f) / 2.0f - (1.0f / (in[0] * in[0] + 1.0f));
-  }, elementwise([](const std::vector<double>& a) { return (2 + a[0] * 3 - 1) / 2 - 1 / (a[0] * a[0] + 1); })));
-  t.push_back(make_case("where", Shapes{{3, 4}, {3, 4}, {4}}, [](const auto& in) {
-    return where(in[0] > 0.0f, in[1], in[2]);
-  }, elementwise([](const std::vector<double>& a) { return a[0] > 0 ? a[1] : a[2]; }), {D::away_from_zero, D::any, D::any}));
-  t.push_back(make_case("clip", Shapes{{4, 5}}, [](const auto& in) { return clip(in[0], -0.5f, 0.5f); },
-                        elementwise([](const std::vector<double>& a) { return std::clamp(a[0], -0.5, 0.5); })));
+  t.push_back(make_case(
+      "scalar_operators", Shapes{{2, 3}},
+      [](const auto& in) { return (2.0f + in[0] * 3.0f - 1.0f) / 2.0f - (1.0f / (in[0] * in[0] + 1.0f)); },
+      elementwise([](const std::vector<double>& a) { return (2 + a[0] * 3 - 1) / 2 - 1 / (a[0] * a[0] + 1); })));
+  t.push_back(make_case("where", Shapes{{3, 4}, {3, 4}, {4}},
+                        [](const auto& in) { return where(in[0] > 0.0f, in[1], in[2]); },
+                        elementwise([](const std::vector<double>& a) { return a[0] > 0 ? a[1] : a[2]; }),
+                        {D::away_from_zero, D::any, D::any}));
+  t.push_back(make_case(
+      "clip", Shapes{{4, 5}}, [](const auto& in) { return clip(in[0], -0.5f, 0.5f); },
+      elementwise([](const std::vector<double>& a) { return std::clamp(a[0], -0.5, 0.5); })));
 
   auto plus = [](double a, double b) { return a + b; };
   auto maxf = [](double a, double b) { return std::max(a, b); };
   auto minf = [](double a, double b) { return std::min(a, b); };
   const double inf = std::numeric_limits<double>::infinity();
-  t.push_back(make_case("sum/all", Shapes{{3, 4, 5}}, [](const auto& in) { return sum(in[0]); },
-                        [=](const std::vector<Ref>& r) { return reduce_ref(r[0], {}, false, 0, plus); }));
-  t.push_back(make_case("sum/axes_0_2", Shapes{{3, 4, 5}}, [](const auto& in) { return sum(in[0], {0, 2}); },
-                        [=](const std::vector<Ref>& r) { return reduce_ref(r[0], {0, 2}, false, 0, plus); }));
-  t.push_back(make_case("sum/axis_last_keepdims", Shapes{{3, 41}}, [](const auto& in) { return sum(in[0], {-1}, true); },
-                        [=](const std::vector<Ref>& r) { return reduce_ref(r[0], {-1}, true, 0, plus); }));
-  t.push_back(make_case("sum/axis_0_long", Shapes{{7, 35}}, [](const auto& in) { return sum(in[0], {0}); },
-                        [=](const std::vector<Ref>& r) { return reduce_ref(r[0], {0}, false, 0, plus); }));
-  t.push_back(make_case("sum/empty", Shapes{{0, 3}}, [](const auto& in) { return sum(in[0], {0}); },
-                        [=](const std::vector<Ref>& r) { return reduce_ref(r[0], {0}, false, 0, plus); }));
-  t.push_back(make_case("mean/axis_1", Shapes{{3, 4, 2}}, [](const auto& in) { return mean(in[0], {1}); },
-                        [=](const std::vector<Ref>& r) { return reduce_ref(r[0], {1}, false, 0, plus, true); }));
-  t.push_back(make_case("mean/all", Shapes{{5, 3}}, [](const auto& in) { return mean(in[0]); },
-                        [=](const std::vector<Ref>& r) { return reduce_ref(r[0], {}, false, 0, plus, true); }));
-  t.push_back(make_case("max/axis_1", Shapes{{3, 6, 2}}, [](const auto& in) { return max(in[0], {1}); },
-                        [=](const std::vector<Ref>& r) { return reduce_ref(r[0], {1}, false, -inf, maxf); }));
-  t.push_back(make_case("max/all_keepdims", Shapes{{4, 37}}, [](const auto& in) { return max(in[0], {}, true); },
-                        [=](const std::vector<Ref>& r) { return reduce_ref(r[0], {}, true, -inf, maxf); }));
-  t.push_back(make_case("min/axes_0_2", Shapes{{3, 2, 4}}, [](const auto& in) { return min(in[0], {0, 2}); },
-                        [=](const std::vector<Ref>& r) { return reduce_ref(r[0], {0, 2}, false, inf, minf); }));
-  t.push_back(make_case("argmax/axis_1", Shapes{{4, 7}}, [](const auto& in) {
-    return cast<typename std::decay_t<decltype(in[0])>::value_type>(argmax(in[0], 1));
-  }, [](const std::vector<Ref>& r) {
-    Ref out = Ref::zeros({r[0].shape[0]});
-    for (std::int64_t i = 0; i < r[0].shape[0]; ++i) {
-      std::int64_t best = 0;
-      for (std::int64_t j = 1; j < r[0].shape[1]; ++j) if (r[0].at({i, j}) > r[0].at({i, best})) best = j;
-      out.data[static_cast<std::size_t>(i)] = static_cast<double>(best);
-    }
-    return out;
-  }, {}, false));
+  t.push_back(make_case(
+      "sum/all", Shapes{{3, 4, 5}}, [](const auto& in) { return sum(in[0]); },
+      [=](const std::vector<Ref>& r) { return reduce_ref(r[0], {}, false, 0, plus); }));
+  t.push_back(make_case(
+      "sum/axes_0_2", Shapes{{3, 4, 5}},
+      [](const auto& in) {
+        return sum(in[0], {0, 2});
+      },
+      [=](const std::vector<Ref>& r) {
+        return reduce_ref(r[0], {0, 2}, false, 0, plus);
+      }));
+  t.push_back(make_case(
+      "sum/axis_last_keepdims", Shapes{{3, 41}}, [](const auto& in) { return sum(in[0], {-1}, true); },
+      [=](const std::vector<Ref>& r) { return reduce_ref(r[0], {-1}, true, 0, plus); }));
+  t.push_back(make_case(
+      "sum/axis_0_long", Shapes{{7, 35}}, [](const auto& in) { return sum(in[0], {0}); },
+      [=](const std::vector<Ref>& r) { return reduce_ref(r[0], {0}, false, 0, plus); }));
+  t.push_back(make_case(
+      "sum/empty", Shapes{{0, 3}}, [](const auto& in) { return sum(in[0], {0}); },
+      [=](const std::vector<Ref>& r) { return reduce_ref(r[0], {0}, false, 0, plus); }));
+  t.push_back(make_case(
+      "mean/axis_1", Shapes{{3, 4, 2}}, [](const auto& in) { return mean(in[0], {1}); },
+      [=](const std::vector<Ref>& r) { return reduce_ref(r[0], {1}, false, 0, plus, true); }));
+  t.push_back(make_case(
+      "mean/all", Shapes{{5, 3}}, [](const auto& in) { return mean(in[0]); },
+      [=](const std::vector<Ref>& r) { return reduce_ref(r[0], {}, false, 0, plus, true); }));
+  t.push_back(make_case(
+      "max/axis_1", Shapes{{3, 6, 2}}, [](const auto& in) { return max(in[0], {1}); },
+      [=](const std::vector<Ref>& r) { return reduce_ref(r[0], {1}, false, -inf, maxf); }));
+  t.push_back(make_case(
+      "max/all_keepdims", Shapes{{4, 37}}, [](const auto& in) { return max(in[0], {}, true); },
+      [=](const std::vector<Ref>& r) { return reduce_ref(r[0], {}, true, -inf, maxf); }));
+  t.push_back(make_case(
+      "min/axes_0_2", Shapes{{3, 2, 4}},
+      [](const auto& in) {
+        return min(in[0], {0, 2});
+      },
+      [=](const std::vector<Ref>& r) {
+        return reduce_ref(r[0], {0, 2}, false, inf, minf);
+      }));
+  t.push_back(make_case(
+      "argmax/axis_1", Shapes{{4, 7}},
+      [](const auto& in) { return cast<typename std::decay_t<decltype(in[0])>::value_type>(argmax(in[0], 1)); },
+      [](const std::vector<Ref>& r) {
+        Ref out = Ref::zeros({r[0].shape[0]});
+        for (std::int64_t i = 0; i < r[0].shape[0]; ++i) {
+          std::int64_t best = 0;
+          for (std::int64_t j = 1; j < r[0].shape[1]; ++j)
+            if (r[0].at({i, j}) > r[0].at({i, best})) best = j;
+          out.data[static_cast<std::size_t>(i)] = static_cast<double>(best);
+        }
+        return out;
+      },
+      {}, false));
 
-  t.push_back(make_case("matmul/2d", Shapes{{3, 4}, {4, 5}}, [](const auto& in) { return matmul(in[0], in[1]); },
-                        [](const std::vector<Ref>& r) { return matmul_ref(r[0], r[1]); }));
-  t.push_back(make_case("matmul/batched_broadcast", Shapes{{2, 3, 4}, {4, 5}}, [](const auto& in) { return matmul(in[0], in[1]); },
-                        [](const std::vector<Ref>& r) { return matmul_ref(r[0], r[1]); }));
-  t.push_back(make_case("matmul/transpose_a_b", Shapes{{4, 3}, {5, 4}}, [](const auto& in) { return matmul(in[0], in[1], true, true); },
-                        [](const std::vector<Ref>& r) { return matmul_ref(transpose2_ref(r[0]), transpose2_ref(r[1])); }));
-  t.push_back(make_case("matmul/large_tiles", Shapes{{17, 33}, {33, 19}}, [](const auto& in) { return matmul(in[0], in[1]); },
-                        [](const std::vector<Ref>& r) { return matmul_ref(r[0], r[1]); }));
+  t.push_back(make_case(
+      "matmul/2d", Shapes{{3, 4}, {4, 5}}, [](const auto& in) { return matmul(in[0], in[1]); },
+      [](const std::vector<Ref>& r) { return matmul_ref(r[0], r[1]); }));
+  t.push_back(make_case(
+      "matmul/batched_broadcast", Shapes{{2, 3, 4}, {4, 5}}, [](const auto& in) { return matmul(in[0], in[1]); },
+      [](const std::vector<Ref>& r) { return matmul_ref(r[0], r[1]); }));
+  t.push_back(make_case(
+      "matmul/transpose_a_b", Shapes{{4, 3}, {5, 4}}, [](const auto& in) { return matmul(in[0], in[1], true, true); },
+      [](const std::vector<Ref>& r) { return matmul_ref(transpose2_ref(r[0]), transpose2_ref(r[1])); }));
+  t.push_back(make_case(
+      "matmul/large_tiles", Shapes{{17, 33}, {33, 19}}, [](const auto& in) { return matmul(in[0], in[1]); },
+      [](const std::vector<Ref>& r) { return matmul_ref(r[0], r[1]); }));
 
-  t.push_back(make_case("reshape", Shapes{{2, 6}}, [](const auto& in) { return reshape(in[0], {3, -1}) * 1.5f; },
-                        [](const std::vector<Ref>& r) {
-                          Ref y = with_shape(r[0], {3, 4});
-                          for (auto& v : y.data) v *= 1.5;
-                          return y;
-                        }));
-  t.push_back(make_case("transpose/reverse", Shapes{{2, 3, 4}}, [](const auto& in) { return transpose(in[0]); },
-                        [](const std::vector<Ref>& r) { return permute_ref(r[0], {2, 1, 0}); }));
-  t.push_back(make_case("transpose/perm", Shapes{{2, 3, 4}}, [](const auto& in) { return transpose(in[0], {0, 2, 1}); },
-                        [](const std::vector<Ref>& r) { return permute_ref(r[0], {0, 2, 1}); }));
-  t.push_back(make_case("broadcast_to", Shapes{{3, 1}}, [](const auto& in) { return broadcast_to(in[0], {2, 3, 4}); },
-                        [](const std::vector<Ref>& r) {
-                          Ref zero = Ref::zeros({2, 3, 4});
-                          return broadcast_map({r[0], zero}, [](const std::vector<double>& a) { return a[0]; });
-                        }));
-  t.push_back(make_case("expand_dims", Shapes{{2, 3}}, [](const auto& in) { return expand_dims(in[0], 1) * 2.0f; },
-                        [](const std::vector<Ref>& r) {
-                          Ref y = with_shape(r[0], {2, 1, 3});
-                          for (auto& v : y.data) v *= 2;
-                          return y;
-                        }));
-  t.push_back(make_case("squeeze", Shapes{{2, 1, 3, 1}}, [](const auto& in) { return squeeze(in[0], {1}) * 2.0f; },
-                        [](const std::vector<Ref>& r) {
-                          Ref y = with_shape(r[0], {2, 3, 1});
-                          for (auto& v : y.data) v *= 2;
-                          return y;
-                        }));
-  t.push_back(make_case("flatten", Shapes{{2, 3, 2}}, [](const auto& in) { return flatten(in[0]) * 2.0f; },
-                        [](const std::vector<Ref>& r) {
-                          Ref y = with_shape(r[0], {2, 6});
-                          for (auto& v : y.data) v *= 2;
-                          return y;
-                        }));
-  t.push_back(make_case("slice", Shapes{{4, 5, 3}}, [](const auto& in) { return slice(in[0], {1, 0, 1}, {2, -1, 2}); },
-                        [](const std::vector<Ref>& r) { return copy_block(r[0], {1, 0, 1}, {2, 5, 2}); }));
-  t.push_back(make_case("concat/axis_1", Shapes{{2, 3}, {2, 1}, {2, 2}}, [](const auto& in) { return concat(in, 1); },
-                        [](const std::vector<Ref>& r) {
-                          Ref y = Ref::zeros({2, 6});
-                          for (std::int64_t i = 0; i < 2; ++i) {
-                            std::int64_t at = 0;
-                            for (const auto& x : r)
-                              for (std::int64_t j = 0; j < x.shape[1]; ++j) y.at({i, at++}) = x.at({i, j});
-                          }
-                          return y;
-                        }));
-  t.push_back(make_case("stack/axis_0", Shapes{{2, 3}, {2, 3}}, [](const auto& in) { return stack(in, 0); },
-                        [](const std::vector<Ref>& r) {
-                          Ref y = Ref::zeros({2, 2, 3});
-                          std::copy(r[0].data.begin(), r[0].data.end(), y.data.begin());
-                          std::copy(r[1].data.begin(), r[1].data.end(), y.data.begin() + 6);
-                          return y;
-                        }));
-  t.push_back(make_case("cast/round_trip", Shapes{{3, 2}}, [](const auto& in) {
-    using T = typename std::decay_t<decltype(in[0])>::value_type;
-    return cast<T>(cast<double>(in[0]) * 2.0);
-  }, elementwise([](const std::vector<double>& a) { return 2 * a[0]; })));
+  t.push_back(make_case(
+      "reshape", Shapes{{2, 6}},
+      [](const auto& in) {
+        return reshape(in[0], {3, -1}) * 1.5f;
+      },
+      [](const std::vector<Ref>& r) {
+        Ref y = with_shape(r[0], {3, 4});
+        for (auto& v : y.data) v *= 1.5;
+        return y;
+      }));
+  t.push_back(make_case(
+      "transpose/reverse", Shapes{{2, 3, 4}}, [](const auto& in) { return transpose(in[0]); },
+      [](const std::vector<Ref>& r) {
+        return permute_ref(r[0], {2, 1, 0});
+      }));
+  t.push_back(make_case(
+      "transpose/perm", Shapes{{2, 3, 4}},
+      [](const auto& in) {
+        return transpose(in[0], {0, 2, 1});
+      },
+      [](const std::vector<Ref>& r) {
+        return permute_ref(r[0], {0, 2, 1});
+      }));
+  t.push_back(make_case(
+      "broadcast_to", Shapes{{3, 1}},
+      [](const auto& in) {
+        return broadcast_to(in[0], {2, 3, 4});
+      },
+      [](const std::vector<Ref>& r) {
+        Ref zero = Ref::zeros({2, 3, 4});
+        return broadcast_map({r[0], zero}, [](const std::vector<double>& a) { return a[0]; });
+      }));
+  t.push_back(make_case(
+      "expand_dims", Shapes{{2, 3}}, [](const auto& in) { return expand_dims(in[0], 1) * 2.0f; },
+      [](const std::vector<Ref>& r) {
+        Ref y = with_shape(r[0], {2, 1, 3});
+        for (auto& v : y.data) v *= 2;
+        return y;
+      }));
+  t.push_back(make_case(
+      "squeeze", Shapes{{2, 1, 3, 1}}, [](const auto& in) { return squeeze(in[0], {1}) * 2.0f; },
+      [](const std::vector<Ref>& r) {
+        Ref y = with_shape(r[0], {2, 3, 1});
+        for (auto& v : y.data) v *= 2;
+        return y;
+      }));
+  t.push_back(make_case(
+      "flatten", Shapes{{2, 3, 2}}, [](const auto& in) { return flatten(in[0]) * 2.0f; },
+      [](const std::vector<Ref>& r) {
+        Ref y = with_shape(r[0], {2, 6});
+        for (auto& v : y.data) v *= 2;
+        return y;
+      }));
+  t.push_back(make_case(
+      "slice", Shapes{{4, 5, 3}},
+      [](const auto& in) {
+        return slice(in[0], {1, 0, 1}, {2, -1, 2});
+      },
+      [](const std::vector<Ref>& r) {
+        return copy_block(r[0], {1, 0, 1}, {2, 5, 2});
+      }));
+  t.push_back(make_case(
+      "concat/axis_1", Shapes{{2, 3}, {2, 1}, {2, 2}}, [](const auto& in) { return concat(in, 1); },
+      [](const std::vector<Ref>& r) {
+        Ref y = Ref::zeros({2, 6});
+        for (std::int64_t i = 0; i < 2; ++i) {
+          std::int64_t at = 0;
+          for (const auto& x : r)
+            for (std::int64_t j = 0; j < x.shape[1]; ++j) y.at({i, at++}) = x.at({i, j});
+        }
+        return y;
+      }));
+  t.push_back(make_case(
+      "stack/axis_0", Shapes{{2, 3}, {2, 3}}, [](const auto& in) { return stack(in, 0); },
+      [](const std::vector<Ref>& r) {
+        Ref y = Ref::zeros({2, 2, 3});
+        std::copy(r[0].data.begin(), r[0].data.end(), y.data.begin());
+        std::copy(r[1].data.begin(), r[1].data.end(), y.data.begin() + 6);
+        return y;
+      }));
+  t.push_back(make_case(
+      "cast/round_trip", Shapes{{3, 2}},
+      [](const auto& in) {
+        using T = typename std::decay_t<decltype(in[0])>::value_type;
+        return cast<T>(cast<double>(in[0]) * 2.0);
+      },
+      elementwise([](const std::vector<double>& a) { return 2 * a[0]; })));
 
-  t.push_back(make_case("bias_add", Shapes{{2, 3, 2, 2}, {3}}, [](const auto& in) { return bias_add(in[0], in[1]); },
-                        [](const std::vector<Ref>& r) {
-                          Ref y = r[0];
-                          for (std::int64_t i = 0; i < y.numel(); ++i) y.data[static_cast<std::size_t>(i)] += r[1].data[static_cast<std::size_t>((i / 4) % 3)];
-                          return y;
-                        }));
-  t.push_back(make_case("conv2d/pad_1", Shapes{{2, 3, 5, 5}, {4, 3, 3, 3}},
-                        [](const auto& in) { return conv2d(in[0], in[1], {.padding = 1}); },
-                        [](const std::vector<Ref>& r) { return conv_ref(r[0], r[1], 1, 1, 1, 1, 5, 5); }));
-  t.push_back(make_case("conv2d/stride_2_dilation_2", Shapes{{1, 2, 9, 8}, {3, 2, 3, 2}},
-                        [](const auto& in) { return conv2d(in[0], in[1], {.stride = 2, .padding = 1, .dilation = 2}); },
-                        [](const std::vector<Ref>& r) { return conv_ref(r[0], r[1], 2, 1, 1, 2, 4, 4); }));
-  t.push_back(make_case("conv2d/valid", Shapes{{2, 1, 7, 7}, {2, 1, 5, 5}},
-                        [](const auto& in) { return conv2d(in[0], in[1], {.pad_mode = PadMode::valid}); },
-                        [](const std::vector<Ref>& r) { return conv_ref(r[0], r[1], 1, 0, 0, 1, 3, 3); }));
-  t.push_back(make_case("conv2d/same_stride_2", Shapes{{1, 2, 6, 7}, {2, 2, 3, 3}},
-                        [](const auto& in) { return conv2d(in[0], in[1], {.stride = 2, .pad_mode = PadMode::same}); },
-                        // out 3x4; pad total rows max((3-1)*2+3-6, 0)=1 -> top 0; cols (4-1)*2+3-7=2 -> left 1
-                        [](const std::vector<Ref>& r) { return conv_ref(r[0], r[1], 2, 0, 1, 1, 3, 4); }));
-  t.push_back(make_case("conv2d/pointwise", Shapes{{2, 3, 4, 4}, {5, 3, 1, 1}},
-                        [](const auto& in) { return conv2d(in[0], in[1]); },
-                        [](const std::vector<Ref>& r) { return conv_ref(r[0], r[1], 1, 0, 0, 1, 4, 4); }));
-  t.push_back(make_case("max_pool2d", Shapes{{2, 2, 6, 6}}, [](const auto& in) { return max_pool2d(in[0], 2, 2); },
-                        [](const std::vector<Ref>& r) { return pool_ref(r[0], 2, 2, true); }));
-  t.push_back(make_case("max_pool2d/overlap", Shapes{{1, 2, 7, 7}}, [](const auto& in) { return max_pool2d(in[0], 3, 2); },
-                        [](const std::vector<Ref>& r) { return pool_ref(r[0], 3, 2, true); }));
-  t.push_back(make_case("avg_pool2d", Shapes{{2, 2, 6, 4}}, [](const auto& in) { return avg_pool2d(in[0], 2, 2); },
-                        [](const std::vector<Ref>& r) { return pool_ref(r[0], 2, 2, false); }));
-  t.push_back(make_case("resize_bilinear/up", Shapes{{1, 2, 3, 4}}, [](const auto& in) { return resize_bilinear(in[0], 5, 7); },
-                        [](const std::vector<Ref>& r) { return resize_ref(r[0], 5, 7); }));
-  t.push_back(make_case("resize_bilinear/down", Shapes{{2, 1, 6, 5}}, [](const auto& in) { return resize_bilinear(in[0], 4, 3); },
-                        [](const std::vector<Ref>& r) { return resize_ref(r[0], 4, 3); }));
-  t.push_back(make_case("log_softmax", Shapes{{3, 5}}, [](const auto& in) { return log_softmax(in[0]); },
-                        [](const std::vector<Ref>& r) { return log_softmax_ref(r[0]); }));
-  t.push_back(make_case("softmax/axis_0", Shapes{{4, 3}}, [](const auto& in) { return softmax(in[0], 0); },
-                        [](const std::vector<Ref>& r) {
-                          Ref y = permute_ref(log_softmax_ref(permute_ref(r[0], {1, 0})), {1, 0});
-                          for (auto& v : y.data) v = std::exp(v);
-                          return y;
-                        }));
-  t.push_back(make_case("softmax_cross_entropy", Shapes{{4, 5}}, [](const auto& in) {
-    return softmax_cross_entropy(in[0], tensor<std::int32_t>({1, 0, 4, 2}), Reduction::mean);
-  }, [](const std::vector<Ref>& r) {
-    Ref ls = log_softmax_ref(r[0]);
-    const std::int64_t labels[] = {1, 0, 4, 2};
-    double s = 0;
-    for (std::int64_t i = 0; i < 4; ++i) s -= ls.at({i, labels[i]});
-    return Ref{{}, {s / 4}};
-  }));
-  t.push_back(make_case("softmax_cross_entropy/none", Shapes{{3, 4}}, [](const auto& in) {
-    return softmax_cross_entropy(in[0], tensor<std::int32_t>({3, 3, 0}), Reduction::none);
-  }, [](const std::vector<Ref>& r) {
-    Ref ls = log_softmax_ref(r[0]);
-    return Ref{{3}, {-ls.at({0, 3}), -ls.at({1, 3}), -ls.at({2, 0})}};
-  }));
+  t.push_back(make_case(
+      "bias_add", Shapes{{2, 3, 2, 2}, {3}}, [](const auto& in) { return bias_add(in[0], in[1]); },
+      [](const std::vector<Ref>& r) {
+        Ref y = r[0];
+        for (std::int64_t i = 0; i < y.numel(); ++i)
+          y.data[static_cast<std::size_t>(i)] += r[1].data[static_cast<std::size_t>((i / 4) % 3)];
+        return y;
+      }));
+  t.push_back(make_case(
+      "conv2d/pad_1", Shapes{{2, 3, 5, 5}, {4, 3, 3, 3}},
+      [](const auto& in) { return conv2d(in[0], in[1], {.padding = 1}); },
+      [](const std::vector<Ref>& r) { return conv_ref(r[0], r[1], 1, 1, 1, 1, 5, 5); }));
+  t.push_back(make_case(
+      "conv2d/stride_2_dilation_2", Shapes{{1, 2, 9, 8}, {3, 2, 3, 2}},
+      [](const auto& in) { return conv2d(in[0], in[1], {.stride = 2, .padding = 1, .dilation = 2}); },
+      [](const std::vector<Ref>& r) { return conv_ref(r[0], r[1], 2, 1, 1, 2, 4, 4); }));
+  t.push_back(make_case(
+      "conv2d/valid", Shapes{{2, 1, 7, 7}, {2, 1, 5, 5}},
+      [](const auto& in) { return conv2d(in[0], in[1], {.pad_mode = PadMode::valid}); },
+      [](const std::vector<Ref>& r) { return conv_ref(r[0], r[1], 1, 0, 0, 1, 3, 3); }));
+  t.push_back(make_case(
+      "conv2d/same_stride_2", Shapes{{1, 2, 6, 7}, {2, 2, 3, 3}},
+      [](const auto& in) { return conv2d(in[0], in[1], {.stride = 2, .pad_mode = PadMode::same}); },
+      // out 3x4; pad total rows max((3-1)*2+3-6, 0)=1 -> top 0; cols (4-1)*2+3-7=2 -> left 1
+      [](const std::vector<Ref>& r) { return conv_ref(r[0], r[1], 2, 0, 1, 1, 3, 4); }));
+  t.push_back(make_case(
+      "conv2d/pointwise", Shapes{{2, 3, 4, 4}, {5, 3, 1, 1}}, [](const auto& in) { return conv2d(in[0], in[1]); },
+      [](const std::vector<Ref>& r) { return conv_ref(r[0], r[1], 1, 0, 0, 1, 4, 4); }));
+  t.push_back(make_case(
+      "max_pool2d", Shapes{{2, 2, 6, 6}}, [](const auto& in) { return max_pool2d(in[0], 2, 2); },
+      [](const std::vector<Ref>& r) { return pool_ref(r[0], 2, 2, true); }));
+  t.push_back(make_case(
+      "max_pool2d/overlap", Shapes{{1, 2, 7, 7}}, [](const auto& in) { return max_pool2d(in[0], 3, 2); },
+      [](const std::vector<Ref>& r) { return pool_ref(r[0], 3, 2, true); }));
+  t.push_back(make_case(
+      "avg_pool2d", Shapes{{2, 2, 6, 4}}, [](const auto& in) { return avg_pool2d(in[0], 2, 2); },
+      [](const std::vector<Ref>& r) { return pool_ref(r[0], 2, 2, false); }));
+  t.push_back(make_case(
+      "resize_bilinear/up", Shapes{{1, 2, 3, 4}}, [](const auto& in) { return resize_bilinear(in[0], 5, 7); },
+      [](const std::vector<Ref>& r) { return resize_ref(r[0], 5, 7); }));
+  t.push_back(make_case(
+      "resize_bilinear/down", Shapes{{2, 1, 6, 5}}, [](const auto& in) { return resize_bilinear(in[0], 4, 3); },
+      [](const std::vector<Ref>& r) { return resize_ref(r[0], 4, 3); }));
+  t.push_back(make_case(
+      "log_softmax", Shapes{{3, 5}}, [](const auto& in) { return log_softmax(in[0]); },
+      [](const std::vector<Ref>& r) { return log_softmax_ref(r[0]); }));
+  t.push_back(make_case(
+      "softmax/axis_0", Shapes{{4, 3}}, [](const auto& in) { return softmax(in[0], 0); },
+      [](const std::vector<Ref>& r) {
+        Ref y = permute_ref(log_softmax_ref(permute_ref(r[0], {1, 0})), {1, 0});
+        for (auto& v : y.data) v = std::exp(v);
+        return y;
+      }));
+  t.push_back(make_case(
+      "softmax_cross_entropy", Shapes{{4, 5}},
+      [](const auto& in) {
+        return softmax_cross_entropy(in[0], tensor<std::int32_t>({1, 0, 4, 2}), Reduction::mean);
+      },
+      [](const std::vector<Ref>& r) {
+        Ref ls = log_softmax_ref(r[0]);
+        const std::int64_t labels[] = {1, 0, 4, 2};
+        double s = 0;
+        for (std::int64_t i = 0; i < 4; ++i) s -= ls.at({i, labels[i]});
+        return Ref{{}, {s / 4}};
+      }));
+  t.push_back(make_case(
+      "softmax_cross_entropy/none", Shapes{{3, 4}},
+      [](const auto& in) {
+        return softmax_cross_entropy(in[0], tensor<std::int32_t>({3, 3, 0}), Reduction::none);
+      },
+      [](const std::vector<Ref>& r) {
+        Ref ls = log_softmax_ref(r[0]);
+        return Ref{{3}, {-ls.at({0, 3}), -ls.at({1, 3}), -ls.at({2, 0})}};
+      }));
   return t;
 }
 

@@ -41,13 +41,12 @@ struct Ref {
 /// Where an input's random values come from, so every op stays smooth near its inputs.
 enum class Domain { any, positive, away_from_zero };
 
-template <class T>
-using OpFn = std::function<Tensor<T>(const std::vector<Tensor<T>>&)>;
+template <class T> using OpFn = std::function<Tensor<T>(const std::vector<Tensor<T>>&)>;
 
 struct OpCase {
   std::string name;
   std::vector<std::vector<std::int64_t>> shapes;  // one per input
-  std::vector<Domain> domains;                     // one per input (defaults to any)
+  std::vector<Domain> domains;                    // one per input (defaults to any)
   OpFn<float> f32;
   OpFn<double> f64;
   std::function<Ref(const std::vector<Ref>&)> reference;
@@ -56,10 +55,9 @@ struct OpCase {
 };
 
 /// One row from a generic callable usable at float and double.
-template <class F>
-OpCase make_case(std::string name, std::vector<std::vector<std::int64_t>> shapes, F f,
-                 std::function<Ref(const std::vector<Ref>&)> reference, std::vector<Domain> domains = {},
-                 bool differentiable = true) {
+template <class F> OpCase make_case(std::string name, std::vector<std::vector<std::int64_t>> shapes, F f,
+                                    std::function<Ref(const std::vector<Ref>&)> reference,
+                                    std::vector<Domain> domains = {}, bool differentiable = true) {
   OpCase c;
   c.name = std::move(name);
   c.shapes = std::move(shapes);
@@ -85,14 +83,12 @@ inline Ref random_input(const std::vector<std::int64_t>& shape, Domain domain, s
   return r;
 }
 
-template <class T>
-Tensor<T> to_tensor(const Ref& r) {
+template <class T> Tensor<T> to_tensor(const Ref& r) {
   std::vector<T> values(r.data.begin(), r.data.end());
   return tensor<T>(values, Shape(r.shape));
 }
 
-template <class T>
-Ref to_ref(const Tensor<T>& t) {
+template <class T> Ref to_ref(const Tensor<T>& t) {
   Ref r{t.shape().to_vector(), {}};
   auto v = t.to_vector();
   r.data.assign(v.begin(), v.end());

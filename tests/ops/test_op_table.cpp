@@ -13,23 +13,24 @@ namespace {
 
 std::vector<Ref> sample_inputs(const OpCase& c, std::uint64_t seed) {
   std::vector<Ref> in;
-  for (std::size_t k = 0; k < c.shapes.size(); ++k) in.push_back(random_input(c.shapes[k], c.domains[k], seed + 97 * k));
+  for (std::size_t k = 0; k < c.shapes.size(); ++k)
+    in.push_back(random_input(c.shapes[k], c.domains[k], seed + 97 * k));
   return in;
 }
 
-template <class T>
-std::vector<xg::Tensor<T>> to_tensors(const std::vector<Ref>& in) {
+template <class T> std::vector<xg::Tensor<T>> to_tensors(const std::vector<Ref>& in) {
   std::vector<xg::Tensor<T>> out;
   for (const auto& r : in) out.push_back(to_tensor<T>(r));
   return out;
 }
 
-template <class T>
-void check_values(const OpCase& c, const std::vector<Ref>& in, double tolerance) {
+template <class T> void check_values(const OpCase& c, const std::vector<Ref>& in, double tolerance) {
   Ref expected = c.reference(in);
   auto got = [&] {
-    if constexpr (std::is_same_v<T, float>) return c.f32(to_tensors<T>(in));
-    else return c.f64(to_tensors<T>(in));
+    if constexpr (std::is_same_v<T, float>)
+      return c.f32(to_tensors<T>(in));
+    else
+      return c.f64(to_tensors<T>(in));
   }();
   REQUIRE(got.shape() == xg::Shape(expected.shape));
   auto values = got.to_vector();

@@ -16,8 +16,7 @@ namespace xgrad::autograd {
 namespace detail {
 
 /// The gradient summed back to `shape` when the op broadcast its input.
-template <class T>
-TensorBase fit_to(const TensorBase& g, const Shape& shape) {
+template <class T> TensorBase fit_to(const TensorBase& g, const Shape& shape) {
   return g.shape() == shape ? g : TensorBase(sum_to(Tensor<T>(g), shape));
 }
 
@@ -32,13 +31,16 @@ inline TensorBase fit_grad(const TensorBase& g, const Shape& shape) {
 
 inline void check_saved(const Node& node) {
   auto fail = [&](std::uint64_t saved, std::uint64_t now) {
-    throw AutogradError(xgrad::detail::concat(
-        "backward: a tensor that ", node.op, " (at ", node.loc.str(), ") saved for its gradient was modified in place "
-        "afterwards (version ", saved, " when saved, ", now, " now); compute the gradient before changing it, or change a copy"));
+    throw AutogradError(xgrad::detail::concat("backward: a tensor that ", node.op, " (at ", node.loc.str(),
+                                              ") saved for its gradient was modified in place "
+                                              "afterwards (version ",
+                                              saved, " when saved, ", now,
+                                              " now); compute the gradient before changing it, or change a copy"));
   };
   for (const auto& s : node.saved)
     if (s.storage->version() != s.version) fail(s.version, s.storage->version());
-  if (node.out_storage && node.out_storage->version() != node.out_version) fail(node.out_version, node.out_storage->version());
+  if (node.out_storage && node.out_storage->version() != node.out_version)
+    fail(node.out_version, node.out_storage->version());
 }
 
 }  // namespace detail
@@ -52,9 +54,10 @@ inline std::vector<TensorBase> run_backward(const TensorBase& root, const Tensor
                                             bool create_graph, SourceLoc loc) {
   const auto& root_meta = root.impl()->autograd;
   if (!root_meta || !root_meta->requires_grad)
-    throw AutogradError(xgrad::detail::concat(
-        "backward: the output (", dtype_name(root.dtype()), root.shape(), ", at ", loc.str(),
-        ") does not depend on any tensor that requires grad; call set_requires_grad(true) on an input or use a Parameter"));
+    throw AutogradError(xgrad::detail::concat("backward: the output (", dtype_name(root.dtype()), root.shape(), ", at ",
+                                              loc.str(),
+                                              ") does not depend on any tensor that requires grad; call "
+                                              "set_requires_grad(true) on an input or use a Parameter"));
 
   std::unordered_map<const AutogradMeta*, std::size_t> target_index;
   for (std::size_t i = 0; i < targets.size(); ++i) target_index.emplace(targets[i].get(), i);
@@ -85,7 +88,10 @@ inline std::vector<TensorBase> run_backward(const TensorBase& root, const Tensor
   grads[root_meta.get()] = seed;
   std::optional<no_grad> off;
   std::optional<enable_grad> on;
-  if (create_graph) on.emplace(); else off.emplace();
+  if (create_graph)
+    on.emplace();
+  else
+    off.emplace();
 
   for (auto it = order.rbegin(); it != order.rend(); ++it) {
     const auto& meta = *it;
@@ -122,12 +128,12 @@ inline std::vector<TensorBase> run_backward(const TensorBase& root, const Tensor
 
 namespace xgrad {
 
-template <Element T>
-void Tensor<T>::backward(SourceLoc loc) const {
+template <Element T> void Tensor<T>::backward(SourceLoc loc) const {
   if constexpr (FloatingPoint<T>) {
     autograd::run_backward(*this, ones_like(*this), {}, false, loc);
   } else {
-    throw AutogradError(detail::concat("backward: ", dtype_name(dtype_of<T>()), " tensors carry no gradient (at ", loc.str(), ")"));
+    throw AutogradError(
+        detail::concat("backward: ", dtype_name(dtype_of<T>()), " tensors carry no gradient (at ", loc.str(), ")"));
   }
 }
 

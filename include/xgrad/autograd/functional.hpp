@@ -12,10 +12,8 @@
 namespace xgrad {
 
 /// Which arguments grad differentiates: grad(f, argnums<0, 1>).
-template <std::size_t... I>
-struct Argnums {};
-template <std::size_t... I>
-inline constexpr Argnums<I...> argnums{};
+template <std::size_t... I> struct Argnums {};
+template <std::size_t... I> inline constexpr Argnums<I...> argnums{};
 
 namespace detail {
 
@@ -31,21 +29,17 @@ class TransformScope {
   bool m_nested;
 };
 
-template <class T>
-struct is_tensor : std::false_type {};
-template <class T>
-struct is_tensor<Tensor<T>> : std::true_type {};
+template <class T> struct is_tensor : std::false_type {};
+template <class T> struct is_tensor<Tensor<T>> : std::true_type {};
 
 /// A handle autodiff can differentiate with respect to: the tensor itself when an enclosing
 /// transform already tracks it, else a fresh leaf sharing its storage.
-template <FloatingPoint T>
-Tensor<T> differentiable(const Tensor<T>& x) {
+template <FloatingPoint T> Tensor<T> differentiable(const Tensor<T>& x) {
   if (x.requires_grad() && is_grad_enabled()) return x;
   return x.detach().set_requires_grad(true);
 }
 
-template <class Out>
-void check_output(const Out&, SourceLoc loc) {
+template <class Out> void check_output(const Out&, SourceLoc loc) {
   static_assert(is_tensor<std::decay_t<Out>>::value, "grad: the function must return an xg::Tensor");
   static_assert(FloatingPoint<typename std::decay_t<Out>::value_type>,
                 "grad: the function must return a float or double tensor");
@@ -70,8 +64,7 @@ std::tuple<Tensor<Ts>...> gradients(const Out& out, bool create_graph, SourceLoc
 
 /// f's gradient with respect to the arguments in argnums. The result returns one tensor for
 /// one index and a tuple for several; a non-scalar output is differentiated as its sum.
-template <class F, std::size_t... I>
-auto grad(F f, Argnums<I...>, SourceLoc loc = SourceLoc::current()) {
+template <class F, std::size_t... I> auto grad(F f, Argnums<I...>, SourceLoc loc = SourceLoc::current()) {
   static_assert(sizeof...(I) > 0, "grad: argnums needs at least one index");
   return [f, loc](auto... args) {
     detail::TransformScope scope;
@@ -81,21 +74,19 @@ auto grad(F f, Argnums<I...>, SourceLoc loc = SourceLoc::current()) {
     auto out = std::apply(f, inputs);
     detail::check_output(out, loc);
     auto grads = detail::gradients(out, scope.nested(), loc, std::get<I>(inputs)...);
-    if constexpr (sizeof...(I) == 1) return std::get<0>(grads);
-    else return grads;
+    if constexpr (sizeof...(I) == 1)
+      return std::get<0>(grads);
+    else
+      return grads;
   };
 }
 
 /// f's gradient with respect to its first argument.
-template <class F>
-auto grad(F f, SourceLoc loc = SourceLoc::current()) {
-  return grad(f, argnums<0>, loc);
-}
+template <class F> auto grad(F f, SourceLoc loc = SourceLoc::current()) { return grad(f, argnums<0>, loc); }
 
 /// A function returning f's value together with its gradients with respect to `params`
 /// (one per parameter, in order): auto [loss, grads] = value_and_grad(loss_fn, params)(x, y).
-template <class F, class Params>
-auto value_and_grad(F f, Params params, SourceLoc loc = SourceLoc::current()) {
+template <class F, class Params> auto value_and_grad(F f, Params params, SourceLoc loc = SourceLoc::current()) {
   return [f, params, loc](auto&&... args) {
     detail::TransformScope scope;
     enable_grad on;
@@ -111,7 +102,8 @@ auto value_and_grad(F f, Params params, SourceLoc loc = SourceLoc::current()) {
     std::vector<std::shared_ptr<AutogradMeta>> targets;
     for (const auto& p : params) {
       if (!p.requires_grad())
-        throw AutogradError(detail::concat("value_and_grad: parameter '", p.name(), "' does not require grad (at ", loc.str(), ")"));
+        throw AutogradError(
+            detail::concat("value_and_grad: parameter '", p.name(), "' does not require grad (at ", loc.str(), ")"));
       targets.push_back(p.impl()->autograd);
     }
     auto results = autograd::run_backward(out, ones_like(out), targets, scope.nested(), loc);
@@ -129,8 +121,7 @@ template <class... Ts, std::size_t... I>
 std::tuple<Ts...> typed_inputs_impl(const std::vector<TensorBase>& saved, std::index_sequence<I...>) {
   return {Ts(saved[I])...};
 }
-template <class... Ts>
-std::tuple<Ts...> typed_inputs(const std::vector<TensorBase>& saved) {
+template <class... Ts> std::tuple<Ts...> typed_inputs(const std::vector<TensorBase>& saved) {
   return typed_inputs_impl<Ts...>(saved, std::index_sequence_for<Ts...>{});
 }
 }  // namespace detail
@@ -154,8 +145,10 @@ auto custom_vjp(Forward forward, Backward backward, SourceLoc loc = SourceLoc::c
                            return std::apply(
                                [&](const auto&... in) {
                                  auto grads = backward(in..., Out(y), Out(g));
-                                 if constexpr (detail::is_tensor<decltype(grads)>::value) return autograd::Grads{grads};
-                                 else return std::apply([](const auto&... gs) { return autograd::Grads{gs...}; }, grads);
+                                 if constexpr (detail::is_tensor<decltype(grads)>::value)
+                                   return autograd::Grads{grads};
+                                 else
+                                   return std::apply([](const auto&... gs) { return autograd::Grads{gs...}; }, grads);
                                },
                                detail::typed_inputs<std::decay_t<decltype(inputs)>...>(saved));
                          });

@@ -12,9 +12,8 @@ enum class DType { float32, float64, int32, int64, boolean };
 
 /// A type Tensor<T> may hold.
 template <class T>
-concept Element = std::same_as<T, float> || std::same_as<T, double> ||
-                  std::same_as<T, std::int32_t> || std::same_as<T, std::int64_t> ||
-                  std::same_as<T, bool>;
+concept Element = std::same_as<T, float> || std::same_as<T, double> || std::same_as<T, std::int32_t> ||
+    std::same_as<T, std::int64_t> || std::same_as<T, bool>;
 
 /// Element types that carry gradients.
 template <class T>
@@ -24,23 +23,32 @@ concept FloatingPoint = std::same_as<T, float> || std::same_as<T, double>;
 template <class T>
 concept Numeric = Element<T> && !std::same_as<T, bool>;
 
-template <Element T>
-constexpr DType dtype_of() {
-  if constexpr (std::is_same_v<T, float>) return DType::float32;
-  else if constexpr (std::is_same_v<T, double>) return DType::float64;
-  else if constexpr (std::is_same_v<T, std::int32_t>) return DType::int32;
-  else if constexpr (std::is_same_v<T, std::int64_t>) return DType::int64;
-  else return DType::boolean;
+template <Element T> constexpr DType dtype_of() {
+  if constexpr (std::is_same_v<T, float>)
+    return DType::float32;
+  else if constexpr (std::is_same_v<T, double>)
+    return DType::float64;
+  else if constexpr (std::is_same_v<T, std::int32_t>)
+    return DType::int32;
+  else if constexpr (std::is_same_v<T, std::int64_t>)
+    return DType::int64;
+  else
+    return DType::boolean;
 }
 
 /// MindSpore's spelling: Float32, Int32, Bool...
 constexpr std::string_view dtype_name(DType d) {
   switch (d) {
-    case DType::float32: return "Float32";
-    case DType::float64: return "Float64";
-    case DType::int32: return "Int32";
-    case DType::int64: return "Int64";
-    case DType::boolean: return "Bool";
+    case DType::float32:
+      return "Float32";
+    case DType::float64:
+      return "Float64";
+    case DType::int32:
+      return "Int32";
+    case DType::int64:
+      return "Int64";
+    case DType::boolean:
+      return "Bool";
   }
   return "?";
 }
@@ -48,20 +56,30 @@ constexpr std::string_view dtype_name(DType d) {
 /// Short spelling for IR and error messages: f32, i64, bool...
 constexpr std::string_view dtype_short_name(DType d) {
   switch (d) {
-    case DType::float32: return "f32";
-    case DType::float64: return "f64";
-    case DType::int32: return "i32";
-    case DType::int64: return "i64";
-    case DType::boolean: return "bool";
+    case DType::float32:
+      return "f32";
+    case DType::float64:
+      return "f64";
+    case DType::int32:
+      return "i32";
+    case DType::int64:
+      return "i64";
+    case DType::boolean:
+      return "bool";
   }
   return "?";
 }
 
 constexpr std::size_t dtype_size(DType d) {
   switch (d) {
-    case DType::float32: case DType::int32: return 4;
-    case DType::float64: case DType::int64: return 8;
-    case DType::boolean: return sizeof(bool);
+    case DType::float32:
+    case DType::int32:
+      return 4;
+    case DType::float64:
+    case DType::int64:
+      return 8;
+    case DType::boolean:
+      return sizeof(bool);
   }
   return 0;
 }

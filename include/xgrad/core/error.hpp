@@ -31,16 +31,14 @@ class AutogradError : public std::runtime_error {
 
 namespace detail {
 
-template <class... Parts>
-std::string concat(const Parts&... parts) {
+template <class... Parts> std::string concat(const Parts&... parts) {
   std::ostringstream out;
   (out << ... << parts);
   return out.str();
 }
 
 /// "Op: message (at file.cpp:12)"
-template <class... Parts>
-std::string op_message(std::string_view op, SourceLoc loc, const Parts&... parts) {
+template <class... Parts> std::string op_message(std::string_view op, SourceLoc loc, const Parts&... parts) {
   return concat(op, ": ", parts..., " (at ", loc.str(), ")");
 }
 

@@ -16,52 +16,49 @@ namespace detail {
 
 inline void check_sizes(std::string_view op, const Shape& shape, SourceLoc loc) {
   for (int i = 0; i < shape.ndim(); ++i)
-    if (shape[i] < 0) throw_value_error(op, loc, "size ", shape[i], " at axis ", i, " of shape ", shape, " must be non-negative");
+    if (shape[i] < 0)
+      throw_value_error(op, loc, "size ", shape[i], " at axis ", i, " of shape ", shape, " must be non-negative");
 }
 
-template <class T, int Depth>
-struct Nested {
+template <class T, int Depth> struct Nested {
   using type = std::initializer_list<typename Nested<T, Depth - 1>::type>;
 };
-template <class T>
-struct Nested<T, 1> {
-  using type = std::initializer_list<T>;
-};
+template <class T> struct Nested<T, 1> { using type = std::initializer_list<T>; };
 
 // Walks a nested list once for the shape (from the first element at each level) and once
 // for the values, checking every sub-list against that shape.
-template <class T>
-void flatten_into(const std::initializer_list<T>& list, const Shape& shape, int axis, std::vector<T>& out, SourceLoc loc) {
+template <class T> void flatten_into(const std::initializer_list<T>& list, const Shape& shape, int axis,
+                                     std::vector<T>& out, SourceLoc loc) {
   if (static_cast<std::int64_t>(list.size()) != shape[axis])
     throw_value_error("tensor", loc, "ragged nested list: axis ", axis, " has length ", list.size(),
                       " where an earlier sibling had ", shape[axis]);
   out.insert(out.end(), list.begin(), list.end());
 }
-template <class L, class T>
-void flatten_into(const std::initializer_list<L>& list, const Shape& shape, int axis, std::vector<T>& out, SourceLoc loc) {
+template <class L, class T> void flatten_into(const std::initializer_list<L>& list, const Shape& shape, int axis,
+                                              std::vector<T>& out, SourceLoc loc) {
   if (static_cast<std::int64_t>(list.size()) != shape[axis])
     throw_value_error("tensor", loc, "ragged nested list: axis ", axis, " has length ", list.size(),
                       " where an earlier sibling had ", shape[axis]);
   for (const auto& sub : list) flatten_into(sub, shape, axis + 1, out, loc);
 }
 /// Nesting depth of a list type: initializer_list<float> is 1, a float 0.
-template <class L>
-constexpr int depth_of() {
-  if constexpr (requires { typename L::value_type; }) return 1 + depth_of<typename L::value_type>();
-  else return 0;
+template <class L> constexpr int depth_of() {
+  if constexpr (requires { typename L::value_type; })
+    return 1 + depth_of<typename L::value_type>();
+  else
+    return 0;
 }
-template <class L>
-void shape_of(const std::initializer_list<L>& list, Shape& shape) {
+template <class L> void shape_of(const std::initializer_list<L>& list, Shape& shape) {
   shape.push_back(static_cast<std::int64_t>(list.size()));
   if constexpr (depth_of<L>() > 0) {
-    if (list.size()) shape_of(*list.begin(), shape);
+    if (list.size())
+      shape_of(*list.begin(), shape);
     else  // an empty outer list: inner axes have no element to measure, so they are 0
       for (int d = 0; d < depth_of<L>(); ++d) shape.push_back(0);
   }
 }
 
-template <class T, class List>
-Tensor<T> from_nested(const List& list, SourceLoc loc) {
+template <class T, class List> Tensor<T> from_nested(const List& list, SourceLoc loc) {
   Shape shape;
   shape_of(list, shape);
   std::vector<T> flat;
@@ -102,42 +99,37 @@ Tensor<T> tensor(const std::vector<T>& values, const Shape& shape, SourceLoc loc
   std::copy(values.begin(), values.end(), out.data());
   return out;
 }
-template <Element T>
-Tensor<T> tensor(const std::vector<T>& values, SourceLoc loc = SourceLoc::current()) {
+template <Element T> Tensor<T> tensor(const std::vector<T>& values, SourceLoc loc = SourceLoc::current()) {
   return tensor<T>(values, Shape{static_cast<std::int64_t>(values.size())}, loc);
 }
 
 /// A rank-0 tensor.
-template <Element T>
-Tensor<T> scalar(T value) {
+template <Element T> Tensor<T> scalar(T value) {
   auto out = Tensor<T>::empty(Shape{});
   out.data()[0] = value;
   return out;
 }
 
 /// A tensor of the given shape with every element `value`.
-template <Element T>
-Tensor<T> full(const Shape& shape, T value, SourceLoc loc = SourceLoc::current()) {
+template <Element T> Tensor<T> full(const Shape& shape, T value, SourceLoc loc = SourceLoc::current()) {
   detail::check_sizes("full", shape, loc);
   auto out = Tensor<T>::empty(shape);
   std::fill_n(out.data(), shape.numel(), value);
   return out;
 }
-template <Element T>
-Tensor<T> zeros(const Shape& shape, SourceLoc loc = SourceLoc::current()) { return full<T>(shape, T(0), loc); }
-template <Element T>
-Tensor<T> ones(const Shape& shape, SourceLoc loc = SourceLoc::current()) { return full<T>(shape, T(1), loc); }
+template <Element T> Tensor<T> zeros(const Shape& shape, SourceLoc loc = SourceLoc::current()) {
+  return full<T>(shape, T(0), loc);
+}
+template <Element T> Tensor<T> ones(const Shape& shape, SourceLoc loc = SourceLoc::current()) {
+  return full<T>(shape, T(1), loc);
+}
 
-template <Element T>
-Tensor<T> full_like(const Tensor<T>& like, T value) { return full<T>(like.shape(), value); }
-template <Element T>
-Tensor<T> zeros_like(const Tensor<T>& like) { return full<T>(like.shape(), T(0)); }
-template <Element T>
-Tensor<T> ones_like(const Tensor<T>& like) { return full<T>(like.shape(), T(1)); }
+template <Element T> Tensor<T> full_like(const Tensor<T>& like, T value) { return full<T>(like.shape(), value); }
+template <Element T> Tensor<T> zeros_like(const Tensor<T>& like) { return full<T>(like.shape(), T(0)); }
+template <Element T> Tensor<T> ones_like(const Tensor<T>& like) { return full<T>(like.shape(), T(1)); }
 
 /// [start, start + step, ...) below stop.
-template <Numeric T>
-Tensor<T> arange(T start, T stop, T step = T(1), SourceLoc loc = SourceLoc::current()) {
+template <Numeric T> Tensor<T> arange(T start, T stop, T step = T(1), SourceLoc loc = SourceLoc::current()) {
   if (step == T(0)) throw_value_error("arange", loc, "step must not be 0");
   double count = std::ceil((static_cast<double>(stop) - static_cast<double>(start)) / static_cast<double>(step));
   auto n = static_cast<std::int64_t>(std::max(0.0, count));
@@ -146,15 +138,13 @@ Tensor<T> arange(T start, T stop, T step = T(1), SourceLoc loc = SourceLoc::curr
   return out;
 }
 /// [0, 1, ..., n - 1].
-template <Numeric T>
-Tensor<T> arange(std::int64_t n, SourceLoc loc = SourceLoc::current()) {
+template <Numeric T> Tensor<T> arange(std::int64_t n, SourceLoc loc = SourceLoc::current()) {
   if (n < 0) throw_value_error("arange", loc, "n must be non-negative, got ", n);
   return arange<T>(T(0), static_cast<T>(n), T(1), loc);
 }
 
 /// The n x n identity.
-template <Numeric T>
-Tensor<T> eye(std::int64_t n, SourceLoc loc = SourceLoc::current()) {
+template <Numeric T> Tensor<T> eye(std::int64_t n, SourceLoc loc = SourceLoc::current()) {
   auto out = zeros<T>(Shape{n, n}, loc);
   for (std::int64_t i = 0; i < n; ++i) out.data()[i * n + i] = T(1);
   return out;

@@ -16,16 +16,17 @@ namespace detail {
 inline constexpr std::int64_t kPrintThreshold = 1000;
 inline constexpr std::int64_t kPrintEdgeItems = 3;
 
-template <class T>
-void print_value(std::ostream& out, T v) {
-  if constexpr (std::is_same_v<T, bool>) out << (v ? "True" : "False");
-  else if constexpr (std::is_floating_point_v<T>) out << std::setprecision(std::is_same_v<T, float> ? 6 : 10) << v;
-  else out << v;
+template <class T> void print_value(std::ostream& out, T v) {
+  if constexpr (std::is_same_v<T, bool>)
+    out << (v ? "True" : "False");
+  else if constexpr (std::is_floating_point_v<T>)
+    out << std::setprecision(std::is_same_v<T, float> ? 6 : 10) << v;
+  else
+    out << v;
 }
 
-template <class T>
-void print_axis(std::ostream& out, const T* data, const Shape& shape, int axis, std::int64_t offset, bool summarize,
-                int indent) {
+template <class T> void print_axis(std::ostream& out, const T* data, const Shape& shape, int axis, std::int64_t offset,
+                                   bool summarize, int indent) {
   const std::int64_t n = shape[axis];
   const std::int64_t stride = Shape(shape.begin() + axis + 1, shape.end()).numel();
   out << '[';
@@ -40,8 +41,11 @@ void print_axis(std::ostream& out, const T* data, const Shape& shape, int axis, 
     }
     if (i + 1 < n) {
       out << ',';
-      if (axis + 1 == shape.ndim()) out << ' ';
-      else out << std::string(static_cast<std::size_t>(shape.ndim() - axis - 1), '\n') << std::string(static_cast<std::size_t>(indent + 1), ' ');
+      if (axis + 1 == shape.ndim())
+        out << ' ';
+      else
+        out << std::string(static_cast<std::size_t>(shape.ndim() - axis - 1), '\n')
+            << std::string(static_cast<std::size_t>(indent + 1), ' ');
     }
   }
   out << ']';
@@ -50,17 +54,17 @@ void print_axis(std::ostream& out, const T* data, const Shape& shape, int axis, 
 }  // namespace detail
 
 /// The values alone, NumPy-like: [[1, 2], [3, 4]] with one row per line.
-template <Element T>
-std::string format_values(const Tensor<T>& t) {
+template <Element T> std::string format_values(const Tensor<T>& t) {
   std::ostringstream out;
-  if (t.ndim() == 0) detail::print_value(out, t.data()[0]);
-  else detail::print_axis(out, t.data(), t.shape(), 0, 0, t.numel() > detail::kPrintThreshold, 0);
+  if (t.ndim() == 0)
+    detail::print_value(out, t.data()[0]);
+  else
+    detail::print_axis(out, t.data(), t.shape(), 0, 0, t.numel() > detail::kPrintThreshold, 0);
   return out.str();
 }
 
 /// Tensor(shape=[2, 3], dtype=Float32, value=\n[[...]]), as MindSpore prints.
-template <Element T>
-std::ostream& operator<<(std::ostream& out, const Tensor<T>& t) {
+template <Element T> std::ostream& operator<<(std::ostream& out, const Tensor<T>& t) {
   if (!t.defined()) return out << "Tensor(undefined)";
   out << "Tensor(shape=" << t.shape() << ", dtype=" << dtype_name(t.dtype()) << ", value=";
   if (t.ndim() > 1) out << '\n';

@@ -22,8 +22,7 @@ class Shape {
   Shape() = default;
   Shape(std::initializer_list<std::int64_t> dims) { assign(dims.begin(), dims.end()); }
   Shape(const std::vector<std::int64_t>& dims) { assign(dims.begin(), dims.end()); }
-  template <class It>
-  Shape(It first, It last) { assign(first, last); }
+  template <class It> Shape(It first, It last) { assign(first, last); }
 
   int ndim() const { return m_rank; }
   std::int64_t operator[](int axis) const { return m_dims[axis]; }
@@ -81,8 +80,7 @@ class Shape {
     if (rank > static_cast<std::size_t>(kMaxRank))
       throw ValueError(detail::concat("Shape: rank ", rank, " exceeds the maximum of ", kMaxRank));
   }
-  template <class It>
-  void assign(It first, It last) {
+  template <class It> void assign(It first, It last) {
     check_rank(static_cast<std::size_t>(std::distance(first, last)));
     m_rank = 0;
     for (; first != last; ++first) m_dims[m_rank++] = static_cast<std::int64_t>(*first);

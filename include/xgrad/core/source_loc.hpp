@@ -25,8 +25,7 @@ class SourceLoc {
   std::string str() const {
     std::string path(m_file);
     auto slash = path.find_last_of('/');
-    return (slash == std::string::npos ? path : path.substr(slash + 1)) + ":" +
-           std::to_string(m_line);
+    return (slash == std::string::npos ? path : path.substr(slash + 1)) + ":" + std::to_string(m_line);
   }
 
  private:
@@ -39,8 +38,7 @@ class SourceLoc {
 
 /// A value plus the place it was written. An operator's left operand converts to this, so
 /// `a + b` learns the user's line although operators cannot take a default argument.
-template <class V>
-struct Located {
+template <class V> struct Located {
   std::conditional_t<std::is_arithmetic_v<V>, V, const V&> value;
   SourceLoc loc;
   Located(const V& v, SourceLoc where = SourceLoc::current()) : value(v), loc(where) {}

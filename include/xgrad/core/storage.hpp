@@ -22,8 +22,7 @@ class Storage {
   /// tensors cheap, while glibc's aligned_alloc takes a slow path on every call.
   static constexpr std::size_t kSmallBytes = 1024;
 
-  explicit Storage(std::size_t bytes, Device device = Device::cpu)
-      : m_bytes(bytes), m_device(device) {
+  explicit Storage(std::size_t bytes, Device device = Device::cpu) : m_bytes(bytes), m_device(device) {
     if (bytes <= kSmallBytes) {
       m_data = std::malloc(bytes ? bytes : 1);
     } else {

@@ -18,15 +18,17 @@
 namespace xgrad {
 
 struct TensorImpl;
-namespace autograd { struct Node; }
+namespace autograd {
+struct Node;
+}
 
 /// Autodiff state of one tensor. Kept apart from the storage so that a tape node can point
 /// at its inputs' autodiff state without keeping their buffers alive.
 struct AutogradMeta {
   bool requires_grad = false;
-  std::shared_ptr<TensorImpl> grad;           // accumulated by backward() on leaves
-  std::shared_ptr<autograd::Node> grad_fn;    // the op that made this tensor; null on leaves
-  std::string name;                           // a Parameter's name
+  std::shared_ptr<TensorImpl> grad;         // accumulated by backward() on leaves
+  std::shared_ptr<autograd::Node> grad_fn;  // the op that made this tensor; null on leaves
+  std::string name;                         // a Parameter's name
 };
 
 /// The untyped body behind every Tensor<T>.
@@ -36,8 +38,7 @@ struct TensorImpl {
   std::shared_ptr<Storage> storage;
   std::shared_ptr<AutogradMeta> autograd;  // null while nothing asked for gradients
 
-  TensorImpl(Shape s, DType d, std::shared_ptr<Storage> st)
-      : shape(s), dtype(d), storage(std::move(st)) {}
+  TensorImpl(Shape s, DType d, std::shared_ptr<Storage> st) : shape(s), dtype(d), storage(std::move(st)) {}
 
   /// A fresh contiguous buffer for `shape` elements of `dtype`.
   static std::shared_ptr<TensorImpl> allocate(const Shape& shape, DType dtype, Device device = Device::cpu) {
@@ -70,14 +71,14 @@ class TensorBase {
 
  protected:
   TensorImpl& checked() const {
-    if (!m_impl) throw AutogradError("Tensor: use of an undefined tensor (an empty handle, or grad() before any backward)");
+    if (!m_impl)
+      throw AutogradError("Tensor: use of an undefined tensor (an empty handle, or grad() before any backward)");
     return *m_impl;
   }
   std::shared_ptr<TensorImpl> m_impl;
 };
 
-template <Element T>
-class Tensor : public TensorBase {
+template <Element T> class Tensor : public TensorBase {
  public:
   using value_type = T;
 
@@ -85,8 +86,8 @@ class Tensor : public TensorBase {
   /// Wraps an untyped body; throws if its dtype is not T.
   explicit Tensor(std::shared_ptr<TensorImpl> impl) : TensorBase(std::move(impl)) {
     if (m_impl && m_impl->dtype != dtype_of<T>())
-      throw ShapeError(detail::concat("Tensor: expected dtype ", dtype_name(dtype_of<T>()), ", got ",
-                                      dtype_name(m_impl->dtype)));
+      throw ShapeError(
+          detail::concat("Tensor: expected dtype ", dtype_name(dtype_of<T>()), ", got ", dtype_name(m_impl->dtype)));
   }
   explicit Tensor(const TensorBase& base) : Tensor(base.impl()) {}
 
@@ -106,8 +107,7 @@ class Tensor : public TensorBase {
 
   /// The value of a one-element tensor.
   T item() const {
-    if (numel() != 1)
-      throw ShapeError(detail::concat("item: expected a tensor with one element, got shape ", shape()));
+    if (numel() != 1) throw ShapeError(detail::concat("item: expected a tensor with one element, got shape ", shape()));
     return data()[0];
   }
 
@@ -134,7 +134,10 @@ class Tensor : public TensorBase {
   void backward(SourceLoc loc = SourceLoc::current()) const;
 
   /// A copy as an xtensor array (defined in core/xtensor_interop.hpp).
-  xt::xarray<T> to_xarray() const;
+  // A template so that xt::xarray is only named where it is used: xtensor's array type
+  // needs its full headers, which only xtensor_interop.hpp pulls in.
+  template <class U = T>
+  xt::xarray<U> to_xarray() const;
 
   /// The same storage, cut off from autodiff.
   Tensor detach() const {
@@ -166,20 +169,35 @@ class Tensor : public TensorBase {
   friend Tensor operator-(Located<Tensor> a, const Tensor& b) requires Numeric<T> { return sub(a.value, b, a.loc); }
   friend Tensor operator*(Located<Tensor> a, const Tensor& b) requires Numeric<T> { return mul(a.value, b, a.loc); }
   friend Tensor operator/(Located<Tensor> a, const Tensor& b) requires Numeric<T> { return div(a.value, b, a.loc); }
-  friend Tensor operator+(Located<Tensor> a, T b) requires Numeric<T> { return add(a.value, scalar_like(a.value, b), a.loc); }
-  friend Tensor operator-(Located<Tensor> a, T b) requires Numeric<T> { return sub(a.value, scalar_like(a.value, b), a.loc); }
-  friend Tensor operator*(Located<Tensor> a, T b) requires Numeric<T> { return mul(a.value, scalar_like(a.value, b), a.loc); }
-  friend Tensor operator/(Located<Tensor> a, T b) requires Numeric<T> { return div(a.value, scalar_like(a.value, b), a.loc); }
-  friend Tensor operator+(Located<T> a, const Tensor& b) requires Numeric<T> { return add(scalar_like(b, a.value), b, a.loc); }
-  friend Tensor operator-(Located<T> a, const Tensor& b) requires Numeric<T> { return sub(scalar_like(b, a.value), b, a.loc); }
-  friend Tensor operator*(Located<T> a, const Tensor& b) requires Numeric<T> { return mul(scalar_like(b, a.value), b, a.loc); }
-  friend Tensor operator/(Located<T> a, const Tensor& b) requires Numeric<T> { return div(scalar_like(b, a.value), b, a.loc); }
+  friend Tensor operator+(Located<Tensor> a, T b) requires Numeric<T> {
+    return add(a.value, scalar_like(a.value, b), a.loc);
+  }
+  friend Tensor operator-(Located<Tensor> a, T b) requires Numeric<T> {
+    return sub(a.value, scalar_like(a.value, b), a.loc);
+  }
+  friend Tensor operator*(Located<Tensor> a, T b) requires Numeric<T> {
+    return mul(a.value, scalar_like(a.value, b), a.loc);
+  }
+  friend Tensor operator/(Located<Tensor> a, T b) requires Numeric<T> {
+    return div(a.value, scalar_like(a.value, b), a.loc);
+  }
+  friend Tensor operator+(Located<T> a, const Tensor& b) requires Numeric<T> {
+    return add(scalar_like(b, a.value), b, a.loc);
+  }
+  friend Tensor operator-(Located<T> a, const Tensor& b) requires Numeric<T> {
+    return sub(scalar_like(b, a.value), b, a.loc);
+  }
+  friend Tensor operator*(Located<T> a, const Tensor& b) requires Numeric<T> {
+    return mul(scalar_like(b, a.value), b, a.loc);
+  }
+  friend Tensor operator/(Located<T> a, const Tensor& b) requires Numeric<T> {
+    return div(scalar_like(b, a.value), b, a.loc);
+  }
   friend Tensor operator-(Located<Tensor> a) requires Numeric<T> { return neg(a.value, a.loc); }
 };
 
 /// A rank-0 tensor holding `value`, on the same device as `like` (for tensor-scalar operators).
-template <Element T>
-Tensor<T> scalar_like(const Tensor<T>& like, T value) {
+template <Element T> Tensor<T> scalar_like(const Tensor<T>& like, T value) {
   auto out = Tensor<T>::empty(Shape{}, like.device());
   out.data()[0] = value;
   return out;
@@ -192,8 +210,7 @@ inline bool TensorBase::is_leaf() const {
 
 /// A named tensor that requires grad and keeps its identity: optimizers update it in place,
 /// and a jitted function reads its current value on every call.
-template <FloatingPoint T>
-class Parameter : public Tensor<T> {
+template <FloatingPoint T> class Parameter : public Tensor<T> {
  public:
   Parameter() = default;
   Parameter(const Tensor<T>& init, std::string name) : Tensor<T>(init.detach()) {

@@ -10,8 +10,7 @@
 namespace xgrad {
 
 /// A tensor holding a copy of an xarray's elements (row-major).
-template <Element T>
-Tensor<T> from_xarray(const xt::xarray<T>& a) {
+template <Element T> Tensor<T> from_xarray(const xt::xarray<T>& a) {
   Shape shape(a.shape().begin(), a.shape().end());
   auto out = Tensor<T>::empty(shape);
   std::copy(a.begin(), a.end(), out.data());
@@ -19,9 +18,10 @@ Tensor<T> from_xarray(const xt::xarray<T>& a) {
 }
 
 template <Element T>
-xt::xarray<T> Tensor<T>::to_xarray() const {
+template <class U>
+xt::xarray<U> Tensor<T>::to_xarray() const {
   std::vector<std::size_t> dims(shape().begin(), shape().end());
-  xt::xarray<T> out(dims);
+  xt::xarray<U> out(dims);
   std::copy_n(data(), numel(), out.data());
   return out;
 }

@@ -37,8 +37,7 @@ inline std::string describe_inputs(std::initializer_list<std::pair<std::string_v
 }
 
 /// True when an op on these inputs must be recorded for autodiff.
-template <class... Ts>
-bool should_record(const Ts&... inputs) {
+template <class... Ts> bool should_record(const Ts&... inputs) {
   return is_grad_enabled() && (inputs.impl()->requires_grad() || ...);
 }
 
@@ -46,9 +45,9 @@ using TensorRefs = std::initializer_list<std::reference_wrapper<const TensorBase
 
 /// Links `out` to the inputs in [first, last) on the tape. `saved` are the tensors the rule
 /// reads (their versions are checked at backward); `reads_output` keeps out's buffer for it.
-template <class It>
-void record_range(const TensorBase& out, std::string_view op, SourceLoc loc, It first, It last, TensorRefs saved,
-                  bool reads_output, std::function<autograd::Grads(const TensorBase&, const TensorBase&)> rule) {
+template <class It> void record_range(const TensorBase& out, std::string_view op, SourceLoc loc, It first, It last,
+                                      TensorRefs saved, bool reads_output,
+                                      std::function<autograd::Grads(const TensorBase&, const TensorBase&)> rule) {
   auto node = std::make_shared<autograd::Node>();
   node->op = op;
   node->loc = loc;
@@ -79,8 +78,7 @@ inline void record(const TensorBase& out, std::string_view op, SourceLoc loc, Te
 }
 
 /// Runs unary elementwise op Op: out[i] = Op::apply(x[i]).
-template <class Op, class T>
-Tensor<T> unary(const Tensor<T>& x, SourceLoc loc) {
+template <class Op, class T> Tensor<T> unary(const Tensor<T>& x, SourceLoc loc) {
   auto out = Tensor<T>::empty(x.shape());
   cpu::map_unary<Op>(x.data(), out.data(), x.numel());
   if constexpr (FloatingPoint<T>) {

@@ -14,8 +14,7 @@
 namespace xgrad {
 
 namespace detail {
-template <class V>
-inline constexpr bool is_batch = xsimd::is_batch<V>::value;
+template <class V> inline constexpr bool is_batch = xsimd::is_batch<V>::value;
 }  // namespace detail
 
 // Elementwise op definitions. A unary op has apply(x) and grad(x, y, g) -> dx; a binary op
@@ -57,7 +56,9 @@ struct Sqrt : UnaryDefaults {
   static constexpr bool reads_inputs = false;
   static constexpr bool reads_output = true;
   template <class V> static V apply(const V& x) { return xsimd::sqrt(x); }
-  template <class T> static Tensor<T> grad(const Tensor<T>&, const Tensor<T>& y, const Tensor<T>& g) { return g * T(0.5) / y; }
+  template <class T> static Tensor<T> grad(const Tensor<T>&, const Tensor<T>& y, const Tensor<T>& g) {
+    return g * T(0.5) / y;
+  }
 };
 
 struct Rsqrt : UnaryDefaults {
@@ -66,7 +67,9 @@ struct Rsqrt : UnaryDefaults {
   static constexpr bool reads_output = true;
   // 1 / sqrt rather than xsimd::rsqrt, whose hardware estimate has only ~12 bits.
   template <class V> static V apply(const V& x) { return V(1) / xsimd::sqrt(x); }
-  template <class T> static Tensor<T> grad(const Tensor<T>&, const Tensor<T>& y, const Tensor<T>& g) { return g * T(-0.5) * y * y * y; }
+  template <class T> static Tensor<T> grad(const Tensor<T>&, const Tensor<T>& y, const Tensor<T>& g) {
+    return g * T(-0.5) * y * y * y;
+  }
 };
 
 struct Tanh : UnaryDefaults {
@@ -74,7 +77,9 @@ struct Tanh : UnaryDefaults {
   static constexpr bool reads_inputs = false;
   static constexpr bool reads_output = true;
   template <class V> static V apply(const V& x) { return xsimd::tanh(x); }
-  template <class T> static Tensor<T> grad(const Tensor<T>&, const Tensor<T>& y, const Tensor<T>& g) { return g * (T(1) - y * y); }
+  template <class T> static Tensor<T> grad(const Tensor<T>&, const Tensor<T>& y, const Tensor<T>& g) {
+    return g * (T(1) - y * y);
+  }
 };
 
 struct Sigmoid : UnaryDefaults {
@@ -82,7 +87,9 @@ struct Sigmoid : UnaryDefaults {
   static constexpr bool reads_inputs = false;
   static constexpr bool reads_output = true;
   template <class V> static V apply(const V& x) { return V(1) / (V(1) + xsimd::exp(-x)); }
-  template <class T> static Tensor<T> grad(const Tensor<T>&, const Tensor<T>& y, const Tensor<T>& g) { return g * y * (T(1) - y); }
+  template <class T> static Tensor<T> grad(const Tensor<T>&, const Tensor<T>& y, const Tensor<T>& g) {
+    return g * y * (T(1) - y);
+  }
 };
 
 struct Relu : UnaryDefaults {
@@ -97,34 +104,46 @@ struct Sign : UnaryDefaults {
   static constexpr std::string_view name = "Sign";
   static constexpr bool reads_inputs = false;
   template <class V> static V apply(const V& x) {
-    if constexpr (detail::is_batch<V>) return xsimd::select(x > V(0), V(1), xsimd::select(x < V(0), V(-1), V(0)));
-    else return static_cast<V>((x > V(0)) - (x < V(0)));
+    if constexpr (detail::is_batch<V>)
+      return xsimd::select(x > V(0), V(1), xsimd::select(x < V(0), V(-1), V(0)));
+    else
+      return static_cast<V>((x > V(0)) - (x < V(0)));
   }
-  template <class T> static Tensor<T> grad(const Tensor<T>&, const Tensor<T>&, const Tensor<T>& g) { return zeros_like(g); }
+  template <class T> static Tensor<T> grad(const Tensor<T>&, const Tensor<T>&, const Tensor<T>& g) {
+    return zeros_like(g);
+  }
 };
 
 struct Abs : UnaryDefaults {
   static constexpr std::string_view name = "Abs";
   template <class V> static V apply(const V& x) { return xsimd::abs(x); }
-  template <class T> static Tensor<T> grad(const Tensor<T>& x, const Tensor<T>&, const Tensor<T>& g) { return g * sign(x); }
+  template <class T> static Tensor<T> grad(const Tensor<T>& x, const Tensor<T>&, const Tensor<T>& g) {
+    return g * sign(x);
+  }
 };
 
 struct Square : UnaryDefaults {
   static constexpr std::string_view name = "Square";
   template <class V> static V apply(const V& x) { return x * x; }
-  template <class T> static Tensor<T> grad(const Tensor<T>& x, const Tensor<T>&, const Tensor<T>& g) { return g * T(2) * x; }
+  template <class T> static Tensor<T> grad(const Tensor<T>& x, const Tensor<T>&, const Tensor<T>& g) {
+    return g * T(2) * x;
+  }
 };
 
 struct Sin : UnaryDefaults {
   static constexpr std::string_view name = "Sin";
   template <class V> static V apply(const V& x) { return xsimd::sin(x); }
-  template <class T> static Tensor<T> grad(const Tensor<T>& x, const Tensor<T>&, const Tensor<T>& g) { return g * cos(x); }
+  template <class T> static Tensor<T> grad(const Tensor<T>& x, const Tensor<T>&, const Tensor<T>& g) {
+    return g * cos(x);
+  }
 };
 
 struct Cos : UnaryDefaults {
   static constexpr std::string_view name = "Cos";
   template <class V> static V apply(const V& x) { return xsimd::cos(x); }
-  template <class T> static Tensor<T> grad(const Tensor<T>& x, const Tensor<T>&, const Tensor<T>& g) { return -(g * sin(x)); }
+  template <class T> static Tensor<T> grad(const Tensor<T>& x, const Tensor<T>&, const Tensor<T>& g) {
+    return -(g * sin(x));
+  }
 };
 
 struct BinaryDefaults {
@@ -177,8 +196,10 @@ struct Pow : BinaryDefaults {
   static constexpr std::string_view name = "Pow";
   static constexpr bool reads_output = true;
   template <class V> static V apply(const V& a, const V& b) {
-    if constexpr (std::is_integral_v<V>) return static_cast<V>(std::pow(a, b));
-    else return xsimd::pow(a, b);
+    if constexpr (std::is_integral_v<V>)
+      return static_cast<V>(std::pow(a, b));
+    else
+      return xsimd::pow(a, b);
   }
   template <class T> static auto grad(const Tensor<T>& a, const Tensor<T>& b, const Tensor<T>& y, const Tensor<T>& g) {
     return std::pair{g * b * pow(a, b - T(1)), g * y * log(a)};
@@ -233,11 +254,10 @@ struct Where {
 
 // ---- Free functions users call --------------------------------------------------------
 
-#define XGRAD_UNARY_FUNCTION(fn, Op, Constraint)                                       \
-  /** Elementwise Op (see op::Op). */                                                  \
-  template <Constraint T>                                                              \
-  Tensor<T> fn(const Tensor<T>& x, SourceLoc loc = SourceLoc::current()) {             \
-    return detail::unary<op::Op>(x, loc);                                              \
+#define XGRAD_UNARY_FUNCTION(fn, Op, Constraint)                                                   \
+  /** Elementwise Op (see op::Op). */                                                              \
+  template <Constraint T> Tensor<T> fn(const Tensor<T>& x, SourceLoc loc = SourceLoc::current()) { \
+    return detail::unary<op::Op>(x, loc);                                                          \
   }
 
 XGRAD_UNARY_FUNCTION(neg, Neg, Numeric)
@@ -256,22 +276,19 @@ XGRAD_UNARY_FUNCTION(cos, Cos, FloatingPoint)
 #undef XGRAD_UNARY_FUNCTION
 
 // Binary ops take two tensors, or a tensor and a plain T scalar on either side.
-#define XGRAD_BINARY_FUNCTION(fn, Op, Constraint)                                                  \
-  /** Elementwise Op with NumPy broadcasting (see op::Op). */                                      \
-  template <Constraint T>                                                                          \
-  Tensor<op::Op::result<T>> fn(const Tensor<T>& a, const Tensor<T>& b,           \
-                                                 SourceLoc loc = SourceLoc::current()) {           \
-    return detail::binary<op::Op>(a, b, loc);                                                      \
-  }                                                                                                \
-  template <Constraint T>                                                                          \
-  Tensor<op::Op::result<T>> fn(const Tensor<T>& a, std::type_identity_t<T> b,    \
-                                                 SourceLoc loc = SourceLoc::current()) {           \
-    return detail::binary<op::Op>(a, scalar_like(a, b), loc);                                      \
-  }                                                                                                \
-  template <Constraint T>                                                                          \
-  Tensor<op::Op::result<T>> fn(std::type_identity_t<T> a, const Tensor<T>& b,    \
-                                                 SourceLoc loc = SourceLoc::current()) {           \
-    return detail::binary<op::Op>(scalar_like(b, a), b, loc);                                      \
+#define XGRAD_BINARY_FUNCTION(fn, Op, Constraint)                                                                     \
+  /** Elementwise Op with NumPy broadcasting (see op::Op). */                                                         \
+  template <Constraint T>                                                                                             \
+  Tensor<op::Op::result<T>> fn(const Tensor<T>& a, const Tensor<T>& b, SourceLoc loc = SourceLoc::current()) {        \
+    return detail::binary<op::Op>(a, b, loc);                                                                         \
+  }                                                                                                                   \
+  template <Constraint T>                                                                                             \
+  Tensor<op::Op::result<T>> fn(const Tensor<T>& a, std::type_identity_t<T> b, SourceLoc loc = SourceLoc::current()) { \
+    return detail::binary<op::Op>(a, scalar_like(a, b), loc);                                                         \
+  }                                                                                                                   \
+  template <Constraint T>                                                                                             \
+  Tensor<op::Op::result<T>> fn(std::type_identity_t<T> a, const Tensor<T>& b, SourceLoc loc = SourceLoc::current()) { \
+    return detail::binary<op::Op>(scalar_like(b, a), b, loc);                                                         \
   }
 
 XGRAD_BINARY_FUNCTION(add, Add, Numeric)
@@ -293,8 +310,8 @@ template <Numeric T> Tensor<bool> operator<(const Tensor<T>& a, std::type_identi
 template <Numeric T> Tensor<bool> operator>(const Tensor<T>& a, std::type_identity_t<T> b) { return greater(a, b); }
 
 /// Picks a where cond is true, else b, with broadcasting over all three.
-template <Element T>
-Tensor<T> where(const Tensor<bool>& cond, const Tensor<T>& a, const Tensor<T>& b, SourceLoc loc = SourceLoc::current()) {
+template <Element T> Tensor<T> where(const Tensor<bool>& cond, const Tensor<T>& a, const Tensor<T>& b,
+                                     SourceLoc loc = SourceLoc::current()) {
   Shape ab;
   Shape shape;
   if (!try_broadcast(a.shape(), b.shape(), ab) || !try_broadcast(cond.shape(), ab, shape))
@@ -314,18 +331,18 @@ Tensor<T> where(const Tensor<bool>& cond, const Tensor<T>& a, const Tensor<T>& b
   }
   return out;
 }
-template <Element T>
-Tensor<T> where(const Tensor<bool>& cond, const Tensor<T>& a, std::type_identity_t<T> b, SourceLoc loc = SourceLoc::current()) {
+template <Element T> Tensor<T> where(const Tensor<bool>& cond, const Tensor<T>& a, std::type_identity_t<T> b,
+                                     SourceLoc loc = SourceLoc::current()) {
   return where(cond, a, scalar_like(a, b), loc);
 }
-template <Element T>
-Tensor<T> where(const Tensor<bool>& cond, std::type_identity_t<T> a, const Tensor<T>& b, SourceLoc loc = SourceLoc::current()) {
+template <Element T> Tensor<T> where(const Tensor<bool>& cond, std::type_identity_t<T> a, const Tensor<T>& b,
+                                     SourceLoc loc = SourceLoc::current()) {
   return where(cond, scalar_like(b, a), b, loc);
 }
 
 /// Limits x to [lo, hi] (a composite: the gradient passes where x is inside).
-template <Numeric T>
-Tensor<T> clip(const Tensor<T>& x, std::type_identity_t<T> lo, std::type_identity_t<T> hi, SourceLoc loc = SourceLoc::current()) {
+template <Numeric T> Tensor<T> clip(const Tensor<T>& x, std::type_identity_t<T> lo, std::type_identity_t<T> hi,
+                                    SourceLoc loc = SourceLoc::current()) {
   if (lo > hi) throw_value_error("Clip", loc, "lo (", lo, ") must not exceed hi (", hi, ")");
   return minimum(maximum(x, lo, loc), hi, loc);
 }

@@ -14,13 +14,13 @@ namespace detail {
 /// changed under no_grad (as optimizers do).
 inline void check_writable(std::string_view op, const TensorBase& t, SourceLoc loc) {
   if (is_grad_enabled() && t.requires_grad())
-    throw AutogradError(detail::op_message(op, loc, "in-place update of a tensor that requires grad; do it inside "
-                                                    "an xg::no_grad scope (as optimizers do)"));
+    throw AutogradError(detail::op_message(op, loc,
+                                           "in-place update of a tensor that requires grad; do it inside "
+                                           "an xg::no_grad scope (as optimizers do)"));
 }
 
 /// Writes src into dst's storage (src broadcast to dst's shape) and bumps its version.
-template <class T>
-void write_into(std::string_view op, Tensor<T>& dst, const Tensor<T>& src, SourceLoc loc) {
+template <class T> void write_into(std::string_view op, Tensor<T>& dst, const Tensor<T>& src, SourceLoc loc) {
   check_writable(op, dst, loc);
   Shape check;
   if (!try_broadcast(dst.shape(), src.shape(), check) || !(check == dst.shape()))
@@ -40,21 +40,40 @@ void write_into(std::string_view op, Tensor<T>& dst, const Tensor<T>& src, Sourc
 
 }  // namespace detail
 
-template <Element T>
-Tensor<T>& Tensor<T>::assign(const Tensor<T>& src, SourceLoc loc) {
+template <Element T> Tensor<T>& Tensor<T>::assign(const Tensor<T>& src, SourceLoc loc) {
   detail::write_into("Assign", *this, src, loc);
   return *this;
 }
 
 // Compound assignments compute out of place, then write back: simple, and the version bump
 // makes any stale use on the tape fail loudly.
-template <Element T> Tensor<T>& Tensor<T>::operator+=(Located<Tensor<T>> rhs) { detail::write_into("AssignAdd", *this, add(*this, rhs.value, rhs.loc), rhs.loc); return *this; }
-template <Element T> Tensor<T>& Tensor<T>::operator-=(Located<Tensor<T>> rhs) { detail::write_into("AssignSub", *this, sub(*this, rhs.value, rhs.loc), rhs.loc); return *this; }
-template <Element T> Tensor<T>& Tensor<T>::operator*=(Located<Tensor<T>> rhs) { detail::write_into("AssignMul", *this, mul(*this, rhs.value, rhs.loc), rhs.loc); return *this; }
-template <Element T> Tensor<T>& Tensor<T>::operator/=(Located<Tensor<T>> rhs) { detail::write_into("AssignDiv", *this, div(*this, rhs.value, rhs.loc), rhs.loc); return *this; }
-template <Element T> Tensor<T>& Tensor<T>::operator+=(Located<T> rhs) { return *this += Located<Tensor<T>>(scalar_like(*this, rhs.value), rhs.loc); }
-template <Element T> Tensor<T>& Tensor<T>::operator-=(Located<T> rhs) { return *this -= Located<Tensor<T>>(scalar_like(*this, rhs.value), rhs.loc); }
-template <Element T> Tensor<T>& Tensor<T>::operator*=(Located<T> rhs) { return *this *= Located<Tensor<T>>(scalar_like(*this, rhs.value), rhs.loc); }
-template <Element T> Tensor<T>& Tensor<T>::operator/=(Located<T> rhs) { return *this /= Located<Tensor<T>>(scalar_like(*this, rhs.value), rhs.loc); }
+template <Element T> Tensor<T>& Tensor<T>::operator+=(Located<Tensor<T>> rhs) {
+  detail::write_into("AssignAdd", *this, add(*this, rhs.value, rhs.loc), rhs.loc);
+  return *this;
+}
+template <Element T> Tensor<T>& Tensor<T>::operator-=(Located<Tensor<T>> rhs) {
+  detail::write_into("AssignSub", *this, sub(*this, rhs.value, rhs.loc), rhs.loc);
+  return *this;
+}
+template <Element T> Tensor<T>& Tensor<T>::operator*=(Located<Tensor<T>> rhs) {
+  detail::write_into("AssignMul", *this, mul(*this, rhs.value, rhs.loc), rhs.loc);
+  return *this;
+}
+template <Element T> Tensor<T>& Tensor<T>::operator/=(Located<Tensor<T>> rhs) {
+  detail::write_into("AssignDiv", *this, div(*this, rhs.value, rhs.loc), rhs.loc);
+  return *this;
+}
+template <Element T> Tensor<T>& Tensor<T>::operator+=(Located<T> rhs) {
+  return *this += Located<Tensor<T>>(scalar_like(*this, rhs.value), rhs.loc);
+}
+template <Element T> Tensor<T>& Tensor<T>::operator-=(Located<T> rhs) {
+  return *this -= Located<Tensor<T>>(scalar_like(*this, rhs.value), rhs.loc);
+}
+template <Element T> Tensor<T>& Tensor<T>::operator*=(Located<T> rhs) {
+  return *this *= Located<Tensor<T>>(scalar_like(*this, rhs.value), rhs.loc);
+}
+template <Element T> Tensor<T>& Tensor<T>::operator/=(Located<T> rhs) {
+  return *this /= Located<Tensor<T>>(scalar_like(*this, rhs.value), rhs.loc);
+}
 
 }  // namespace xgrad

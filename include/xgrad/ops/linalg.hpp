@@ -11,13 +11,13 @@ namespace xgrad {
 
 /// op(a) @ op(b) over the last two axes, where op transposes when asked (MindSpore's
 /// MatMul(transpose_a, transpose_b)); leading axes broadcast like NumPy's.
-template <FloatingPoint T>
-Tensor<T> matmul(const Tensor<T>& a, const Tensor<T>& b, bool transpose_a, bool transpose_b,
-                 SourceLoc loc = SourceLoc::current()) {
+template <FloatingPoint T> Tensor<T> matmul(const Tensor<T>& a, const Tensor<T>& b, bool transpose_a, bool transpose_b,
+                                            SourceLoc loc = SourceLoc::current()) {
   auto fail = [&](const char* why) {
-    throw_shape_error("MatMul", loc, why, " (inputs ", detail::describe_inputs({{"x", &a}, {"y", &b}}),
-                      transpose_a || transpose_b ? detail::concat(", transpose_a=", transpose_a, ", transpose_b=", transpose_b) : "",
-                      ")");
+    throw_shape_error(
+        "MatMul", loc, why, " (inputs ", detail::describe_inputs({{"x", &a}, {"y", &b}}),
+        transpose_a || transpose_b ? detail::concat(", transpose_a=", transpose_a, ", transpose_b=", transpose_b) : "",
+        ")");
   };
   if (a.ndim() < 2 || b.ndim() < 2) fail("both inputs need at least 2 axes");
   const Shape &sa = a.shape(), &sb = b.shape();
@@ -51,15 +51,18 @@ Tensor<T> matmul(const Tensor<T>& a, const Tensor<T>& b, bool transpose_a, bool 
     }
   };
   // Many small products: one per thread. Few large ones: gemm spreads each over the threads.
-  if (count > 1 && m * n * k < 64 * 64 * 64) cpu::parallel_for(0, count, 1, run);
-  else run(0, count);
+  if (count > 1 && m * n * k < 64 * 64 * 64)
+    cpu::parallel_for(0, count, 1, run);
+  else
+    run(0, count);
 
   if constexpr (FloatingPoint<T>) {
     if (detail::should_record(a, b)) {
       detail::record(out, "MatMul", loc, {a, b}, {a, b}, false,
                      [a, b, transpose_a, transpose_b](const TensorBase&, const TensorBase& grad) {
                        Tensor<T> g(grad);
-                       if (!transpose_a && !transpose_b) return autograd::Grads{matmul(g, b, false, true), matmul(a, g, true, false)};
+                       if (!transpose_a && !transpose_b)
+                         return autograd::Grads{matmul(g, b, false, true), matmul(a, g, true, false)};
                        if (!transpose_a) return autograd::Grads{matmul(g, b, false, false), matmul(g, a, true, false)};
                        if (!transpose_b) return autograd::Grads{matmul(b, g, false, true), matmul(a, g, false, false)};
                        return autograd::Grads{matmul(b, g, true, true), matmul(g, a, true, true)};

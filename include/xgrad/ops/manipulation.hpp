@@ -31,7 +31,8 @@ Tensor<T> reshape(const Tensor<T>& x, const std::vector<std::int64_t>& dims, Sou
   }
   if (inferred >= 0) {
     if (known == 0 || x.numel() % known != 0)
-      throw_shape_error("Reshape", loc, "cannot reshape input ", dtype_name(x.dtype()), x.shape(), " into ", Shape(dims));
+      throw_shape_error("Reshape", loc, "cannot reshape input ", dtype_name(x.dtype()), x.shape(), " into ",
+                        Shape(dims));
     shape[inferred] = x.numel() / known;
   }
   if (shape.numel() != x.numel())
@@ -90,15 +91,14 @@ Tensor<T> transpose(const Tensor<T>& x, std::vector<std::int64_t> perm = {}, Sou
 template <Element T>
 Tensor<T> broadcast_to(const Tensor<T>& x, const Shape& shape, SourceLoc loc = SourceLoc::current());
 
-template <Numeric T>
-Tensor<T> sum_to(const Tensor<T>& x, const Shape& shape, SourceLoc loc = SourceLoc::current());
+template <Numeric T> Tensor<T> sum_to(const Tensor<T>& x, const Shape& shape, SourceLoc loc = SourceLoc::current());
 
 /// x repeated along broadcast axes to take `shape` (NumPy rules). Materializes the result.
-template <Element T>
-Tensor<T> broadcast_to(const Tensor<T>& x, const Shape& shape, SourceLoc loc) {
+template <Element T> Tensor<T> broadcast_to(const Tensor<T>& x, const Shape& shape, SourceLoc loc) {
   Shape check;
   if (!try_broadcast(x.shape(), shape, check) || !(check == shape))
-    throw_shape_error("BroadcastTo", loc, "input ", dtype_name(x.dtype()), x.shape(), " cannot be broadcast to ", shape);
+    throw_shape_error("BroadcastTo", loc, "input ", dtype_name(x.dtype()), x.shape(), " cannot be broadcast to ",
+                      shape);
   if (x.shape() == shape) return x;
   cpu::Strides src{};
   auto in_strides = x.shape().strides();
@@ -127,8 +127,8 @@ Tensor<T> expand_dims(const Tensor<T>& x, std::int64_t axis, SourceLoc loc = Sou
 }
 
 /// Removes the given size-1 axes, or every size-1 axis when none are given (a view).
-template <Element T>
-Tensor<T> squeeze(const Tensor<T>& x, const std::vector<std::int64_t>& axes = {}, SourceLoc loc = SourceLoc::current()) {
+template <Element T> Tensor<T> squeeze(const Tensor<T>& x, const std::vector<std::int64_t>& axes = {},
+                                       SourceLoc loc = SourceLoc::current()) {
   std::vector<bool> drop(x.ndim(), axes.empty());
   for (auto axis : axes) {
     int a = normalize_axis(axis, x.ndim(), "Squeeze", loc);
@@ -144,25 +144,23 @@ Tensor<T> squeeze(const Tensor<T>& x, const std::vector<std::int64_t>& axes = {}
 }
 
 /// Keeps the first axis and flattens the rest: [N, ...] -> [N, -1] (MindSpore's Flatten).
-template <Element T>
-Tensor<T> flatten(const Tensor<T>& x, SourceLoc loc = SourceLoc::current()) {
+template <Element T> Tensor<T> flatten(const Tensor<T>& x, SourceLoc loc = SourceLoc::current()) {
   if (x.ndim() == 0) throw_shape_error("Flatten", loc, "input must have at least one axis, got a scalar");
   return reshape(x, {x.shape()[0], x.ndim() == 1 ? 1 : -1}, loc);
 }
 
-template <Numeric T>
-Tensor<T> slice_backward(const Tensor<T>& g, const Shape& in_shape, const std::vector<std::int64_t>& begin,
-                         SourceLoc loc = SourceLoc::current());
+template <Numeric T> Tensor<T> slice_backward(const Tensor<T>& g, const Shape& in_shape,
+                                              const std::vector<std::int64_t>& begin,
+                                              SourceLoc loc = SourceLoc::current());
 
 /// The block of x starting at `begin` with extent `size` per axis (MindSpore's Slice);
 /// a size of -1 runs to the end of that axis.
-template <Element T>
-Tensor<T> slice(const Tensor<T>& x, const std::vector<std::int64_t>& begin, const std::vector<std::int64_t>& size,
-                SourceLoc loc = SourceLoc::current()) {
+template <Element T> Tensor<T> slice(const Tensor<T>& x, const std::vector<std::int64_t>& begin,
+                                     const std::vector<std::int64_t>& size, SourceLoc loc = SourceLoc::current()) {
   const int rank = x.ndim();
   if (static_cast<int>(begin.size()) != rank || static_cast<int>(size.size()) != rank)
-    throw_shape_error("Slice", loc, "begin ", Shape(begin), " and size ", Shape(size), " need one entry per axis of input ",
-                      dtype_name(x.dtype()), x.shape());
+    throw_shape_error("Slice", loc, "begin ", Shape(begin), " and size ", Shape(size),
+                      " need one entry per axis of input ", dtype_name(x.dtype()), x.shape());
   Shape shape;
   std::int64_t offset = 0;
   auto strides = x.shape().strides();
@@ -188,8 +186,8 @@ Tensor<T> slice(const Tensor<T>& x, const std::vector<std::int64_t>& begin, cons
 }
 
 /// Zeros of `in_shape` with g written at `begin`: the adjoint of slice.
-template <Numeric T>
-Tensor<T> slice_backward(const Tensor<T>& g, const Shape& in_shape, const std::vector<std::int64_t>& begin, SourceLoc loc) {
+template <Numeric T> Tensor<T> slice_backward(const Tensor<T>& g, const Shape& in_shape,
+                                              const std::vector<std::int64_t>& begin, SourceLoc loc) {
   auto out = zeros<T>(in_shape, loc);
   auto strides = in_shape.strides();
   std::int64_t offset = 0;
@@ -269,8 +267,7 @@ Tensor<T> stack(const std::vector<Tensor<T>>& xs, std::int64_t axis = 0, SourceL
 }
 
 /// Converts element type; the gradient converts back.
-template <Element U, Element T>
-Tensor<U> cast(const Tensor<T>& x, SourceLoc loc = SourceLoc::current()) {
+template <Element U, Element T> Tensor<U> cast(const Tensor<T>& x, SourceLoc loc = SourceLoc::current()) {
   if constexpr (std::is_same_v<T, U>) {
     return x;
   } else {
@@ -280,9 +277,8 @@ Tensor<U> cast(const Tensor<T>& x, SourceLoc loc = SourceLoc::current()) {
     for (std::int64_t i = 0, n = x.numel(); i < n; ++i) dst[i] = static_cast<U>(src[i]);
     if constexpr (FloatingPoint<T> && FloatingPoint<U>) {
       if (detail::should_record(x)) {
-        detail::record(out, "Cast", loc, {x}, {}, false, [](const TensorBase&, const TensorBase& g) {
-          return autograd::Grads{cast<T>(Tensor<U>(g))};
-        });
+        detail::record(out, "Cast", loc, {x}, {}, false,
+                       [](const TensorBase&, const TensorBase& g) { return autograd::Grads{cast<T>(Tensor<U>(g))}; });
       }
     }
     return out;

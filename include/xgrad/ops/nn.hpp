@@ -33,7 +33,8 @@ struct Conv2dOptions {
 template <FloatingPoint T>
 Tensor<T> bias_add(const Tensor<T>& x, const Tensor<T>& b, SourceLoc loc = SourceLoc::current()) {
   if (x.ndim() < 2 || b.ndim() != 1 || b.shape()[0] != x.shape()[1])
-    throw_shape_error("BiasAdd", loc, "bias must have shape [C] where C is axis 1 of x, which needs at least 2 axes (inputs ",
+    throw_shape_error("BiasAdd", loc,
+                      "bias must have shape [C] where C is axis 1 of x, which needs at least 2 axes (inputs ",
                       detail::describe_inputs({{"x", &x}, {"bias", &b}}), ")");
   std::vector<std::int64_t> dims(x.ndim() - 1, 1);
   dims[0] = b.shape()[0];
@@ -89,10 +90,11 @@ Tensor<T> conv2d_input_grad(const Tensor<T>& g, const Tensor<T>& w, const cpu::C
   auto gx = Tensor<T>::empty(Shape{geo.n, geo.c_in, geo.h, geo.w});
   cpu::conv2d_backward_input(geo, g.data(), w.data(), gx.data());
   if (should_record(g, w)) {
-    record(gx, "Conv2DBackpropInput", loc, {g, w}, {g, w}, false, [g, w, geo, loc](const TensorBase&, const TensorBase& u) {
-      Tensor<T> up(u);
-      return autograd::Grads{conv2d_apply(up, w, geo, loc), conv2d_weight_grad(up, g, geo, loc)};
-    });
+    record(gx, "Conv2DBackpropInput", loc, {g, w}, {g, w}, false,
+           [g, w, geo, loc](const TensorBase&, const TensorBase& u) {
+             Tensor<T> up(u);
+             return autograd::Grads{conv2d_apply(up, w, geo, loc), conv2d_weight_grad(up, g, geo, loc)};
+           });
   }
   return gx;
 }
@@ -102,10 +104,11 @@ Tensor<T> conv2d_weight_grad(const Tensor<T>& x, const Tensor<T>& g, const cpu::
   auto gw = Tensor<T>::empty(Shape{geo.c_out, geo.c_in, geo.kh, geo.kw});
   cpu::conv2d_backward_weight(geo, x.data(), g.data(), gw.data());
   if (should_record(x, g)) {
-    record(gw, "Conv2DBackpropFilter", loc, {x, g}, {x, g}, false, [x, g, geo, loc](const TensorBase&, const TensorBase& v) {
-      Tensor<T> up(v);
-      return autograd::Grads{conv2d_input_grad(g, up, geo, loc), conv2d_apply(x, up, geo, loc)};
-    });
+    record(gw, "Conv2DBackpropFilter", loc, {x, g}, {x, g}, false,
+           [x, g, geo, loc](const TensorBase&, const TensorBase& v) {
+             Tensor<T> up(v);
+             return autograd::Grads{conv2d_input_grad(g, up, geo, loc), conv2d_apply(x, up, geo, loc)};
+           });
   }
   return gw;
 }
@@ -113,26 +116,42 @@ Tensor<T> conv2d_weight_grad(const Tensor<T>& x, const Tensor<T>& g, const cpu::
 }  // namespace detail
 
 /// 2-D convolution of x [N, C_in, H, W] with w [C_out, C_in, KH, KW] (im2col + GEMM).
-template <FloatingPoint T>
-Tensor<T> conv2d(const Tensor<T>& x, const Tensor<T>& w, Conv2dOptions options = {}, SourceLoc loc = SourceLoc::current()) {
+template <FloatingPoint T> Tensor<T> conv2d(const Tensor<T>& x, const Tensor<T>& w, Conv2dOptions options = {},
+                                            SourceLoc loc = SourceLoc::current()) {
   if (x.ndim() != 4 || w.ndim() != 4 || x.shape()[1] != w.shape()[1])
-    throw_shape_error("Conv2D", loc, "x must be [N, C_in, H, W] and w [C_out, C_in, KH, KW] with the same C_in (inputs ",
+    throw_shape_error("Conv2D", loc,
+                      "x must be [N, C_in, H, W] and w [C_out, C_in, KH, KW] with the same C_in (inputs ",
                       detail::describe_inputs({{"x", &x}, {"w", &w}}), ")");
   const Shape &xs = x.shape(), &ws = w.shape();
-  auto rows = detail::window_axis("Conv2D", xs[2], ws[2], options.stride, options.dilation, options.padding, options.pad_mode, loc);
-  auto cols = detail::window_axis("Conv2D", xs[3], ws[3], options.stride, options.dilation, options.padding, options.pad_mode, loc);
+  auto rows = detail::window_axis("Conv2D", xs[2], ws[2], options.stride, options.dilation, options.padding,
+                                  options.pad_mode, loc);
+  auto cols = detail::window_axis("Conv2D", xs[3], ws[3], options.stride, options.dilation, options.padding,
+                                  options.pad_mode, loc);
   if (rows.out <= 0 || cols.out <= 0)
-    throw_shape_error("Conv2D", loc, "the kernel (with dilation ", options.dilation, ") does not fit the padded input (inputs ",
-                      detail::describe_inputs({{"x", &x}, {"w", &w}}), ")");
-  cpu::Conv2dGeometry geo{xs[0], xs[1], xs[2], xs[3], ws[0], ws[2], ws[3], options.stride, options.stride,
-                          rows.pad_before, cols.pad_before, options.dilation, options.dilation, rows.out, cols.out};
+    throw_shape_error("Conv2D", loc, "the kernel (with dilation ", options.dilation,
+                      ") does not fit the padded input (inputs ", detail::describe_inputs({{"x", &x}, {"w", &w}}), ")");
+  cpu::Conv2dGeometry geo{xs[0],
+                          xs[1],
+                          xs[2],
+                          xs[3],
+                          ws[0],
+                          ws[2],
+                          ws[3],
+                          options.stride,
+                          options.stride,
+                          rows.pad_before,
+                          cols.pad_before,
+                          options.dilation,
+                          options.dilation,
+                          rows.out,
+                          cols.out};
   return detail::conv2d_apply(x, w, geo, loc);
 }
 
 namespace detail {
 
-inline cpu::Pool2dGeometry pool_geometry(std::string_view op, const TensorBase& x, std::int64_t kernel, std::int64_t stride,
-                                         PadMode mode, SourceLoc loc) {
+inline cpu::Pool2dGeometry pool_geometry(std::string_view op, const TensorBase& x, std::int64_t kernel,
+                                         std::int64_t stride, PadMode mode, SourceLoc loc) {
   if (x.ndim() != 4) throw_shape_error(op, loc, "x must be [N, C, H, W] (input ", describe_inputs({{"x", &x}}), ")");
   const Shape& s = x.shape();
   if (mode == PadMode::pad) throw_value_error(op, loc, "pad_mode must be valid or same");
@@ -172,8 +191,7 @@ Tensor<T> max_pool_select(const Tensor<T>& x, const Tensor<T>& v, const cpu::Poo
   return out;
 }
 
-template <FloatingPoint T>
-Tensor<T> avg_pool_apply(const Tensor<T>& x, const cpu::Pool2dGeometry& geo, SourceLoc loc);
+template <FloatingPoint T> Tensor<T> avg_pool_apply(const Tensor<T>& x, const cpu::Pool2dGeometry& geo, SourceLoc loc);
 
 /// Spreads gy evenly over each window: avg_pool2d's gradient (and adjoint).
 template <FloatingPoint T>
@@ -188,8 +206,7 @@ Tensor<T> avg_pool_spread(const Tensor<T>& gy, const cpu::Pool2dGeometry& geo, S
   return gx;
 }
 
-template <FloatingPoint T>
-Tensor<T> avg_pool_apply(const Tensor<T>& x, const cpu::Pool2dGeometry& geo, SourceLoc loc) {
+template <FloatingPoint T> Tensor<T> avg_pool_apply(const Tensor<T>& x, const cpu::Pool2dGeometry& geo, SourceLoc loc) {
   auto y = Tensor<T>::empty(Shape{geo.n, geo.c, geo.out_h, geo.out_w});
   cpu::avg_pool2d_forward(geo, x.data(), y.data());
   if (should_record(x)) {
@@ -203,9 +220,9 @@ Tensor<T> avg_pool_apply(const Tensor<T>& x, const cpu::Pool2dGeometry& geo, Sou
 }  // namespace detail
 
 /// Max over kernel x kernel windows of x [N, C, H, W]; pad_mode valid (default) or same.
-template <FloatingPoint T>
-Tensor<T> max_pool2d(const Tensor<T>& x, std::int64_t kernel, std::int64_t stride, PadMode pad_mode = PadMode::valid,
-                     SourceLoc loc = SourceLoc::current()) {
+template <FloatingPoint T> Tensor<T> max_pool2d(const Tensor<T>& x, std::int64_t kernel, std::int64_t stride,
+                                                PadMode pad_mode = PadMode::valid,
+                                                SourceLoc loc = SourceLoc::current()) {
   auto geo = detail::pool_geometry("MaxPool", x, kernel, stride, pad_mode, loc);
   auto y = Tensor<T>::empty(Shape{geo.n, geo.c, geo.out_h, geo.out_w});
   cpu::max_pool2d_forward(geo, x.data(), y.data());
@@ -222,9 +239,9 @@ Tensor<T> max_pool2d(const Tensor<T>& x, std::int64_t kernel, SourceLoc loc = So
 }
 
 /// Mean over kernel x kernel windows of x [N, C, H, W] (padding excluded from the count).
-template <FloatingPoint T>
-Tensor<T> avg_pool2d(const Tensor<T>& x, std::int64_t kernel, std::int64_t stride, PadMode pad_mode = PadMode::valid,
-                     SourceLoc loc = SourceLoc::current()) {
+template <FloatingPoint T> Tensor<T> avg_pool2d(const Tensor<T>& x, std::int64_t kernel, std::int64_t stride,
+                                                PadMode pad_mode = PadMode::valid,
+                                                SourceLoc loc = SourceLoc::current()) {
   return detail::avg_pool_apply(x, detail::pool_geometry("AvgPool", x, kernel, stride, pad_mode, loc), loc);
 }
 template <FloatingPoint T>
@@ -239,11 +256,9 @@ struct ResizeGeometry {
   bool align_corners;
 };
 
-template <FloatingPoint T>
-Tensor<T> resize_apply(const Tensor<T>& x, const ResizeGeometry& r, SourceLoc loc);
+template <FloatingPoint T> Tensor<T> resize_apply(const Tensor<T>& x, const ResizeGeometry& r, SourceLoc loc);
 
-template <FloatingPoint T>
-Tensor<T> resize_adjoint(const Tensor<T>& gy, const ResizeGeometry& r, SourceLoc loc) {
+template <FloatingPoint T> Tensor<T> resize_adjoint(const Tensor<T>& gy, const ResizeGeometry& r, SourceLoc loc) {
   auto gx = Tensor<T>::empty(Shape{r.n, r.c, r.h, r.w});
   cpu::resize_bilinear_backward(r.n, r.c, r.h, r.w, r.out_h, r.out_w, r.align_corners, gy.data(), gx.data());
   if (should_record(gy)) {
@@ -254,8 +269,7 @@ Tensor<T> resize_adjoint(const Tensor<T>& gy, const ResizeGeometry& r, SourceLoc
   return gx;
 }
 
-template <FloatingPoint T>
-Tensor<T> resize_apply(const Tensor<T>& x, const ResizeGeometry& r, SourceLoc loc) {
+template <FloatingPoint T> Tensor<T> resize_apply(const Tensor<T>& x, const ResizeGeometry& r, SourceLoc loc) {
   auto y = Tensor<T>::empty(Shape{r.n, r.c, r.out_h, r.out_w});
   cpu::resize_bilinear_forward(r.n, r.c, r.h, r.w, r.out_h, r.out_w, r.align_corners, x.data(), y.data());
   if (should_record(x)) {
@@ -269,11 +283,13 @@ Tensor<T> resize_apply(const Tensor<T>& x, const ResizeGeometry& r, SourceLoc lo
 }  // namespace detail
 
 /// Bilinear resize of x [N, C, H, W] to [N, C, out_h, out_w].
-template <FloatingPoint T>
-Tensor<T> resize_bilinear(const Tensor<T>& x, std::int64_t out_h, std::int64_t out_w, bool align_corners = false,
-                          SourceLoc loc = SourceLoc::current()) {
-  if (x.ndim() != 4) throw_shape_error("ResizeBilinear", loc, "x must be [N, C, H, W] (input ", detail::describe_inputs({{"x", &x}}), ")");
-  if (out_h < 1 || out_w < 1) throw_value_error("ResizeBilinear", loc, "output size ", out_h, "x", out_w, " must be positive");
+template <FloatingPoint T> Tensor<T> resize_bilinear(const Tensor<T>& x, std::int64_t out_h, std::int64_t out_w,
+                                                     bool align_corners = false, SourceLoc loc = SourceLoc::current()) {
+  if (x.ndim() != 4)
+    throw_shape_error("ResizeBilinear", loc, "x must be [N, C, H, W] (input ", detail::describe_inputs({{"x", &x}}),
+                      ")");
+  if (out_h < 1 || out_w < 1)
+    throw_value_error("ResizeBilinear", loc, "output size ", out_h, "x", out_w, " must be positive");
   const Shape& s = x.shape();
   if (s[2] < 1 || s[3] < 1) throw_shape_error("ResizeBilinear", loc, "input ", s, " has an empty spatial axis");
   return detail::resize_apply(x, detail::ResizeGeometry{s[0], s[1], s[2], s[3], out_h, out_w, align_corners}, loc);
@@ -313,18 +329,21 @@ Tensor<T> one_hot(const Tensor<std::int32_t>& labels, std::int64_t num_classes, 
 
 /// Cross-entropy of logits [N, C] against int32 class labels [N] (sparse, as MindSpore's
 /// SoftmaxCrossEntropyWithLogits(sparse=True)); per-sample losses folded by `reduction`.
-template <FloatingPoint T>
-Tensor<T> softmax_cross_entropy(const Tensor<T>& logits, const Tensor<std::int32_t>& labels,
-                                Reduction reduction = Reduction::mean, SourceLoc loc = SourceLoc::current()) {
+template <FloatingPoint T> Tensor<T> softmax_cross_entropy(const Tensor<T>& logits, const Tensor<std::int32_t>& labels,
+                                                           Reduction reduction = Reduction::mean,
+                                                           SourceLoc loc = SourceLoc::current()) {
   if (logits.ndim() != 2 || labels.ndim() != 1 || labels.shape()[0] != logits.shape()[0])
     throw_shape_error("SoftmaxCrossEntropyWithLogits", loc, "logits must be [N, C] and labels [N] (inputs ",
                       detail::describe_inputs({{"logits", &logits}, {"labels", &labels}}), ")");
   auto picked = mul(one_hot<T>(labels, logits.shape()[1], loc), log_softmax(logits, -1, loc), loc);
   auto losses = neg(sum(picked, {1}, false, loc), loc);
   switch (reduction) {
-    case Reduction::none: return losses;
-    case Reduction::sum: return sum(losses, {}, false, loc);
-    case Reduction::mean: break;
+    case Reduction::none:
+      return losses;
+    case Reduction::sum:
+      return sum(losses, {}, false, loc);
+    case Reduction::mean:
+      break;
   }
   return mean(losses, {}, false, loc);
 }

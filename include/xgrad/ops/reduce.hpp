@@ -21,8 +21,7 @@ struct SumReducer {
   template <class B> static auto horizontal(const B& b) { return xsimd::hadd(b); }
 };
 
-template <class Select>
-struct ExtremumReducer {
+template <class Select> struct ExtremumReducer {
   template <class B> static auto horizontal(const B& b) {
     alignas(64) typename B::value_type lanes[B::size];
     b.store_aligned(lanes);
@@ -46,8 +45,7 @@ namespace detail {
 
 /// Reduces x with R down to `kept`, which has x's rank (or fewer leading axes) and 1 on each
 /// reduced axis. Alternating runs of kept and reduced axes are reduced one run per pass.
-template <class R, class T>
-Tensor<T> reduce_to(const Tensor<T>& x, const Shape& kept) {
+template <class R, class T> Tensor<T> reduce_to(const Tensor<T>& x, const Shape& kept) {
   const int lead = x.ndim() - kept.ndim();
   std::vector<bool> reduced_axis(x.ndim());
   for (int i = 0; i < x.ndim(); ++i) reduced_axis[i] = i < lead || (kept[i - lead] == 1 && x.shape()[i] != 1);
@@ -102,8 +100,7 @@ inline ReducedShapes reduced_shapes(std::string_view op, const TensorBase& x, co
 }  // namespace detail
 
 /// Sums x over its broadcast axes so that it takes `shape` (the adjoint of broadcast_to).
-template <Numeric T>
-Tensor<T> sum_to(const Tensor<T>& x, const Shape& shape, SourceLoc loc) {
+template <Numeric T> Tensor<T> sum_to(const Tensor<T>& x, const Shape& shape, SourceLoc loc) {
   if (x.shape() == shape) return x;
   Shape check;
   if (!try_broadcast(shape, x.shape(), check) || !(check == x.shape()))
@@ -121,18 +118,16 @@ Tensor<T> sum_to(const Tensor<T>& x, const Shape& shape, SourceLoc loc) {
 }
 
 /// Sum over `axes` (all axes when empty).
-template <Numeric T>
-Tensor<T> sum(const Tensor<T>& x, const std::vector<std::int64_t>& axes = {}, bool keepdims = false,
-              SourceLoc loc = SourceLoc::current()) {
+template <Numeric T> Tensor<T> sum(const Tensor<T>& x, const std::vector<std::int64_t>& axes = {},
+                                   bool keepdims = false, SourceLoc loc = SourceLoc::current()) {
   auto shapes = detail::reduced_shapes("ReduceSum", x, axes, keepdims, loc);
   auto kept = sum_to(x, shapes.kept, loc);
   return shapes.out == shapes.kept ? kept : reshape(kept, shapes.out, loc);
 }
 
 /// Mean over `axes` (all axes when empty).
-template <FloatingPoint T>
-Tensor<T> mean(const Tensor<T>& x, const std::vector<std::int64_t>& axes = {}, bool keepdims = false,
-               SourceLoc loc = SourceLoc::current()) {
+template <FloatingPoint T> Tensor<T> mean(const Tensor<T>& x, const std::vector<std::int64_t>& axes = {},
+                                          bool keepdims = false, SourceLoc loc = SourceLoc::current()) {
   auto shapes = detail::reduced_shapes("ReduceMean", x, axes, keepdims, loc);
   return sum(x, axes, keepdims, loc) / static_cast<T>(shapes.count);
 }
@@ -140,9 +135,8 @@ Tensor<T> mean(const Tensor<T>& x, const std::vector<std::int64_t>& axes = {}, b
 namespace detail {
 
 /// max or min over axes; the gradient is shared evenly between tied extrema.
-template <class R, class T>
-Tensor<T> extremum(std::string_view op, const Tensor<T>& x, const std::vector<std::int64_t>& axes, bool keepdims,
-                   SourceLoc loc) {
+template <class R, class T> Tensor<T> extremum(std::string_view op, const Tensor<T>& x,
+                                               const std::vector<std::int64_t>& axes, bool keepdims, SourceLoc loc) {
   auto shapes = reduced_shapes(op, x, axes, keepdims, loc);
   if (shapes.count == 0 && shapes.kept.numel() != 0)
     throw_shape_error(op, loc, "cannot reduce over an empty axis of input ", dtype_name(x.dtype()), x.shape());
@@ -161,26 +155,24 @@ Tensor<T> extremum(std::string_view op, const Tensor<T>& x, const std::vector<st
 }  // namespace detail
 
 /// Largest element over `axes` (all axes when empty).
-template <Numeric T>
-Tensor<T> max(const Tensor<T>& x, const std::vector<std::int64_t>& axes = {}, bool keepdims = false,
-              SourceLoc loc = SourceLoc::current()) {
+template <Numeric T> Tensor<T> max(const Tensor<T>& x, const std::vector<std::int64_t>& axes = {},
+                                   bool keepdims = false, SourceLoc loc = SourceLoc::current()) {
   return detail::extremum<op::MaxReducer>("ReduceMax", x, axes, keepdims, loc);
 }
 
 /// Smallest element over `axes` (all axes when empty).
-template <Numeric T>
-Tensor<T> min(const Tensor<T>& x, const std::vector<std::int64_t>& axes = {}, bool keepdims = false,
-              SourceLoc loc = SourceLoc::current()) {
+template <Numeric T> Tensor<T> min(const Tensor<T>& x, const std::vector<std::int64_t>& axes = {},
+                                   bool keepdims = false, SourceLoc loc = SourceLoc::current()) {
   return detail::extremum<op::MinReducer>("ReduceMin", x, axes, keepdims, loc);
 }
 
 /// Index of the largest element along `axis` (the first on ties), as int32 like labels.
-template <Numeric T>
-Tensor<std::int32_t> argmax(const Tensor<T>& x, std::int64_t axis = -1, bool keepdims = false,
-                            SourceLoc loc = SourceLoc::current()) {
+template <Numeric T> Tensor<std::int32_t> argmax(const Tensor<T>& x, std::int64_t axis = -1, bool keepdims = false,
+                                                 SourceLoc loc = SourceLoc::current()) {
   if (x.ndim() == 0) return zeros<std::int32_t>(Shape{});
   int a = normalize_axis(axis, x.ndim(), "Argmax", loc);
-  if (x.shape()[a] == 0) throw_shape_error("Argmax", loc, "axis ", axis, " of input ", dtype_name(x.dtype()), x.shape(), " is empty");
+  if (x.shape()[a] == 0)
+    throw_shape_error("Argmax", loc, "axis ", axis, " of input ", dtype_name(x.dtype()), x.shape(), " is empty");
   auto shapes = detail::reduced_shapes("Argmax", x, {a}, keepdims, loc);
   std::int64_t outer = 1, inner = 1;
   for (int i = 0; i < a; ++i) outer *= x.shape()[i];

@@ -36,8 +36,10 @@ void strided_copy(const Shape& shape, const T* src, const Strides& src_strides, 
       }
       const T* s = src + so;
       T* d = dst + dof;
-      if (ss == 1 && ds == 1) std::memcpy(d, s, static_cast<std::size_t>(inner) * sizeof(T));
-      else for (std::int64_t j = 0; j < inner; ++j) d[j * ds] = s[j * ss];
+      if (ss == 1 && ds == 1)
+        std::memcpy(d, s, static_cast<std::size_t>(inner) * sizeof(T));
+      else
+        for (std::int64_t j = 0; j < inner; ++j) d[j * ds] = s[j * ss];
     }
   });
 }

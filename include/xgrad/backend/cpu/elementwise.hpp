@@ -17,8 +17,7 @@ inline constexpr std::int64_t kElementwiseGrain = 1 << 15;
 
 /// How N inputs are walked to produce an output: dims after merging axes that are contiguous
 /// in every operand, and each input's element strides (0 along broadcast axes).
-template <int N>
-struct BroadcastPlan {
+template <int N> struct BroadcastPlan {
   int rank = 0;
   std::array<std::int64_t, kMaxRank> dims{};
   std::array<std::array<std::int64_t, kMaxRank>, N> strides{};
@@ -39,8 +38,7 @@ struct BroadcastPlan {
     for (int i = 0; i < out.ndim(); ++i) {
       if (out[i] == 1) continue;  // size-1 axes carry no iteration
       bool merge = rank > 0;
-      for (int k = 0; k < N && merge; ++k)
-        merge = strides[k][rank - 1] == raw[k][i] * out[i];
+      for (int k = 0; k < N && merge; ++k) merge = strides[k][rank - 1] == raw[k][i] * out[i];
       if (merge) {
         dims[rank - 1] *= out[i];
         for (int k = 0; k < N; ++k) strides[k][rank - 1] = raw[k][i];
@@ -72,8 +70,7 @@ struct BroadcastPlan {
 
 namespace detail {
 
-template <class T>
-inline constexpr bool simd_type = std::is_same_v<T, float> || std::is_same_v<T, double>;
+template <class T> inline constexpr bool simd_type = std::is_same_v<T, float> || std::is_same_v<T, double>;
 
 template <class Op, class T>
 concept SimdBody = simd_type<T> && requires(xsimd::batch<T> v) {
@@ -85,8 +82,7 @@ concept SimdBody2 = simd_type<T> && requires(xsimd::batch<T> v) {
 };
 
 /// One contiguous run of a unary op.
-template <class Op, class T, class R>
-void unary_run(const T* x, R* y, std::int64_t n) {
+template <class Op, class T, class R> void unary_run(const T* x, R* y, std::int64_t n) {
   std::int64_t i = 0;
   if constexpr (std::is_same_v<T, R> && SimdBody<Op, T>) {
     using B = xsimd::batch<T>;
@@ -119,11 +115,9 @@ void binary_run(const A* a, std::int64_t sa, const B* b, std::int64_t sb, R* out
 }  // namespace detail
 
 /// y[i] = Op::apply(x[i]) over n contiguous elements, in parallel when large.
-template <class Op, class T, class R>
-void map_unary(const T* x, R* y, std::int64_t n) {
-  parallel_for(0, n, kElementwiseGrain, [&](std::int64_t lo, std::int64_t hi) {
-    detail::unary_run<Op>(x + lo, y + lo, hi - lo);
-  });
+template <class Op, class T, class R> void map_unary(const T* x, R* y, std::int64_t n) {
+  parallel_for(0, n, kElementwiseGrain,
+               [&](std::int64_t lo, std::int64_t hi) { detail::unary_run<Op>(x + lo, y + lo, hi - lo); });
 }
 
 /// out = Op::apply(a, b) with NumPy broadcasting, as laid out by `plan`.
@@ -140,8 +134,8 @@ void map_binary(const BroadcastPlan<2>& plan, const A* a, const B* b, R* out) {
   const std::int64_t grain = std::max<std::int64_t>(1, kElementwiseGrain / std::max<std::int64_t>(inner, 1));
   parallel_for(0, outer, grain, [&](std::int64_t lo, std::int64_t hi) {
     for (std::int64_t row = lo; row < hi; ++row)
-      detail::binary_run<Op>(a + plan.row_offset(0, row), sa, b + plan.row_offset(1, row), sb,
-                             out + row * inner, inner);
+      detail::binary_run<Op>(a + plan.row_offset(0, row), sa, b + plan.row_offset(1, row), sb, out + row * inner,
+                             inner);
   });
 }
 

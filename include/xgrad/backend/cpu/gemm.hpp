@@ -24,8 +24,7 @@ namespace xgrad::cpu {
 namespace detail {
 
 /// Register and cache blocking for T on the default xsimd arch.
-template <class T>
-struct GemmConfig {
+template <class T> struct GemmConfig {
   using batch = xsimd::batch<T>;
   static constexpr int64_t lanes = static_cast<int64_t>(batch::size);
 #if defined(__aarch64__)
@@ -50,8 +49,7 @@ struct GemmConfig {
 };
 
 /// 64-byte aligned scratch that only grows; one per thread and dtype, reused across calls.
-template <class T>
-class ScratchBuffer {
+template <class T> class ScratchBuffer {
  public:
   ScratchBuffer() = default;
   ScratchBuffer(const ScratchBuffer&) = delete;
@@ -78,21 +76,18 @@ class ScratchBuffer {
   int64_t m_capacity = 0;
 };
 
-template <class T>
-struct GemmWorkspace {
+template <class T> struct GemmWorkspace {
   ScratchBuffer<T> m_a;
   ScratchBuffer<T> m_b;
 };
 
-template <class T>
-GemmWorkspace<T>& gemm_workspace() {
+template <class T> GemmWorkspace<T>& gemm_workspace() {
   static thread_local GemmWorkspace<T> ws;
   return ws;
 }
 
 /// Copies n contiguous elements; a plain SIMD loop beats a memmove call at these lengths.
-template <class T>
-inline void copy_contiguous(const T* src, int64_t n, T* dst) {
+template <class T> inline void copy_contiguous(const T* src, int64_t n, T* dst) {
   using batch = xsimd::batch<T>;
   constexpr int64_t L = static_cast<int64_t>(batch::size);
   int64_t i = 0;
@@ -100,55 +95,10 @@ inline void copy_contiguous(const T* src, int64_t n, T* dst) {
   for (; i < n; ++i) dst[i] = src[i];
 }
 
-/// Packs rows [0, mc) x cols [0, kc) of A into MR-row panels.
-/// AS == 0: p-major, A(i,p) at p*MR + i (cheap when columns of A are contiguous).
-/// AS > 0: row-major with row stride AS, A(i,p) at i*AS + p (cheap when rows are contiguous).
-/// Rows past mc are zero.
-template <class T, int MR, int64_t AS>
-void pack_a(int64_t mc, int64_t kc, const T* a, int64_t rs, int64_t cs, T* dst) {
-  for (int64_t i0 = 0; i0 < mc; i0 += MR) {
-    const int64_t rows = std::min<int64_t>(MR, mc - i0);
-    const T* src = a + i0 * rs;
-    if constexpr (AS == 0) {
-      using batch = xsimd::batch<T>;
-      constexpr int64_t L = static_cast<int64_t>(batch::size);
-      if (rs == 1 && rows == MR && MR <= L && i0 + L <= mc) {
-        // One vector per p; the L - MR extra lanes land in the next p's slot and are
-        // overwritten by it (the scratch buffer has a vector of slack at the end).
-        for (int64_t p = 0; p < kc; ++p) batch::load_unaligned(src + p * cs).store_unaligned(dst + p * MR);
-      } else if (rs == 1 && rows == MR) {
-#pragma GCC unroll 16
-        for (int64_t p = 0; p < kc; ++p)
-          for (int i = 0; i < MR; ++i) dst[p * MR + i] = src[p * cs + i];
-      } else {
-        for (int64_t p = 0; p < kc; ++p) {
-          int64_t i = 0;
-          for (; i < rows; ++i) dst[p * MR + i] = src[i * rs + p * cs];
-          for (; i < MR; ++i) dst[p * MR + i] = T(0);
-        }
-      }
-      dst += MR * kc;
-    } else {
-      for (int64_t i = 0; i < rows; ++i) {
-        const T* s = src + i * rs;
-        T* d = dst + i * AS;
-        if (cs == 1) {
-          copy_contiguous(s, kc, d);
-        } else {
-          for (int64_t p = 0; p < kc; ++p) d[p] = s[p * cs];
-        }
-      }
-      for (int64_t i = rows; i < MR; ++i) std::fill_n(dst + i * AS, kc, T(0));
-      dst += MR * AS;
-    }
-  }
-}
-
 #if defined(__AVX512F__)
 // Full-width interleave needs a two-source permute, which xsimd 8 does not expose; only
-// AVX-512 gets the in-register transpose, other targets pack transposed B with scalar code.
-template <class T>
-inline constexpr bool has_simd_transpose = sizeof(xsimd::batch<T>) == 64;
+// AVX-512 gets the in-register transpose, other targets pack transposed operands with scalar code.
+template <class T> inline constexpr bool has_simd_transpose = sizeof(xsimd::batch<T>) == 64;
 
 /// dst[r * ldd + c] = src[c * lds + r] for one lanes x lanes block. log2(lanes) rounds of
 /// "row i and row i + lanes/2 -> interleaved low and high halves" each rotate the bits of the
@@ -195,17 +145,43 @@ inline void transpose_block(const double* src, int64_t lds, double* dst, int64_t
   for (int i = 0; i < 8; ++i) _mm512_storeu_pd(dst + i * ldd, r[i]);
 }
 #else
-template <class T>
-inline constexpr bool has_simd_transpose = false;
+template <class T> inline constexpr bool has_simd_transpose = false;
 
-template <class T>
-inline void transpose_block(const T*, int64_t, T*, int64_t) {}
+template <class T> inline void transpose_block(const T*, int64_t, T*, int64_t) {}
 #endif
+
+/// Packs rows [0, mc) x cols [0, kc) of A row-major with row stride AS = a_row_stride, so
+/// every MR rows form one micro-panel. Rows up to the next multiple of MR are zero.
+template <class T> void pack_a(int64_t mc, int64_t kc, const T* a, int64_t rs, int64_t cs, T* dst) {
+  using cfg = GemmConfig<T>;
+  constexpr int64_t AS = cfg::a_row_stride;
+  constexpr int64_t L = cfg::lanes;
+  if (cs == 1) {
+    for (int64_t i = 0; i < mc; ++i) copy_contiguous(a + i * rs, kc, dst + i * AS);
+  } else if (rs == 1) {
+    // Transposed A: columns are contiguous, so transpose lanes x lanes blocks.
+    int64_t i0 = 0;
+    if constexpr (has_simd_transpose<T>) {
+      for (; i0 + L <= mc; i0 += L) {
+        int64_t p0 = 0;
+        for (; p0 + L <= kc; p0 += L) transpose_block(a + p0 * cs + i0, cs, dst + i0 * AS + p0, AS);
+        for (int64_t p = p0; p < kc; ++p)
+          for (int64_t i = i0; i < i0 + L; ++i) dst[i * AS + p] = a[p * cs + i];
+      }
+    }
+    for (int64_t p = 0; p < kc; ++p)
+      for (int64_t i = i0; i < mc; ++i) dst[i * AS + p] = a[p * cs + i];
+  } else {
+    for (int64_t i = 0; i < mc; ++i)
+      for (int64_t p = 0; p < kc; ++p) dst[i * AS + p] = a[i * rs + p * cs];
+  }
+  const int64_t padded = (mc + cfg::mr - 1) / cfg::mr * cfg::mr;
+  for (int64_t i = mc; i < padded; ++i) std::fill_n(dst + i * AS, kc, T(0));
+}
 
 /// Packs rows [0, kc) x cols [0, nc) of B into NR-column panels: panel-major, then p, then
 /// column; columns past nc are zero.
-template <class T, int64_t NR>
-void pack_b(int64_t kc, int64_t nc, const T* b, int64_t rs, int64_t cs, T* dst) {
+template <class T, int64_t NR> void pack_b(int64_t kc, int64_t nc, const T* b, int64_t rs, int64_t cs, T* dst) {
   using batch = xsimd::batch<T>;
   constexpr int64_t L = static_cast<int64_t>(batch::size);
   for (int64_t j0 = 0; j0 < nc; j0 += NR) {
@@ -242,16 +218,15 @@ void pack_b(int64_t kc, int64_t nc, const T* b, int64_t rs, int64_t cs, T* dst) 
 }
 
 /// Register-blocked tile: C[rows x cols] = alpha * A_panel * B_panel + beta * C, computing MK
-/// rows x NK vectors (MK >= rows, NK * lanes >= cols). A element (i,p) is at
-/// pa[i * (AS ? AS : 1) + p * (AS ? 1 : MR)]; B row p starts at pb + p * NB * lanes. Full tiles go
-/// straight to C, edge tiles through an aligned temporary. beta == 0 never reads C.
-template <class T, int MK, int NK, int64_t AS, int MR, int NB>
-void micro_kernel(int64_t kc, const T* __restrict pa, const T* __restrict pb, T alpha, T beta, T* __restrict c,
-                  int64_t ldc, int64_t rows, int64_t cols) {
+/// rows x NK vectors (MK >= rows, NK * lanes >= cols). A(i,p) is at pa[i * a_row_stride + p]
+/// (see pack_a), B row p at pb + p * NB * lanes (see pack_b). Full tiles go straight to C, edge
+/// tiles through an aligned temporary. beta == 0 never reads C.
+template <class T, int MK, int NK, int NB> void micro_kernel(int64_t kc, const T* __restrict pa, const T* __restrict pb,
+                                                             T alpha, T beta, T* __restrict c, int64_t ldc,
+                                                             int64_t rows, int64_t cols) {
   using batch = xsimd::batch<T>;
   constexpr int64_t L = static_cast<int64_t>(batch::size);
-  constexpr int64_t a_elem = AS == 0 ? 1 : AS;  // distance between rows i and i + 1
-  constexpr int64_t a_step = AS == 0 ? MR : 1;  // distance between p and p + 1
+  constexpr int64_t AS = GemmConfig<T>::a_row_stride;
 
   batch acc[MK][NK];
 #pragma GCC unroll 32
@@ -266,11 +241,11 @@ void micro_kernel(int64_t kc, const T* __restrict pa, const T* __restrict pb, T 
     for (int j = 0; j < NK; ++j) bv[j] = batch::load_unaligned(pb + j * L);
 #pragma GCC unroll 32
     for (int i = 0; i < MK; ++i) {
-      const batch av(pa[i * a_elem]);
+      const batch av(pa[i * AS]);
 #pragma GCC unroll 4
       for (int j = 0; j < NK; ++j) acc[i][j] = xsimd::fma(av, bv[j], acc[i][j]);
     }
-    pa += a_step;
+    ++pa;
     pb += NB * L;
   }
 
@@ -318,24 +293,22 @@ void micro_kernel(int64_t kc, const T* __restrict pa, const T* __restrict pb, T 
   }
 }
 
-template <class T>
-using MicroKernelFn = void (*)(int64_t, const T*, const T*, T, T, T*, int64_t, int64_t, int64_t);
+template <class T> using MicroKernelFn = void (*)(int64_t, const T*, const T*, T, T, T*, int64_t, int64_t, int64_t);
 
 /// Kernels for edge tiles, indexed by [rows - 1][vectors - 1]. Row counts round up to even so
 /// the table stays small; a short tile then wastes at most one row of work.
-template <class T, int NB, int64_t AS, int MR, int... Is>
-constexpr auto make_kernel_table(std::integer_sequence<int, Is...>) {
+template <class T, int NB, int MR, int... Is> constexpr auto make_kernel_table(std::integer_sequence<int, Is...>) {
   std::array<std::array<MicroKernelFn<T>, NB>, MR> table{};
   auto fill_row = [&]<int I, int... Js>(std::integer_sequence<int, Js...>) {
     constexpr int mk = std::min(MR, (I + 2) / 2 * 2);
-    ((table[I][Js] = &micro_kernel<T, mk, Js + 1, AS, MR, NB>), ...);
+    ((table[I][Js] = &micro_kernel<T, mk, Js + 1, NB>), ...);
   };
   (fill_row.template operator()<Is>(std::make_integer_sequence<int, NB>{}), ...);
   return table;
 }
 
-template <class T, int NB, int64_t AS, int MR>
-inline constexpr auto k_kernel_table = make_kernel_table<T, NB, AS, MR>(std::make_integer_sequence<int, MR>{});
+template <class T, int NB, int MR>
+inline constexpr auto k_kernel_table = make_kernel_table<T, NB, MR>(std::make_integer_sequence<int, MR>{});
 
 /// Splits `total` into ceil(total / max_block) near-equal blocks, each rounded up to `unit`;
 /// avoids a thin last block (e.g. k = 257 as 256 + 1).
@@ -346,8 +319,7 @@ inline int64_t balanced_block(int64_t total, int64_t max_block, int64_t unit) {
 }
 
 /// C = beta * C over an m x n block; beta == 0 writes zeros without reading C.
-template <class T>
-void scale_c(int64_t m, int64_t n, T beta, T* c, int64_t ldc) {
+template <class T> void scale_c(int64_t m, int64_t n, T beta, T* c, int64_t ldc) {
   if (beta == T(1)) return;
   for (int64_t i = 0; i < m; ++i) {
     T* row = c + i * ldc;
@@ -359,49 +331,46 @@ void scale_c(int64_t m, int64_t n, T beta, T* c, int64_t ldc) {
   }
 }
 
-/// Single-threaded blocked GEMM on the calling thread (m, n, k > 0), A packed with layout AS.
-template <class T, int64_t AS>
-void gemm_serial_impl(int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t ars, int64_t acs, const T* b,
-                      int64_t brs, int64_t bcs, T beta, T* c, int64_t ldc) {
+/// Single-threaded blocked GEMM on the calling thread (m, n, k > 0).
+template <class T> void gemm_serial(int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t ars, int64_t acs,
+                                    const T* b, int64_t brs, int64_t bcs, T beta, T* c, int64_t ldc) {
   using cfg = GemmConfig<T>;
   constexpr int MR = cfg::mr;
   constexpr int NB = cfg::nb;
   constexpr int64_t NR = cfg::nr;
   constexpr int64_t L = cfg::lanes;
+  constexpr int64_t a_panel = MR * cfg::a_row_stride;  // elements per packed A micro-panel
 
   const int64_t kc_max = balanced_block(k, cfg::kc, 1);
   const int64_t mc_max = balanced_block(m, cfg::mc, MR);
   const int64_t nc_max = balanced_block(n, cfg::nc, NR);
-  const int64_t a_panel = AS == 0 ? MR * kc_max : MR * AS;  // elements per packed A panel
 
   auto& ws = gemm_workspace<T>();
-  // One spare vector: pack_a may write a few lanes past its last panel.
-  T* pa_buf = ws.m_a.get((mc_max + MR - 1) / MR * a_panel + L);
+  T* pa_buf = ws.m_a.get((mc_max + MR - 1) / MR * a_panel);
   T* pb_buf = ws.m_b.get((nc_max + NR - 1) / NR * NR * kc_max);
 
   for (int64_t jc = 0; jc < n; jc += nc_max) {
     const int64_t nc = std::min(nc_max, n - jc);
     for (int64_t pc = 0; pc < k; pc += kc_max) {
       const int64_t kc = std::min(kc_max, k - pc);
-      const int64_t a_pstride = AS == 0 ? MR * kc : MR * AS;
       // Only the first k-block applies the caller's beta; later ones accumulate.
       const T beta_eff = pc == 0 ? beta : T(1);
       pack_b<T, NR>(kc, nc, b + pc * brs + jc * bcs, brs, bcs, pb_buf);
       for (int64_t ic = 0; ic < m; ic += mc_max) {
         const int64_t mc = std::min(mc_max, m - ic);
-        pack_a<T, MR, AS>(mc, kc, a + ic * ars + pc * acs, ars, acs, pa_buf);
+        pack_a<T>(mc, kc, a + ic * ars + pc * acs, ars, acs, pa_buf);
         // Each A micro-panel stays in L1 while the packed B block streams past it.
         for (int64_t ir = 0; ir < mc; ir += MR) {
-          const T* pa = pa_buf + ir / MR * a_pstride;
+          const T* pa = pa_buf + ir / MR * a_panel;
           const int64_t rows = std::min<int64_t>(MR, mc - ir);
           T* c_row = c + (ic + ir) * ldc + jc;
           for (int64_t jr = 0; jr < nc; jr += NR) {
             const int64_t cols = std::min(NR, nc - jr);
             const T* pb = pb_buf + jr * kc;
             if (rows == MR && cols == NR) {
-              micro_kernel<T, MR, NB, AS, MR, NB>(kc, pa, pb, alpha, beta_eff, c_row + jr, ldc, rows, cols);
+              micro_kernel<T, MR, NB, NB>(kc, pa, pb, alpha, beta_eff, c_row + jr, ldc, rows, cols);
             } else {
-              const auto fn = k_kernel_table<T, NB, AS, MR>[rows - 1][(cols + L - 1) / L - 1];
+              const auto fn = k_kernel_table<T, NB, MR>[rows - 1][(cols + L - 1) / L - 1];
               fn(kc, pa, pb, alpha, beta_eff, c_row + jr, ldc, rows, cols);
             }
           }
@@ -411,26 +380,15 @@ void gemm_serial_impl(int64_t m, int64_t n, int64_t k, T alpha, const T* a, int6
   }
 }
 
-/// Single-threaded blocked GEMM; picks the A panel layout that packs with contiguous copies.
-template <class T>
-void gemm_serial(int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t ars, int64_t acs, const T* b,
-                 int64_t brs, int64_t bcs, T beta, T* c, int64_t ldc) {
-  if (ars == 1 && acs != 1) {
-    gemm_serial_impl<T, 0>(m, n, k, alpha, a, ars, acs, b, brs, bcs, beta, c, ldc);
-  } else {
-    gemm_serial_impl<T, GemmConfig<T>::a_row_stride>(m, n, k, alpha, a, ars, acs, b, brs, bcs, beta, c, ldc);
-  }
-}
-
 }  // namespace detail
 
 /// C[m x n] = alpha * A[m x k] * B[k x n] + beta * C, with A(i,p) = a[i*a_row_stride +
 /// p*a_col_stride], B(p,j) = b[p*b_row_stride + j*b_col_stride] and C row-major with leading
 /// dimension ldc. beta == 0 overwrites C without reading it; alpha == 0 or k == 0 only scales C.
 /// Large products are split across the thread pool.
-template <class T>
-void gemm(int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t a_row_stride, int64_t a_col_stride, const T* b,
-          int64_t b_row_stride, int64_t b_col_stride, T beta, T* c, int64_t ldc) {
+template <class T> void gemm(int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t a_row_stride,
+                             int64_t a_col_stride, const T* b, int64_t b_row_stride, int64_t b_col_stride, T beta, T* c,
+                             int64_t ldc) {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "gemm supports float and double");
   if (m <= 0 || n <= 0) return;
   if (k <= 0 || alpha == T(0)) {

@@ -15,8 +15,7 @@ namespace xgrad::cpu {
 namespace detail {
 
 /// Combines `n` contiguous elements into one value with op R.
-template <class R, class T>
-T reduce_contiguous(const T* x, std::int64_t n) {
+template <class R, class T> T reduce_contiguous(const T* x, std::int64_t n) {
   std::int64_t i = 0;
   T acc = R::template identity<T>();
   if constexpr (simd_type<T>) {
@@ -40,8 +39,7 @@ T reduce_contiguous(const T* x, std::int64_t n) {
 }
 
 /// acc[j] = combine(acc[j], x[j]) for j < n.
-template <class R, class T>
-void combine_rows(T* acc, const T* x, std::int64_t n) {
+template <class R, class T> void combine_rows(T* acc, const T* x, std::int64_t n) {
   std::int64_t j = 0;
   if constexpr (simd_type<T>) {
     using B = xsimd::batch<T>;
@@ -65,8 +63,8 @@ void reduce(const T* x, T* y, std::int64_t outer, std::int64_t reduced, std::int
     std::vector<T> partial(static_cast<std::size_t>(chunks));
     parallel_for(0, chunks, 1, [&](std::int64_t lo, std::int64_t hi) {
       for (std::int64_t c = lo; c < hi; ++c)
-        partial[c] = detail::reduce_contiguous<R>(x + c * kReduceChunk,
-                                                  std::min(kReduceChunk, reduced - c * kReduceChunk));
+        partial[c] =
+            detail::reduce_contiguous<R>(x + c * kReduceChunk, std::min(kReduceChunk, reduced - c * kReduceChunk));
     });
     y[0] = detail::reduce_contiguous<R>(partial.data(), chunks);
     return;

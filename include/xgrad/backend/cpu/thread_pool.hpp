@@ -217,8 +217,7 @@ inline void set_num_threads(int n) {
 /// [begin, end); chunks run concurrently on the pool and the calling thread. Runs f(begin, end)
 /// inline when the range is at most `grain`, with one thread, or when nested in a region.
 /// The first exception thrown by f is rethrown here after all chunks have stopped.
-template <class F>
-void parallel_for(int64_t begin, int64_t end, int64_t grain, F&& f) {
+template <class F> void parallel_for(int64_t begin, int64_t end, int64_t grain, F&& f) {
   if (end <= begin) return;
   const int64_t n = end - begin;
   if (grain < 1) grain = 1;
