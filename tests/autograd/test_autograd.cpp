@@ -9,7 +9,10 @@
 
 #include <xgrad/xgrad.hpp>
 
+#include "test_support.hpp"
+
 namespace xg = xgrad;
+using xgrad::testing::message_of;
 
 namespace {
 
@@ -24,16 +27,6 @@ void check_close(const xg::Tensor<T>& actual, const std::vector<double>& expecte
     INFO("element ", i, ": got ", v[i], ", expected ", expected[i]);
     CHECK(std::abs(static_cast<double>(v[i]) - expected[i]) <= tol * (1.0 + std::abs(expected[i])));
   }
-}
-
-template <class E, class F> std::string message_of(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  FAIL("the call did not throw the expected exception type");
-  return {};
 }
 
 std::string here(int line) { return "test_autograd.cpp:" + std::to_string(line); }

@@ -9,7 +9,10 @@
 
 #include <xgrad/xgrad.hpp>
 
+#include "test_support.hpp"
+
 namespace xg = xgrad;
+using xgrad::testing::message_of;
 
 namespace {
 
@@ -19,17 +22,6 @@ template <class T> std::string to_string(const xg::Tensor<T>& t) {
   std::ostringstream out;
   out << t;
   return out.str();
-}
-
-// Runs f, which must throw E, and returns the exception's what().
-template <class E, class F> std::string message_of(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  FAIL("the call did not throw the expected exception type");
-  return {};
 }
 
 // "test_tensor.cpp:<line>", the form the library uses to point at the caller.

@@ -6,20 +6,12 @@
 
 #include <xgrad/xgrad.hpp>
 
+#include "test_support.hpp"
+
 namespace xg = xgrad;
+using xgrad::testing::message_of;
 
 namespace {
-
-/// Runs f, which must throw E, and returns what() for further checks.
-template <class E, class F> std::string message_of(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  FAIL("no exception was thrown");
-  return {};
-}
 
 std::string here(int line) { return "test_op_errors.cpp:" + std::to_string(line); }
 

@@ -5,11 +5,72 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <new>
+#include <unordered_map>
 
 #include "xgrad/core/device.hpp"
 
 namespace xgrad {
+
+namespace detail {
+
+/// Keeps freed large buffers for reuse by the next tensor of the same (rounded) size. A fresh
+/// multi-megabyte buffer is a fresh mapping whose first touch page-faults, which costs more
+/// than the elementwise op that fills it; eager training loops allocate the same sizes every
+/// step, so they hit this cache from the second step on.
+class BufferCache {
+ public:
+  static constexpr std::size_t kMinBytes = std::size_t{1} << 20;  // smaller: malloc caches them itself
+  static constexpr std::size_t kGranule = std::size_t{1} << 16;   // sizes round up to this
+  static constexpr std::size_t kMaxCachedBytes = std::size_t{512} << 20;
+
+  /// Leaked on purpose: tensors in static storage may be freed after it would be destroyed.
+  static BufferCache& instance() {
+    static auto* cache = new BufferCache();
+    return *cache;
+  }
+
+  void* take(std::size_t bytes) {
+    std::lock_guard lock(m_mutex);
+    auto it = m_free.find(bytes);
+    if (it == m_free.end()) return nullptr;
+    void* p = it->second;
+    m_free.erase(it);
+    m_cached -= bytes;
+    return p;
+  }
+  /// False when the cache is full and the caller must free the buffer itself.
+  bool give(void* p, std::size_t bytes) {
+    std::lock_guard lock(m_mutex);
+    if (m_cached + bytes > kMaxCachedBytes) return false;
+    m_free.emplace(bytes, p);
+    m_cached += bytes;
+    return true;
+  }
+  void release() {
+    std::lock_guard lock(m_mutex);
+    for (auto& [bytes, p] : m_free) std::free(p);
+    m_free.clear();
+    m_cached = 0;
+  }
+  std::size_t cached_bytes() {
+    std::lock_guard lock(m_mutex);
+    return m_cached;
+  }
+
+ private:
+  std::mutex m_mutex;
+  std::unordered_multimap<std::size_t, void*> m_free;
+  std::size_t m_cached = 0;
+};
+
+}  // namespace detail
+
+/// Frees the large buffers xgrad keeps for reuse (at most 512 MiB are kept).
+inline void release_cached_memory() { detail::BufferCache::instance().release(); }
+/// Bytes held in freed buffers kept for reuse.
+inline std::size_t cached_memory_bytes() { return detail::BufferCache::instance().cached_bytes(); }
 
 /// Owns a tensor's bytes; large buffers are aligned to a cache line (kernels never rely on
 /// it: they use unaligned loads). Views (reshape) share one Storage, so an
@@ -18,20 +79,24 @@ class Storage {
  public:
   static constexpr std::size_t kAlignment = 64;
 
-  /// Buffers up to this size come from plain malloc: its per-thread cache makes small
-  /// tensors cheap, while glibc's aligned_alloc takes a slow path on every call.
-  static constexpr std::size_t kSmallBytes = 1024;
-
   explicit Storage(std::size_t bytes, Device device = Device::cpu) : m_bytes(bytes), m_device(device) {
-    if (bytes <= kSmallBytes) {
-      m_data = std::malloc(bytes ? bytes : 1);
+    using detail::BufferCache;
+    if (bytes < BufferCache::kMinBytes) {
+      // malloc's per-thread caches make small tensors cheap; glibc's aligned_alloc would
+      // take a slow path on every call.
+      m_capacity = bytes ? bytes : 1;
+      m_data = std::malloc(m_capacity);
     } else {
-      // aligned_alloc wants a multiple of the alignment.
-      m_data = std::aligned_alloc(kAlignment, (bytes + kAlignment - 1) / kAlignment * kAlignment);
+      m_capacity = (bytes + BufferCache::kGranule - 1) / BufferCache::kGranule * BufferCache::kGranule;
+      m_data = BufferCache::instance().take(m_capacity);
+      if (!m_data) m_data = std::aligned_alloc(kAlignment, m_capacity);
     }
     if (!m_data) throw std::bad_alloc();
   }
-  ~Storage() { std::free(m_data); }
+  ~Storage() {
+    if (m_capacity < detail::BufferCache::kMinBytes || !detail::BufferCache::instance().give(m_data, m_capacity))
+      std::free(m_data);
+  }
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
 
@@ -46,6 +111,7 @@ class Storage {
  private:
   void* m_data = nullptr;
   std::size_t m_bytes = 0;
+  std::size_t m_capacity = 0;
   Device m_device = Device::cpu;
   std::uint64_t m_version = 0;
 };
