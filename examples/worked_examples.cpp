@@ -39,7 +39,7 @@ void make_spirals(int per_class, xg::Tensor<float>& points, xg::Tensor<std::int3
   for (int c = 0; c < 2; ++c)
     for (int i = 0; i < per_class; ++i) {
       float r = 0.2f + 0.8f * static_cast<float>(i) / static_cast<float>(per_class);
-      float t = 3.5f * r + 3.14159265f * static_cast<float>(c);
+      float t = 10.0f * r + 3.14159265f * static_cast<float>(c);
       int k = c * per_class + i;
       xy.push_back(r * std::cos(t) + 0.03f * noise[2 * k]);
       xy.push_back(r * std::sin(t) + 0.03f * noise[2 * k + 1]);
@@ -73,9 +73,9 @@ void train_classifier() {
   // Momentum SGD, written out: updates are in-place writes under no_grad.
   std::vector<xg::Tensor<float>> velocity;
   for (auto& p : params) velocity.push_back(xg::zeros_like(xg::Tensor<float>(p)));
-  const float lr = 0.1f, momentum = 0.9f;
-  std::printf("Training a 2-64-64-2 tanh MLP on two spirals (400 points), momentum SGD:\n");
-  for (int it = 0; it <= 400; ++it) {
+  const float lr = 0.05f, momentum = 0.9f;
+  std::printf("Training a 2-64-64-2 tanh MLP on two spirals (400 points), momentum SGD, 600 steps:\n");
+  for (int it = 0; it <= 600; ++it) {
     auto [loss, grads] = step(points, labels);
     if (it % 50 == 0) {
       xg::no_grad eval;

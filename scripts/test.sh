@@ -10,6 +10,13 @@ cmake --build build-test -j"$jobs"
 (cd build-test && ctest --output-on-failure)
 build-test/examples/worked_examples > /dev/null
 
+# find_package(xgrad) against an installed copy.
+rm -rf build-test/prefix build-test/consumer
+cmake --install build-test --prefix build-test/prefix > /dev/null
+cmake -S tests/install_consumer -B build-test/consumer -DCMAKE_PREFIX_PATH="$PWD/build-test/prefix" > /dev/null
+cmake --build build-test/consumer
+build-test/consumer/consumer && echo "find_package(xgrad) consumer: ok"
+
 cmake -S . -B build-sanitize -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS=-O1 -DXGRAD_SANITIZE=ON \
   -DXGRAD_BUILD_TESTS=ON -DXGRAD_BUILD_EXAMPLES=OFF
 cmake --build build-sanitize -j"$jobs"

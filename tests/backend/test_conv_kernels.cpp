@@ -133,6 +133,8 @@ const std::vector<ConvCase>& conv_cases() {
       {8, 16, 16, 16, 16, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1},  // large: parallel batch and weight blocks
       {6, 32, 12, 12, 24, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1},  // large pointwise
       {5, 3, 20, 17, 8, 5, 5, 2, 2, 2, 2, 2, 2, 1, 1},    // large strided
+      {40, 6, 14, 14, 16, 5, 5, 1, 1, 0, 0, 0, 0, 1, 1},  // many images per batched GEMM, several GEMMs
+      {24, 4, 30, 30, 5, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1},   // batched GEMMs with padding
   };
   return cases;
 }

@@ -39,11 +39,11 @@ template <FloatingPoint T> Tensor<T> differentiable(const Tensor<T>& x) {
   return x.detach().set_requires_grad(true);
 }
 
-template <class Out> void check_output(const Out&, SourceLoc loc) {
+/// A compile-time error, not a run-time one, for a function that returns no float tensor.
+template <class Out> void check_output() {
   static_assert(is_tensor<std::decay_t<Out>>::value, "grad: the function must return an xg::Tensor");
   static_assert(FloatingPoint<typename std::decay_t<Out>::value_type>,
                 "grad: the function must return a float or double tensor");
-  (void)loc;
 }
 
 /// Gradients of `out` with respect to `wrt` (zeros where out does not depend on one).
@@ -72,7 +72,7 @@ template <class F, std::size_t... I> auto grad(F f, Argnums<I...>, SourceLoc loc
     auto inputs = std::make_tuple(args...);
     ((std::get<I>(inputs) = detail::differentiable(std::get<I>(inputs))), ...);
     auto out = std::apply(f, inputs);
-    detail::check_output(out, loc);
+    detail::check_output<decltype(out)>();
     auto grads = detail::gradients(out, scope.nested(), loc, std::get<I>(inputs)...);
     if constexpr (sizeof...(I) == 1)
       return std::get<0>(grads);
@@ -91,7 +91,7 @@ template <class F, class Params> auto value_and_grad(F f, Params params, SourceL
     detail::TransformScope scope;
     enable_grad on;
     auto out = f(args...);
-    detail::check_output(out, loc);
+    detail::check_output<decltype(out)>();
     using P = std::decay_t<decltype(*std::begin(params))>;
     using T = typename P::value_type;
     std::vector<Tensor<T>> grads;

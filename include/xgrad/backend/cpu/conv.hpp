@@ -5,6 +5,11 @@
 #include <cassert>
 #include <cstdint>
 #include <memory>
+#include <type_traits>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 #include "xgrad/backend/cpu/gemm.hpp"
 #include "xgrad/backend/cpu/thread_pool.hpp"
@@ -79,66 +84,188 @@ template <class T> std::unique_ptr<T[]> conv_scratch(int64_t size) {
   return std::make_unique_for_overwrite<T[]>(static_cast<std::size_t>(std::max<int64_t>(size, 1)));
 }
 
-}  // namespace detail
+// Elements of column (or gathered gradient) matrix one batched GEMM may use. Several small
+// images share one GEMM so its packing and edge tiles are amortized; the cap keeps the buffer
+// well inside L2 (larger blocks measured no faster at LeNet shapes).
+inline constexpr int64_t k_conv_col_budget = int64_t{1} << 16;
 
-/// Unfolds one image x [c_in, h, w] into col [c_in * kh * kw, out_h * out_w] (g.n is ignored).
-/// Positions that fall into the padding are written as zero.
-template <class T> void im2col(const Conv2dGeometry& g, const T* x, T* col) {
+/// Per-thread column and gathered-gradient buffers, reused across calls like gemm's packing space.
+template <class T> struct ConvWorkspace {
+  ScratchBuffer<T> m_col;
+  ScratchBuffer<T> m_mat;
+};
+
+template <class T> ConvWorkspace<T>& conv_workspace() {
+  static thread_local ConvWorkspace<T> ws;
+  return ws;
+}
+
+/// Most images whose columns fit k_conv_col_budget together (at least one).
+inline int64_t conv_images_per_gemm(int64_t col_per_image) {
+  return std::max<int64_t>(1, k_conv_col_budget / std::max<int64_t>(col_per_image, 1));
+}
+
+/// Calls body(first, count) over [lo, hi) in near-equal chunks of at most `cap` images. The
+/// chunks depend only on lo, hi and cap, which keeps reductions over them reproducible.
+template <class F> void for_each_image_chunk(int64_t lo, int64_t hi, int64_t cap, F&& body) {
+  const int64_t count = hi - lo;
+  if (count <= 0) return;
+  const int64_t chunks = (count + cap - 1) / cap;
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t first = lo + c * count / chunks;
+    const int64_t last = lo + (c + 1) * count / chunks;
+    body(first, last - first);
+  }
+}
+
+#if defined(__AVX512F__)
+// Masked AVX-512 moves: convolution rows are often shorter than one vector, and a masked tail
+// beats both a scalar loop and a memmove call there.
+template <class T> struct MaskedOps;
+template <> struct MaskedOps<float> {
+  using mask = __mmask16;
+  static constexpr int64_t lanes = 16;
+  static __m512 load(mask m, const float* p) { return _mm512_maskz_loadu_ps(m, p); }
+  static void store(mask m, float* p, __m512 v) { _mm512_mask_storeu_ps(p, m, v); }
+};
+template <> struct MaskedOps<double> {
+  using mask = __mmask8;
+  static constexpr int64_t lanes = 8;
+  static __m512d load(mask m, const double* p) { return _mm512_maskz_loadu_pd(m, p); }
+  static void store(mask m, double* p, __m512d v) { _mm512_mask_storeu_pd(p, m, v); }
+};
+#endif
+
+/// For each of `rows` rows: dst[0, span) = src[0, span) (Add = false) or dst[0, span) +=
+/// src[0, span) (Add = true); row r starts at src + r * src_step and dst + r * dst_step.
+template <bool Add, class T>
+void row_spans(const T* src, int64_t src_step, T* dst, int64_t dst_step, int64_t rows, int64_t span) {
+#if defined(__AVX512F__)
+  // Not for Add: a masked load stalls behind an earlier masked store within a vector's width
+  // of it, which is exactly how col2im's neighbouring rows sit.
+  if constexpr (!Add && (std::is_same_v<T, float> || std::is_same_v<T, double>)) {
+    using ops = MaskedOps<T>;
+    using mask = typename ops::mask;
+    const auto full = static_cast<mask>(~0u);
+    const int64_t body = span / ops::lanes * ops::lanes;
+    const auto tail = static_cast<mask>((1u << (span - body)) - 1);
+    for (int64_t r = 0; r < rows; ++r, src += src_step, dst += dst_step) {
+      for (int64_t j = 0; j < body; j += ops::lanes) ops::store(full, dst + j, ops::load(full, src + j));
+      if (body < span) ops::store(tail, dst + body, ops::load(tail, src + body));
+    }
+    return;
+  }
+#endif
+  for (int64_t r = 0; r < rows; ++r, src += src_step, dst += dst_step) {
+    if constexpr (Add) {
+      for (int64_t j = 0; j < span; ++j) dst[j] += src[j];
+    } else {
+      copy_contiguous(src, span, dst);
+    }
+  }
+}
+
+/// im2col for `count` consecutive images of x into one column matrix whose rows are `ld`
+/// elements apart: image i fills columns [i * ohw, (i + 1) * ohw). Row bounds are worked out
+/// once per kernel tap, not per image, since their divisions cost more than a short row copy.
+template <class T> void im2col_images(const Conv2dGeometry& g, const T* x, int64_t count, T* col, int64_t ld) {
   const int64_t ohw = g.out_h * g.out_w;
+  const int64_t x_img = g.c_in * g.h * g.w;
+  const int64_t x_step = g.stride_h * g.w;
   T* dst = col;
   for (int64_t c = 0; c < g.c_in; ++c) {
-    const T* xc = x + c * g.h * g.w;
     for (int64_t ki = 0; ki < g.kh; ++ki) {
       const int64_t off_h = ki * g.dil_h - g.pad_top;
-      const auto rh = detail::valid_range(off_h, g.stride_h, g.h, g.out_h);
-      for (int64_t kj = 0; kj < g.kw; ++kj, dst += ohw) {
+      const auto rh = valid_range(off_h, g.stride_h, g.h, g.out_h);
+      for (int64_t kj = 0; kj < g.kw; ++kj, dst += ld) {
         const int64_t off_w = kj * g.dil_w - g.pad_left;
-        const auto rw = detail::valid_range(off_w, g.stride_w, g.w, g.out_w);
-        std::fill(dst, dst + rh.lo * g.out_w, T(0));
-        for (int64_t oh = rh.lo; oh < rh.hi; ++oh) {
-          T* drow = dst + oh * g.out_w;
-          const T* xrow = xc + (oh * g.stride_h + off_h) * g.w;
-          std::fill(drow, drow + rw.lo, T(0));
-          if (g.stride_w == 1) {
-            std::copy(xrow + rw.lo + off_w, xrow + rw.hi + off_w, drow + rw.lo);
-          } else {
-            for (int64_t ow = rw.lo; ow < rw.hi; ++ow) drow[ow] = xrow[ow * g.stride_w + off_w];
-          }
-          std::fill(drow + rw.hi, drow + g.out_w, T(0));
+        const auto rw = valid_range(off_w, g.stride_w, g.w, g.out_w);
+        const int64_t span = rw.hi - rw.lo;
+        if (span <= 0 || rh.hi <= rh.lo) {
+          std::fill(dst, dst + count * ohw, T(0));
+          continue;
         }
-        std::fill(dst + rh.hi * g.out_w, dst + ohw, T(0));
+        const int64_t x_first = (c * g.h + rh.lo * g.stride_h + off_h) * g.w + off_w + rw.lo * g.stride_w;
+        for (int64_t i = 0; i < count; ++i) {
+          T* di = dst + i * ohw;
+          std::fill(di, di + rh.lo * g.out_w, T(0));
+          std::fill(di + rh.hi * g.out_w, di + ohw, T(0));
+          if (span != g.out_w) {
+            for (int64_t oh = rh.lo; oh < rh.hi; ++oh) {
+              T* drow = di + oh * g.out_w;
+              std::fill(drow, drow + rw.lo, T(0));
+              std::fill(drow + rw.hi, drow + g.out_w, T(0));
+            }
+          }
+          const T* xrow = x + i * x_img + x_first;
+          T* drow = di + rh.lo * g.out_w + rw.lo;
+          if (g.stride_w == 1) {
+            row_spans<false>(xrow, x_step, drow, g.out_w, rh.hi - rh.lo, span);
+          } else {
+            for (int64_t oh = rh.lo; oh < rh.hi; ++oh, xrow += x_step, drow += g.out_w)
+              for (int64_t j = 0; j < span; ++j) drow[j] = xrow[j * g.stride_w];
+          }
+        }
       }
     }
   }
 }
 
-/// Folds col [c_in * kh * kw, out_h * out_w] back into one image x [c_in, h, w], adding to
-/// what x holds (overlapping windows accumulate; padding entries are dropped). The adjoint of im2col.
-template <class T> void col2im(const Conv2dGeometry& g, const T* col, T* x) {
+/// The adjoint of im2col_images: adds each column-matrix entry into the x element it came from.
+template <class T> void col2im_images(const Conv2dGeometry& g, const T* col, int64_t ld, int64_t count, T* x) {
   const int64_t ohw = g.out_h * g.out_w;
+  const int64_t x_img = g.c_in * g.h * g.w;
+  const int64_t x_step = g.stride_h * g.w;
   const T* src = col;
   for (int64_t c = 0; c < g.c_in; ++c) {
-    T* xc = x + c * g.h * g.w;
     for (int64_t ki = 0; ki < g.kh; ++ki) {
       const int64_t off_h = ki * g.dil_h - g.pad_top;
-      const auto rh = detail::valid_range(off_h, g.stride_h, g.h, g.out_h);
-      for (int64_t kj = 0; kj < g.kw; ++kj, src += ohw) {
+      const auto rh = valid_range(off_h, g.stride_h, g.h, g.out_h);
+      for (int64_t kj = 0; kj < g.kw; ++kj, src += ld) {
         const int64_t off_w = kj * g.dil_w - g.pad_left;
-        const auto rw = detail::valid_range(off_w, g.stride_w, g.w, g.out_w);
-        for (int64_t oh = rh.lo; oh < rh.hi; ++oh) {
-          const T* srow = src + oh * g.out_w;
-          T* xrow = xc + (oh * g.stride_h + off_h) * g.w;
+        const auto rw = valid_range(off_w, g.stride_w, g.w, g.out_w);
+        const int64_t span = rw.hi - rw.lo;
+        if (span <= 0 || rh.hi <= rh.lo) continue;
+        const int64_t x_first = (c * g.h + rh.lo * g.stride_h + off_h) * g.w + off_w + rw.lo * g.stride_w;
+        for (int64_t i = 0; i < count; ++i) {
+          const T* srow = src + i * ohw + rh.lo * g.out_w + rw.lo;
+          T* xrow = x + i * x_img + x_first;
           if (g.stride_w == 1) {
-            T* xo = xrow + rw.lo + off_w;
-            const T* so = srow + rw.lo;
-            for (int64_t j = 0; j < rw.hi - rw.lo; ++j) xo[j] += so[j];
+            row_spans<true>(srow, g.out_w, xrow, x_step, rh.hi - rh.lo, span);
           } else {
-            for (int64_t ow = rw.lo; ow < rw.hi; ++ow) xrow[ow * g.stride_w + off_w] += srow[ow];
+            for (int64_t oh = rh.lo; oh < rh.hi; ++oh, xrow += x_step, srow += g.out_w)
+              for (int64_t j = 0; j < span; ++j) xrow[j * g.stride_w] += srow[j];
           }
         }
       }
     }
   }
+}
+
+/// Copies `count` images of a [n, rows, ohw] tensor into a [rows, count * ohw] matrix.
+template <class T> void gather_images(const T* src, int64_t count, int64_t rows, int64_t ohw, T* dst) {
+  const int64_t ld = count * ohw;
+  for (int64_t i = 0; i < count; ++i) row_spans<false>(src + i * rows * ohw, ohw, dst + i * ohw, ld, rows, ohw);
+}
+
+/// The inverse of gather_images: a [rows, count * ohw] matrix back into [count, rows, ohw].
+template <class T> void scatter_images(const T* src, int64_t count, int64_t rows, int64_t ohw, T* dst) {
+  const int64_t ld = count * ohw;
+  for (int64_t i = 0; i < count; ++i) row_spans<false>(src + i * ohw, ld, dst + i * rows * ohw, ohw, rows, ohw);
+}
+
+}  // namespace detail
+
+/// Unfolds one image x [c_in, h, w] into col [c_in * kh * kw, out_h * out_w] (g.n is ignored).
+/// Positions that fall into the padding are written as zero.
+template <class T> void im2col(const Conv2dGeometry& g, const T* x, T* col) {
+  detail::im2col_images(g, x, 1, col, g.out_h * g.out_w);
+}
+
+/// Folds col [c_in * kh * kw, out_h * out_w] back into one image x [c_in, h, w], adding to
+/// what x holds (overlapping windows accumulate; padding entries are dropped). The adjoint of im2col.
+template <class T> void col2im(const Conv2dGeometry& g, const T* col, T* x) {
+  detail::col2im_images(g, col, g.out_h * g.out_w, 1, x);
 }
 
 /// y = conv2d(x, w): x [n, c_in, h, w], w [c_out, c_in, kh, kw], y [n, c_out, out_h, out_w] (overwritten).
@@ -152,18 +279,26 @@ template <class T> void conv2d_forward(const Conv2dGeometry& g, const T* x, cons
     std::fill(y, y + g.n * y_img, T(0));
     return;
   }
-  const bool pointwise = detail::conv_is_pointwise(g);
+  if (detail::conv_is_pointwise(g)) {
+    detail::conv_for_batch(g.n, g.c_out * k * ohw, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i)
+        gemm<T>(g.c_out, ohw, k, T(1), w, k, 1, x + i * x_img, ohw, 1, T(0), y + i * y_img, ohw);
+    });
+    return;
+  }
+  const int64_t cap = detail::conv_images_per_gemm(std::max(k, g.c_out) * ohw);
   detail::conv_for_batch(g.n, g.c_out * k * ohw, [&](int64_t lo, int64_t hi) {
-    auto col = pointwise ? nullptr : detail::conv_scratch<T>(k * ohw);
-    for (int64_t i = lo; i < hi; ++i) {
-      const T* b = x + i * x_img;
-      if (!pointwise) {
-        im2col(g, b, col.get());
-        b = col.get();
-      }
-      // y_i [c_out, ohw] = w [c_out, k] * col [k, ohw]
-      gemm<T>(g.c_out, ohw, k, T(1), w, k, 1, b, ohw, 1, T(0), y + i * y_img, ohw);
-    }
+    auto& ws = detail::conv_workspace<T>();
+    detail::for_each_image_chunk(lo, hi, cap, [&](int64_t first, int64_t count) {
+      const int64_t ld = count * ohw;
+      T* col = ws.m_col.get(k * ld);
+      detail::im2col_images(g, x + first * x_img, count, col, ld);
+      // A single image's result already has y's layout; several need a scatter.
+      T* out = count == 1 ? y + first * y_img : ws.m_mat.get(g.c_out * ld);
+      // out [c_out, count * ohw] = w [c_out, k] * col [k, count * ohw]
+      gemm<T>(g.c_out, ld, k, T(1), w, k, 1, col, ld, 1, T(0), out, ld);
+      if (count > 1) detail::scatter_images(out, count, g.c_out, ohw, y + first * y_img);
+    });
   });
 }
 
@@ -179,19 +314,32 @@ template <class T> void conv2d_backward_input(const Conv2dGeometry& g, const T* 
     std::fill(gx, gx + g.n * x_img, T(0));
     return;
   }
-  const bool pointwise = detail::conv_is_pointwise(g);
+  if (detail::conv_is_pointwise(g)) {
+    // col [k, ohw] = w^T [k, c_out] * gy_i [c_out, ohw] is gx_i itself.
+    detail::conv_for_batch(g.n, g.c_out * k * ohw, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i)
+        gemm<T>(k, ohw, g.c_out, T(1), w, 1, k, gy + i * y_img, ohw, 1, T(0), gx + i * x_img, ohw);
+    });
+    return;
+  }
+  const int64_t cap = detail::conv_images_per_gemm(std::max(k, g.c_out) * ohw);
   detail::conv_for_batch(g.n, g.c_out * k * ohw, [&](int64_t lo, int64_t hi) {
-    auto col = pointwise ? nullptr : detail::conv_scratch<T>(k * ohw);
-    for (int64_t i = lo; i < hi; ++i) {
-      T* gx_i = gx + i * x_img;
-      // col [k, ohw] = w^T [k, c_out] * gy_i [c_out, ohw]; for pointwise convs col is gx_i itself.
-      T* dst = pointwise ? gx_i : col.get();
-      gemm<T>(k, ohw, g.c_out, T(1), w, 1, k, gy + i * y_img, ohw, 1, T(0), dst, ohw);
-      if (!pointwise) {
-        std::fill(gx_i, gx_i + x_img, T(0));
-        col2im(g, col.get(), gx_i);
+    auto& ws = detail::conv_workspace<T>();
+    detail::for_each_image_chunk(lo, hi, cap, [&](int64_t first, int64_t count) {
+      const int64_t ld = count * ohw;
+      const T* gy_block = gy + first * y_img;
+      if (count > 1) {
+        T* gathered = ws.m_mat.get(g.c_out * ld);
+        detail::gather_images(gy_block, count, g.c_out, ohw, gathered);
+        gy_block = gathered;
       }
-    }
+      // col [k, count * ohw] = w^T [k, c_out] * gy_block [c_out, count * ohw]
+      T* col = ws.m_col.get(k * ld);
+      gemm<T>(k, ld, g.c_out, T(1), w, 1, k, gy_block, ld, 1, T(0), col, ld);
+      T* gx_block = gx + first * x_img;
+      std::fill(gx_block, gx_block + count * x_img, T(0));
+      detail::col2im_images(g, col, ld, count, gx_block);
+    });
   });
 }
 
@@ -213,31 +361,39 @@ template <class T> void conv2d_backward_weight(const Conv2dGeometry& g, const T*
   const bool pointwise = detail::conv_is_pointwise(g);
 
   // The batch is cut into blocks chosen from the geometry alone (never from the thread count),
-  // each block sums its images in order, and the block partials are added in block order. The
-  // thread count only decides whether blocks or the GEMMs inside them run in parallel.
+  // each block sums its image chunks in order, and the block partials are added in block order.
+  // The thread count only decides whether blocks or the GEMMs inside them run in parallel.
   const int64_t work_per_image = gw_size * ohw;
   int64_t blocks = std::min(g.n, detail::k_conv_max_weight_blocks);
   blocks = std::min(blocks, std::max<int64_t>(1, g.n * work_per_image / detail::k_conv_min_parallel_work));
   blocks = std::min(blocks, 1 + detail::k_conv_partial_budget / gw_size);
   blocks = std::max<int64_t>(blocks, 1);
+  const int64_t cap = pointwise ? 1 : detail::conv_images_per_gemm(std::max(k, g.c_out) * ohw);
 
   // Block 0 accumulates straight into gw; the others into their own partial buffers.
   auto partials = blocks > 1 ? detail::conv_scratch<T>((blocks - 1) * gw_size) : nullptr;
   auto run_blocks = [&](int64_t block_lo, int64_t block_hi) {
-    auto col = pointwise ? nullptr : detail::conv_scratch<T>(k * ohw);
+    auto& ws = detail::conv_workspace<T>();
     for (int64_t blk = block_lo; blk < block_hi; ++blk) {
       T* acc = blk == 0 ? gw : partials.get() + (blk - 1) * gw_size;
-      const int64_t first = blk * g.n / blocks;
-      const int64_t last = (blk + 1) * g.n / blocks;
-      for (int64_t i = first; i < last; ++i) {
-        const T* b = x + i * x_img;
-        if (!pointwise) {
-          im2col(g, b, col.get());
-          b = col.get();
+      const int64_t block_first = blk * g.n / blocks;
+      detail::for_each_image_chunk(block_first, (blk + 1) * g.n / blocks, cap, [&](int64_t first, int64_t count) {
+        const int64_t ld = count * ohw;
+        const T* a = gy + first * y_img;
+        const T* b = x + first * x_img;
+        if (count > 1) {
+          T* gathered = ws.m_mat.get(g.c_out * ld);
+          detail::gather_images(a, count, g.c_out, ohw, gathered);
+          a = gathered;
         }
-        // acc [c_out, k] (+)= gy_i [c_out, ohw] * col^T [ohw, k]
-        gemm<T>(g.c_out, k, ohw, T(1), gy + i * y_img, ohw, 1, b, 1, ohw, i == first ? T(0) : T(1), acc, k);
-      }
+        if (!pointwise) {
+          T* col = ws.m_col.get(k * ld);
+          detail::im2col_images(g, x + first * x_img, count, col, ld);
+          b = col;
+        }
+        // acc [c_out, k] (+)= gy_block [c_out, count * ohw] * col^T [count * ohw, k]
+        gemm<T>(g.c_out, k, ld, T(1), a, ld, 1, b, 1, ld, first == block_first ? T(0) : T(1), acc, k);
+      });
     }
   };
   if (blocks > 1 && detail::conv_split_batch(blocks, work_per_image))
