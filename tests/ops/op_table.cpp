@@ -346,6 +346,12 @@ std::vector<OpCase> build_table() {
       "matmul/transpose_a_b", Shapes{{4, 3}, {5, 4}}, [](const auto& in) { return matmul(in[0], in[1], true, true); },
       [](const std::vector<Ref>& r) { return matmul_ref(transpose2_ref(r[0]), transpose2_ref(r[1])); }));
   t.push_back(make_case(
+      "matmul/transpose_a", Shapes{{4, 3}, {4, 5}}, [](const auto& in) { return matmul(in[0], in[1], true, false); },
+      [](const std::vector<Ref>& r) { return matmul_ref(transpose2_ref(r[0]), r[1]); }));
+  t.push_back(make_case(
+      "matmul/transpose_b", Shapes{{3, 4}, {5, 4}}, [](const auto& in) { return matmul(in[0], in[1], false, true); },
+      [](const std::vector<Ref>& r) { return matmul_ref(r[0], transpose2_ref(r[1])); }));
+  t.push_back(make_case(
       "matmul/large_tiles", Shapes{{17, 33}, {33, 19}}, [](const auto& in) { return matmul(in[0], in[1]); },
       [](const std::vector<Ref>& r) { return matmul_ref(r[0], r[1]); }));
 

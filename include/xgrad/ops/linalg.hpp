@@ -58,14 +58,20 @@ template <FloatingPoint T> Tensor<T> matmul(const Tensor<T>& a, const Tensor<T>&
 
   if constexpr (FloatingPoint<T>) {
     if (detail::should_record(a, b)) {
+      // Each gradient costs a matmul: compute only those an input needs.
+      const bool need_a = a.requires_grad(), need_b = b.requires_grad();
       detail::record(out, "MatMul", loc, {a, b}, {a, b}, false,
-                     [a, b, transpose_a, transpose_b](const TensorBase&, const TensorBase& grad) {
-                       Tensor<T> g(grad);
-                       if (!transpose_a && !transpose_b)
-                         return autograd::Grads{matmul(g, b, false, true), matmul(a, g, true, false)};
-                       if (!transpose_a) return autograd::Grads{matmul(g, b, false, false), matmul(g, a, true, false)};
-                       if (!transpose_b) return autograd::Grads{matmul(b, g, false, true), matmul(a, g, false, false)};
-                       return autograd::Grads{matmul(b, g, true, true), matmul(g, a, true, true)};
+                     [a, b, transpose_a, transpose_b, need_a, need_b](const TensorBase&, const TensorBase& grad) {
+                       Tensor<T> g(grad), ga, gb;
+                       if (need_a) {
+                         ga = !transpose_a ? matmul(g, b, false, !transpose_b)
+                                           : (transpose_b ? matmul(b, g, true, true) : matmul(b, g, false, true));
+                       }
+                       if (need_b) {
+                         gb = !transpose_b ? matmul(a, g, !transpose_a, false)
+                                           : (transpose_a ? matmul(g, a, true, true) : matmul(g, a, true, false));
+                       }
+                       return autograd::Grads{ga, gb};
                      });
     }
   }

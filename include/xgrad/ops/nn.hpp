@@ -77,10 +77,14 @@ Tensor<T> conv2d_apply(const Tensor<T>& x, const Tensor<T>& w, const cpu::Conv2d
   auto y = Tensor<T>::empty(Shape{geo.n, geo.c_out, geo.out_h, geo.out_w});
   cpu::conv2d_forward(geo, x.data(), w.data(), y.data());
   if (should_record(x, w)) {
-    record(y, "Conv2D", loc, {x, w}, {x, w}, false, [x, w, geo, loc](const TensorBase&, const TensorBase& g) {
-      Tensor<T> gy(g);
-      return autograd::Grads{conv2d_input_grad(gy, w, geo, loc), conv2d_weight_grad(x, gy, geo, loc)};
-    });
+    // Each gradient costs a convolution: compute only those an input needs.
+    const bool need_x = x.requires_grad(), need_w = w.requires_grad();
+    record(y, "Conv2D", loc, {x, w}, {x, w}, false,
+           [x, w, geo, loc, need_x, need_w](const TensorBase&, const TensorBase& g) {
+             Tensor<T> gy(g);
+             return autograd::Grads{need_x ? conv2d_input_grad(gy, w, geo, loc) : Tensor<T>(),
+                                    need_w ? conv2d_weight_grad(x, gy, geo, loc) : Tensor<T>()};
+           });
   }
   return y;
 }
@@ -90,10 +94,12 @@ Tensor<T> conv2d_input_grad(const Tensor<T>& g, const Tensor<T>& w, const cpu::C
   auto gx = Tensor<T>::empty(Shape{geo.n, geo.c_in, geo.h, geo.w});
   cpu::conv2d_backward_input(geo, g.data(), w.data(), gx.data());
   if (should_record(g, w)) {
+    const bool need_g = g.requires_grad(), need_w = w.requires_grad();
     record(gx, "Conv2DBackpropInput", loc, {g, w}, {g, w}, false,
-           [g, w, geo, loc](const TensorBase&, const TensorBase& u) {
+           [g, w, geo, loc, need_g, need_w](const TensorBase&, const TensorBase& u) {
              Tensor<T> up(u);
-             return autograd::Grads{conv2d_apply(up, w, geo, loc), conv2d_weight_grad(up, g, geo, loc)};
+             return autograd::Grads{need_g ? conv2d_apply(up, w, geo, loc) : Tensor<T>(),
+                                    need_w ? conv2d_weight_grad(up, g, geo, loc) : Tensor<T>()};
            });
   }
   return gx;
@@ -104,10 +110,12 @@ Tensor<T> conv2d_weight_grad(const Tensor<T>& x, const Tensor<T>& g, const cpu::
   auto gw = Tensor<T>::empty(Shape{geo.c_out, geo.c_in, geo.kh, geo.kw});
   cpu::conv2d_backward_weight(geo, x.data(), g.data(), gw.data());
   if (should_record(x, g)) {
+    const bool need_x = x.requires_grad(), need_g = g.requires_grad();
     record(gw, "Conv2DBackpropFilter", loc, {x, g}, {x, g}, false,
-           [x, g, geo, loc](const TensorBase&, const TensorBase& v) {
+           [x, g, geo, loc, need_x, need_g](const TensorBase&, const TensorBase& v) {
              Tensor<T> up(v);
-             return autograd::Grads{conv2d_input_grad(g, up, geo, loc), conv2d_apply(x, up, geo, loc)};
+             return autograd::Grads{need_x ? conv2d_input_grad(g, up, geo, loc) : Tensor<T>(),
+                                    need_g ? conv2d_apply(x, up, geo, loc) : Tensor<T>()};
            });
   }
   return gw;
