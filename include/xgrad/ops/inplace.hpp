@@ -29,11 +29,8 @@ template <class T> void write_into(std::string_view op, Tensor<T>& dst, const Te
   if (src.shape() == dst.shape()) {
     if (src.impl()->storage != dst.impl()->storage) std::copy_n(src.data(), src.numel(), dst.data());
   } else {
-    cpu::Strides strides{};
-    auto in_strides = src.shape().strides();
-    for (int i = dst.ndim() - 1, j = src.ndim() - 1; i >= 0; --i, --j)
-      strides[i] = (j >= 0 && src.shape()[j] != 1) ? in_strides[j] : 0;
-    cpu::strided_copy(dst.shape(), src.data(), strides, dst.data(), dst.shape().strides());
+    cpu::strided_copy(dst.shape(), src.data(), cpu::broadcast_strides(src.shape(), dst.shape()), dst.data(),
+                      dst.shape().strides());
   }
   dst.impl()->storage->bump_version();
 }

@@ -100,12 +100,8 @@ template <Element T> Tensor<T> broadcast_to(const Tensor<T>& x, const Shape& sha
     throw_shape_error("BroadcastTo", loc, "input ", dtype_name(x.dtype()), x.shape(), " cannot be broadcast to ",
                       shape);
   if (x.shape() == shape) return x;
-  cpu::Strides src{};
-  auto in_strides = x.shape().strides();
-  for (int i = shape.ndim() - 1, j = x.ndim() - 1; i >= 0; --i, --j)
-    src[i] = (j >= 0 && x.shape()[j] != 1) ? in_strides[j] : 0;
   auto out = Tensor<T>::empty(shape);
-  cpu::strided_copy(shape, x.data(), src, out.data(), shape.strides());
+  cpu::strided_copy(shape, x.data(), cpu::broadcast_strides(x.shape(), shape), out.data(), shape.strides());
   if constexpr (FloatingPoint<T>) {
     if (detail::should_record(x)) {
       Shape in_shape = x.shape();

@@ -12,6 +12,14 @@ namespace xgrad::cpu {
 
 using Strides = std::array<std::int64_t, kMaxRank>;
 
+/// Strides that read `from` as if broadcast to `to` (0 along broadcast axes).
+inline Strides broadcast_strides(const Shape& from, const Shape& to) {
+  Strides out{};
+  auto strides = from.strides();
+  for (int i = to.ndim() - 1, j = from.ndim() - 1; i >= 0; --i, --j) out[i] = (j >= 0 && from[j] != 1) ? strides[j] : 0;
+  return out;
+}
+
 /// dst[i * dst_strides] = src[i * src_strides] for every index i of `shape`. Serves
 /// transpose, slice, concat, broadcast and their gradients.
 template <class T>
