@@ -107,11 +107,15 @@ inline std::vector<TensorBase> run_backward(const TensorBase& root, const Tensor
     }
     detail::check_saved(*node);
     TensorBase out;
-    if (node->out_storage) {
+    if (node->out_storage || node->out_value) {
       auto impl = std::make_shared<TensorImpl>(node->out_shape, node->out_dtype, node->out_storage);
+      impl->value = node->out_value;
       impl->autograd = meta;
       out = TensorBase(impl);
     }
+    // While tracing, the nodes of this step point at the forward op's line.
+    std::optional<tracing::GradientScope> at_forward;
+    if (tracing::Tracer::active()) at_forward.emplace(node->loc);
     Grads input_grads = node->rule(out, g);
     for (std::size_t i = 0; i < node->inputs.size(); ++i) {
       const auto& in = node->inputs[i];

@@ -33,6 +33,7 @@ struct Node {
   // The output's storage, kept only for rules that read the output (exp, sigmoid, ...). The
   // output's autodiff state is not held here: that would make a cycle through grad_fn.
   std::shared_ptr<Storage> out_storage;
+  std::shared_ptr<ir::Value> out_value;  // the same, for a symbolic output while tracing
   std::uint64_t out_version = 0;
   Shape out_shape;
   DType out_dtype = DType::float32;

@@ -1,6 +1,7 @@
 // Storage: a tensor's aligned element buffer and the version counter autodiff checks.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -79,7 +80,8 @@ class Storage {
  public:
   static constexpr std::size_t kAlignment = 64;
 
-  explicit Storage(std::size_t bytes, Device device = Device::cpu) : m_bytes(bytes), m_device(device) {
+  explicit Storage(std::size_t bytes, Device device = Device::cpu)
+      : m_bytes(bytes), m_device(device), m_serial(next_serial()) {
     using detail::BufferCache;
     if (bytes < BufferCache::kMinBytes) {
       // malloc's per-thread caches make small tensors cheap; glibc's aligned_alloc would
@@ -108,12 +110,21 @@ class Storage {
   std::uint64_t version() const { return m_version; }
   void bump_version() { ++m_version; }
 
+  /// Storages are numbered in creation order; the tracer tells a tensor made while tracing
+  /// (a constant of the graph) from one that existed before (an input read by reference).
+  std::uint64_t serial() const { return m_serial; }
+  static std::uint64_t next_serial() {
+    static std::atomic<std::uint64_t> counter{0};
+    return counter.fetch_add(1, std::memory_order_relaxed);
+  }
+
  private:
   void* m_data = nullptr;
   std::size_t m_bytes = 0;
   std::size_t m_capacity = 0;
   Device m_device = Device::cpu;
   std::uint64_t m_version = 0;
+  std::uint64_t m_serial = 0;
 };
 
 }  // namespace xgrad

@@ -21,6 +21,9 @@ struct TensorImpl;
 namespace autograd {
 struct Node;
 }
+namespace ir {
+struct Value;
+}
 
 /// Autodiff state of one tensor. Kept apart from the storage so that a tape node can point
 /// at its inputs' autodiff state without keeping their buffers alive.
@@ -31,14 +34,17 @@ struct AutogradMeta {
   std::string name;                         // a Parameter's name
 };
 
-/// The untyped body behind every Tensor<T>.
+/// The untyped body behind every Tensor<T>. A concrete tensor has storage; a symbolic one,
+/// made while jit traces a function, has none and stands for a value of the graph instead.
 struct TensorImpl {
   Shape shape;
   DType dtype = DType::float32;
   std::shared_ptr<Storage> storage;
   std::shared_ptr<AutogradMeta> autograd;  // null while nothing asked for gradients
+  std::shared_ptr<ir::Value> value;        // the graph value of a symbolic tensor
 
   TensorImpl(Shape s, DType d, std::shared_ptr<Storage> st) : shape(s), dtype(d), storage(std::move(st)) {}
+  TensorImpl(Shape s, DType d, std::shared_ptr<ir::Value> v) : shape(s), dtype(d), value(std::move(v)) {}
 
   /// A fresh contiguous buffer for `shape` elements of `dtype`.
   static std::shared_ptr<TensorImpl> allocate(const Shape& shape, DType dtype, Device device = Device::cpu) {
@@ -60,12 +66,20 @@ class TensorBase {
   int ndim() const { return checked().shape.ndim(); }
   std::int64_t numel() const { return checked().shape.numel(); }
   DType dtype() const { return checked().dtype; }
-  Device device() const { return checked().storage->device(); }
+  Device device() const {
+    auto& impl = checked();
+    return impl.storage ? impl.storage->device() : Device::cpu;
+  }
+  /// True for a tensor that stands for a value of a graph being traced (it has no data).
+  bool is_symbolic() const { return !checked().storage; }
   bool requires_grad() const { return checked().requires_grad(); }
   /// True for tensors made by the user rather than by an op that autodiff recorded.
   bool is_leaf() const;
   /// How often the storage was written in place; autodiff compares it at backward().
-  std::uint64_t version() const { return checked().storage->version(); }
+  std::uint64_t version() const {
+    auto& impl = checked();
+    return impl.storage ? impl.storage->version() : 0;
+  }
 
   const std::shared_ptr<TensorImpl>& impl() const { return m_impl; }
 
@@ -74,6 +88,16 @@ class TensorBase {
     if (!m_impl)
       throw AutogradError("Tensor: use of an undefined tensor (an empty handle, or grad() before any backward)");
     return *m_impl;
+  }
+  /// The storage of a concrete tensor; reading a symbolic tensor's data is a user error.
+  Storage& storage() const {
+    auto& impl = checked();
+    if (!impl.storage) [[unlikely]]
+      throw ValueError(detail::concat(
+          "Tensor: the value of a traced tensor (", dtype_name(impl.dtype), impl.shape,
+          ") is not known while jit traces the function; use xg::print to see it when the graph runs, and "
+          "xg::cond / xg::while_loop for control flow that depends on it"));
+    return *impl.storage;
   }
   std::shared_ptr<TensorImpl> m_impl;
 };
@@ -96,8 +120,8 @@ template <Element T> class Tensor : public TensorBase {
     return Tensor(TensorImpl::allocate(shape, dtype_of<T>(), device));
   }
 
-  T* data() { return static_cast<T*>(checked().storage->data()); }
-  const T* data() const { return static_cast<const T*>(checked().storage->data()); }
+  T* data() { return static_cast<T*>(storage().data()); }
+  const T* data() const { return static_cast<const T*>(storage().data()); }
 
   /// The elements, row-major.
   std::vector<T> to_vector() const {
@@ -136,13 +160,14 @@ template <Element T> class Tensor : public TensorBase {
   /// A copy as an xtensor array (defined in core/xtensor_interop.hpp).
   // A template so that xt::xarray is only named where it is used: xtensor's array type
   // needs its full headers, which only xtensor_interop.hpp pulls in.
-  template <class U = T>
-  xt::xarray<U> to_xarray() const;
+  template <class U = T> xt::xarray<U> to_xarray() const;
 
   /// The same storage, cut off from autodiff.
   Tensor detach() const {
     auto& impl = checked();
-    return Tensor(std::make_shared<TensorImpl>(impl.shape, impl.dtype, impl.storage));
+    auto out = std::make_shared<TensorImpl>(impl.shape, impl.dtype, impl.storage);
+    out->value = impl.value;
+    return Tensor(std::move(out));
   }
 
   /// The Parameter name, or "" for an unnamed tensor.

@@ -3,28 +3,78 @@
 #pragma once
 
 #include <array>
+#include <exception>
 #include <functional>
 #include <initializer_list>
 #include <iterator>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "xgrad/autograd/node.hpp"
 #include "xgrad/backend/cpu/elementwise.hpp"
 #include "xgrad/core/tensor.hpp"
+#include "xgrad/jit/tracer.hpp"
 
 namespace xgrad {
 
-/// Properties of an op that graph passes match on.
-struct OpTraits {
-  bool elementwise = false;
-  bool commutative = false;
-  bool linear = false;  // f(a x + b y) = a f(x) + b f(y) in each input
+namespace detail {
+
+/// Scope guard at the top of an op that checks shapes: when tracing and the op throws, it
+/// tells the tracer which op failed on which inputs, for the failure report.
+class OpScope {
+ public:
+  OpScope(std::string_view op, SourceLoc loc, std::initializer_list<std::reference_wrapper<const TensorBase>> inputs) {
+    if (auto* tracer = tracing::Tracer::active()) [[unlikely]] {
+      m_tracer = tracer;
+      m_op = op;
+      m_loc = loc;
+      m_inputs.assign(inputs.begin(), inputs.end());
+      m_exceptions = std::uncaught_exceptions();
+    }
+  }
+  ~OpScope() {
+    if (m_tracer && std::uncaught_exceptions() > m_exceptions) m_tracer->note_failure(m_op, m_loc, std::move(m_inputs));
+  }
+  OpScope(const OpScope&) = delete;
+  OpScope& operator=(const OpScope&) = delete;
+
+ private:
+  tracing::Tracer* m_tracer = nullptr;
+  std::string_view m_op;
+  SourceLoc m_loc;
+  std::vector<TensorBase> m_inputs;
+  int m_exceptions = 0;
 };
 
-namespace detail {
+/// No attributes: what most ops print.
+struct NoAttrs {
+  std::vector<ir::Attr> operator()() const { return {}; }
+};
+
+/// Runs a primitive op: `compute` maps concrete inputs to the output. Eagerly it runs now;
+/// while tracing, a node joins the graph and its kernel runs `compute` when the graph does.
+/// `make_attrs` (called only when tracing) describes the op's parameters for the IR.
+template <class Compute, class MakeAttrs = NoAttrs>
+TensorBase primitive(std::string_view op, SourceLoc loc, std::span<const TensorBase> inputs, DType dtype,
+                     const Shape& shape, Compute compute, MakeAttrs make_attrs = {}, OpTraits traits = {}) {
+  if (auto* tracer = tracing::Tracer::active()) [[unlikely]] {
+    return tracer->emit(
+        std::string(op), loc, inputs, {{dtype, shape}},
+        [compute](std::span<const TensorBase> in, std::span<TensorBase> out) { out[0] = compute(in); }, make_attrs(),
+        traits)[0];
+  }
+  return compute(inputs);
+}
+template <class Compute, class MakeAttrs = NoAttrs>
+TensorBase primitive(std::string_view op, SourceLoc loc, std::initializer_list<TensorBase> inputs, DType dtype,
+                     const Shape& shape, Compute compute, MakeAttrs make_attrs = {}, OpTraits traits = {}) {
+  return primitive(op, loc, std::span<const TensorBase>(inputs.begin(), inputs.size()), dtype, shape,
+                   std::move(compute), std::move(make_attrs), traits);
+}
 
 /// "x: Float32[3, 32], y: Float32[4]": what every shape error lists.
 inline std::string describe_inputs(std::initializer_list<std::pair<std::string_view, const TensorBase*>> inputs) {
@@ -57,9 +107,12 @@ template <class It> void record_range(const TensorBase& out, std::string_view op
     node->inputs.push_back({in.impl()->requires_grad() ? in.impl()->autograd : nullptr, in.shape()});
   }
   node->saved.reserve(saved.size());
-  for (const TensorBase& s : saved) node->saved.push_back({s.impl()->storage, s.version()});
+  // Symbolic tensors have no storage to check: a traced graph is functional.
+  for (const TensorBase& s : saved)
+    if (s.impl()->storage) node->saved.push_back({s.impl()->storage, s.version()});
   if (reads_output) {
     node->out_storage = out.impl()->storage;
+    node->out_value = out.impl()->value;
     node->out_version = out.version();
   }
   node->out_shape = out.shape();
@@ -79,8 +132,15 @@ inline void record(const TensorBase& out, std::string_view op, SourceLoc loc, Te
 
 /// Runs unary elementwise op Op: out[i] = Op::apply(x[i]).
 template <class Op, class T> Tensor<T> unary(const Tensor<T>& x, SourceLoc loc) {
-  auto out = Tensor<T>::empty(x.shape());
-  cpu::map_unary<Op>(x.data(), out.data(), x.numel());
+  Tensor<T> out(primitive(
+      Op::name, loc, {x}, dtype_of<T>(), x.shape(),
+      [](std::span<const TensorBase> in) {
+        Tensor<T> v(in[0]);
+        auto out = Tensor<T>::empty(v.shape());
+        cpu::map_unary<Op>(v.data(), out.data(), v.numel());
+        return TensorBase(out);
+      },
+      NoAttrs{}, Op::traits));
   if constexpr (FloatingPoint<T>) {
     if (should_record(x)) {
       // Keep the input alive only for rules that read it.
@@ -107,9 +167,17 @@ inline Shape broadcast_or_throw(std::string_view op, const TensorBase& a, const 
 template <class Op, class T>
 Tensor<typename Op::template result<T>> binary(const Tensor<T>& a, const Tensor<T>& b, SourceLoc loc) {
   using R = typename Op::template result<T>;
+  OpScope scope(Op::name, loc, {a, b});
   Shape shape = broadcast_or_throw(Op::name, a, b, loc);
-  auto out = Tensor<R>::empty(shape);
-  cpu::map_binary<Op>(cpu::BroadcastPlan<2>(shape, {&a.shape(), &b.shape()}), a.data(), b.data(), out.data());
+  Tensor<R> out(primitive(
+      Op::name, loc, {a, b}, dtype_of<R>(), shape,
+      [shape](std::span<const TensorBase> in) {
+        Tensor<T> x(in[0]), y(in[1]);
+        auto out = Tensor<R>::empty(shape);
+        cpu::map_binary<Op>(cpu::BroadcastPlan<2>(shape, {&x.shape(), &y.shape()}), x.data(), y.data(), out.data());
+        return TensorBase(out);
+      },
+      NoAttrs{}, Op::traits));
   if constexpr (FloatingPoint<T> && FloatingPoint<R>) {
     if (should_record(a, b)) {
       Tensor<T> ka = Op::reads_inputs ? a : Tensor<T>(), kb = Op::reads_inputs ? b : Tensor<T>();

@@ -312,14 +312,23 @@ template <Numeric T> Tensor<bool> operator>(const Tensor<T>& a, std::type_identi
 /// Picks a where cond is true, else b, with broadcasting over all three.
 template <Element T> Tensor<T> where(const Tensor<bool>& cond, const Tensor<T>& a, const Tensor<T>& b,
                                      SourceLoc loc = SourceLoc::current()) {
+  detail::OpScope scope(op::Where::name, loc, {cond, a, b});
   Shape ab;
   Shape shape;
   if (!try_broadcast(a.shape(), b.shape(), ab) || !try_broadcast(cond.shape(), ab, shape))
     throw_shape_error(op::Where::name, loc, "shapes cannot be broadcast together (inputs ",
                       detail::describe_inputs({{"cond", &cond}, {"x", &a}, {"y", &b}}), ")");
-  auto out = Tensor<T>::empty(shape);
-  cpu::map_ternary<op::Where>(cpu::BroadcastPlan<3>(shape, {&cond.shape(), &a.shape(), &b.shape()}), cond.data(),
-                              a.data(), b.data(), out.data());
+  Tensor<T> out(detail::primitive(
+      op::Where::name, loc, {cond, a, b}, dtype_of<T>(), shape,
+      [shape](std::span<const TensorBase> in) {
+        Tensor<bool> c(in[0]);
+        Tensor<T> x(in[1]), y(in[2]);
+        auto out = Tensor<T>::empty(shape);
+        cpu::map_ternary<op::Where>(cpu::BroadcastPlan<3>(shape, {&c.shape(), &x.shape(), &y.shape()}), c.data(),
+                                    x.data(), y.data(), out.data());
+        return TensorBase(out);
+      },
+      detail::NoAttrs{}, op::Where::traits));
   if constexpr (FloatingPoint<T>) {
     if (detail::should_record(a, b)) {
       detail::record(out, op::Where::name, loc, {cond, a, b}, {cond}, false,

@@ -5,6 +5,7 @@
 
 #include "xgrad/backend/cpu/copy.hpp"
 #include "xgrad/ops/elementwise.hpp"
+#include "xgrad/ops/manipulation.hpp"
 
 namespace xgrad {
 
@@ -26,6 +27,12 @@ template <class T> void write_into(std::string_view op, Tensor<T>& dst, const Te
   if (!try_broadcast(dst.shape(), src.shape(), check) || !(check == dst.shape()))
     throw_shape_error(op, loc, "the value ", dtype_name(src.dtype()), src.shape(), " does not broadcast to the target ",
                       dtype_name(dst.dtype()), dst.shape());
+  if (auto* tracer = tracing::Tracer::active()) {
+    // Traced graphs are functional: dst stands for the new value from here on, and a write
+    // into an input becomes an effect applied when the call finishes.
+    tracer->rebind(dst, src.shape() == dst.shape() ? src : broadcast_to(src, dst.shape(), loc), loc);
+    return;
+  }
   if (src.shape() == dst.shape()) {
     if (src.impl()->storage != dst.impl()->storage) std::copy_n(src.data(), src.numel(), dst.data());
   } else {

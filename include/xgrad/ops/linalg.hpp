@@ -13,6 +13,7 @@ namespace xgrad {
 /// MatMul(transpose_a, transpose_b)); leading axes broadcast like NumPy's.
 template <FloatingPoint T> Tensor<T> matmul(const Tensor<T>& a, const Tensor<T>& b, bool transpose_a, bool transpose_b,
                                             SourceLoc loc = SourceLoc::current()) {
+  detail::OpScope scope("MatMul", loc, {a, b});
   auto fail = [&](const char* why) {
     throw_shape_error(
         "MatMul", loc, why, " (inputs ", detail::describe_inputs({{"x", &a}, {"y", &b}}),
@@ -20,7 +21,7 @@ template <FloatingPoint T> Tensor<T> matmul(const Tensor<T>& a, const Tensor<T>&
         ")");
   };
   if (a.ndim() < 2 || b.ndim() < 2) fail("both inputs need at least 2 axes");
-  const Shape &sa = a.shape(), &sb = b.shape();
+  const Shape sa = a.shape(), sb = b.shape();
   const std::int64_t m = transpose_a ? sa[sa.ndim() - 1] : sa[sa.ndim() - 2];
   const std::int64_t k = transpose_a ? sa[sa.ndim() - 2] : sa[sa.ndim() - 1];
   const std::int64_t kb = transpose_b ? sb[sb.ndim() - 1] : sb[sb.ndim() - 2];
@@ -32,29 +33,40 @@ template <FloatingPoint T> Tensor<T> matmul(const Tensor<T>& a, const Tensor<T>&
   Shape shape = batch;
   shape.push_back(m);
   shape.push_back(n);
-  auto out = Tensor<T>::empty(shape);
-  const std::int64_t count = batch.numel();
-  cpu::BroadcastPlan<2> plan(batch, {&batch_a, &batch_b});
-  // Element strides of one matrix of each operand, as stored and as op() reads it.
-  const std::int64_t lda = sa.back(), ldb = sb.back();
-  const std::int64_t a_rs = transpose_a ? 1 : lda, a_cs = transpose_a ? lda : 1;
-  const std::int64_t b_rs = transpose_b ? 1 : ldb, b_cs = transpose_b ? ldb : 1;
-  const T* pa = a.data();
-  const T* pb = b.data();
-  T* pc = out.data();
-  auto run = [&](std::int64_t lo, std::int64_t hi) {
-    for (std::int64_t i = lo; i < hi; ++i) {
-      // plan walks batch indices; its strides count matrices, not elements.
-      std::int64_t ia = plan.row_offset(0, i / plan.inner()) + (i % plan.inner()) * plan.inner_stride(0);
-      std::int64_t ib = plan.row_offset(1, i / plan.inner()) + (i % plan.inner()) * plan.inner_stride(1);
-      cpu::gemm<T>(m, n, k, T(1), pa + ia * m * k, a_rs, a_cs, pb + ib * k * n, b_rs, b_cs, T(0), pc + i * m * n, n);
-    }
-  };
-  // Many small products: one per thread. Few large ones: gemm spreads each over the threads.
-  if (count > 1 && m * n * k < 64 * 64 * 64)
-    cpu::parallel_for(0, count, 1, run);
-  else
-    run(0, count);
+  Tensor<T> out(detail::primitive(
+      "MatMul", loc, {a, b}, dtype_of<T>(), shape,
+      [=](std::span<const TensorBase> in) {
+        Tensor<T> x(in[0]), y(in[1]);
+        auto out = Tensor<T>::empty(shape);
+        const std::int64_t count = batch.numel();
+        cpu::BroadcastPlan<2> plan(batch, {&batch_a, &batch_b});
+        // Element strides of one matrix of each operand, as stored and as op() reads it.
+        const std::int64_t lda = sa.back(), ldb = sb.back();
+        const std::int64_t a_rs = transpose_a ? 1 : lda, a_cs = transpose_a ? lda : 1;
+        const std::int64_t b_rs = transpose_b ? 1 : ldb, b_cs = transpose_b ? ldb : 1;
+        const T* pa = x.data();
+        const T* pb = y.data();
+        T* pc = out.data();
+        auto run = [&](std::int64_t lo, std::int64_t hi) {
+          for (std::int64_t i = lo; i < hi; ++i) {
+            // plan walks batch indices; its strides count matrices, not elements.
+            std::int64_t ia = plan.row_offset(0, i / plan.inner()) + (i % plan.inner()) * plan.inner_stride(0);
+            std::int64_t ib = plan.row_offset(1, i / plan.inner()) + (i % plan.inner()) * plan.inner_stride(1);
+            cpu::gemm<T>(m, n, k, T(1), pa + ia * m * k, a_rs, a_cs, pb + ib * k * n, b_rs, b_cs, T(0), pc + i * m * n,
+                         n);
+          }
+        };
+        // Many small products: one per thread. Few large ones: gemm spreads each over the threads.
+        if (count > 1 && m * n * k < 64 * 64 * 64)
+          cpu::parallel_for(0, count, 1, run);
+        else
+          run(0, count);
+        return TensorBase(out);
+      },
+      [=] {
+        return std::vector<ir::Attr>{{"transpose_a", transpose_a ? "true" : "false"},
+                                     {"transpose_b", transpose_b ? "true" : "false"}};
+      }));
 
   if constexpr (FloatingPoint<T>) {
     if (detail::should_record(a, b)) {

@@ -15,6 +15,7 @@ namespace xgrad {
 /// A view of x with a new shape of the same size; one -1 is inferred.
 template <Element T>
 Tensor<T> reshape(const Tensor<T>& x, const std::vector<std::int64_t>& dims, SourceLoc loc = SourceLoc::current()) {
+  detail::OpScope scope("Reshape", loc, {x});
   Shape shape;
   int inferred = -1;
   std::int64_t known = 1;
@@ -38,7 +39,14 @@ Tensor<T> reshape(const Tensor<T>& x, const std::vector<std::int64_t>& dims, Sou
   if (shape.numel() != x.numel())
     throw_shape_error("Reshape", loc, "cannot reshape input ", dtype_name(x.dtype()), x.shape(), " (", x.numel(),
                       " elements) into ", shape, " (", shape.numel(), " elements)");
-  Tensor<T> out(std::make_shared<TensorImpl>(shape, x.dtype(), x.impl()->storage));
+  Tensor<T> out(detail::primitive(
+      "Reshape", loc, {x}, x.dtype(), shape,
+      [shape](std::span<const TensorBase> in) {
+        return TensorBase(std::make_shared<TensorImpl>(shape, in[0].dtype(), in[0].impl()->storage));
+      },
+      [shape] {
+        return std::vector<ir::Attr>{{"shape", shape.str()}};
+      }));
   if constexpr (FloatingPoint<T>) {
     if (detail::should_record(x)) {
       Shape in_shape = x.shape();
@@ -53,6 +61,7 @@ Tensor<T> reshape(const Tensor<T>& x, const std::vector<std::int64_t>& dims, Sou
 /// Permutes the axes (reverses them when perm is empty). Materializes the result.
 template <Element T>
 Tensor<T> transpose(const Tensor<T>& x, std::vector<std::int64_t> perm = {}, SourceLoc loc = SourceLoc::current()) {
+  detail::OpScope scope("Transpose", loc, {x});
   const int rank = x.ndim();
   if (perm.empty()) {
     perm.resize(rank);
@@ -74,8 +83,16 @@ Tensor<T> transpose(const Tensor<T>& x, std::vector<std::int64_t> perm = {}, Sou
     shape.push_back(x.shape()[perm[i]]);
     src[i] = in_strides[perm[i]];
   }
-  auto out = Tensor<T>::empty(shape);
-  cpu::strided_copy(shape, x.data(), src, out.data(), shape.strides());
+  Tensor<T> out(detail::primitive(
+      "Transpose", loc, {x}, x.dtype(), shape,
+      [shape, src](std::span<const TensorBase> in) {
+        auto out = Tensor<T>::empty(shape);
+        cpu::strided_copy(shape, Tensor<T>(in[0]).data(), src, out.data(), shape.strides());
+        return TensorBase(out);
+      },
+      [perm] {
+        return std::vector<ir::Attr>{{"perm", Shape(perm).str()}};
+      }));
   if constexpr (FloatingPoint<T>) {
     if (detail::should_record(x)) {
       std::vector<std::int64_t> inverse(rank);
@@ -95,13 +112,23 @@ template <Numeric T> Tensor<T> sum_to(const Tensor<T>& x, const Shape& shape, So
 
 /// x repeated along broadcast axes to take `shape` (NumPy rules). Materializes the result.
 template <Element T> Tensor<T> broadcast_to(const Tensor<T>& x, const Shape& shape, SourceLoc loc) {
+  detail::OpScope scope("BroadcastTo", loc, {x});
   Shape check;
   if (!try_broadcast(x.shape(), shape, check) || !(check == shape))
     throw_shape_error("BroadcastTo", loc, "input ", dtype_name(x.dtype()), x.shape(), " cannot be broadcast to ",
                       shape);
   if (x.shape() == shape) return x;
-  auto out = Tensor<T>::empty(shape);
-  cpu::strided_copy(shape, x.data(), cpu::broadcast_strides(x.shape(), shape), out.data(), shape.strides());
+  Tensor<T> out(detail::primitive(
+      "BroadcastTo", loc, {x}, x.dtype(), shape,
+      [shape](std::span<const TensorBase> in) {
+        Tensor<T> v(in[0]);
+        auto out = Tensor<T>::empty(shape);
+        cpu::strided_copy(shape, v.data(), cpu::broadcast_strides(v.shape(), shape), out.data(), shape.strides());
+        return TensorBase(out);
+      },
+      [shape] {
+        return std::vector<ir::Attr>{{"shape", shape.str()}};
+      }));
   if constexpr (FloatingPoint<T>) {
     if (detail::should_record(x)) {
       Shape in_shape = x.shape();
@@ -116,6 +143,7 @@ template <Element T> Tensor<T> broadcast_to(const Tensor<T>& x, const Shape& sha
 /// Inserts a size-1 axis at `axis` (a view).
 template <Element T>
 Tensor<T> expand_dims(const Tensor<T>& x, std::int64_t axis, SourceLoc loc = SourceLoc::current()) {
+  detail::OpScope scope("ExpandDims", loc, {x});
   int a = normalize_axis(axis, x.ndim() + 1, "ExpandDims", loc);
   auto dims = x.shape().to_vector();
   dims.insert(dims.begin() + a, 1);
@@ -125,6 +153,7 @@ Tensor<T> expand_dims(const Tensor<T>& x, std::int64_t axis, SourceLoc loc = Sou
 /// Removes the given size-1 axes, or every size-1 axis when none are given (a view).
 template <Element T> Tensor<T> squeeze(const Tensor<T>& x, const std::vector<std::int64_t>& axes = {},
                                        SourceLoc loc = SourceLoc::current()) {
+  detail::OpScope scope("Squeeze", loc, {x});
   std::vector<bool> drop(x.ndim(), axes.empty());
   for (auto axis : axes) {
     int a = normalize_axis(axis, x.ndim(), "Squeeze", loc);
@@ -141,6 +170,7 @@ template <Element T> Tensor<T> squeeze(const Tensor<T>& x, const std::vector<std
 
 /// Keeps the first axis and flattens the rest: [N, ...] -> [N, -1] (MindSpore's Flatten).
 template <Element T> Tensor<T> flatten(const Tensor<T>& x, SourceLoc loc = SourceLoc::current()) {
+  detail::OpScope scope("Flatten", loc, {x});
   if (x.ndim() == 0) throw_shape_error("Flatten", loc, "input must have at least one axis, got a scalar");
   return reshape(x, {x.shape()[0], x.ndim() == 1 ? 1 : -1}, loc);
 }
@@ -153,6 +183,7 @@ template <Numeric T> Tensor<T> slice_backward(const Tensor<T>& g, const Shape& i
 /// a size of -1 runs to the end of that axis.
 template <Element T> Tensor<T> slice(const Tensor<T>& x, const std::vector<std::int64_t>& begin,
                                      const std::vector<std::int64_t>& size, SourceLoc loc = SourceLoc::current()) {
+  detail::OpScope scope("Slice", loc, {x});
   const int rank = x.ndim();
   if (static_cast<int>(begin.size()) != rank || static_cast<int>(size.size()) != rank)
     throw_shape_error("Slice", loc, "begin ", Shape(begin), " and size ", Shape(size),
@@ -168,8 +199,16 @@ template <Element T> Tensor<T> slice(const Tensor<T>& x, const std::vector<std::
     shape.push_back(n);
     offset += begin[i] * strides[i];
   }
-  auto out = Tensor<T>::empty(shape);
-  cpu::strided_copy(shape, x.data() + offset, strides, out.data(), shape.strides());
+  Tensor<T> out(detail::primitive(
+      "Slice", loc, {x}, x.dtype(), shape,
+      [shape, offset, strides](std::span<const TensorBase> in) {
+        auto out = Tensor<T>::empty(shape);
+        cpu::strided_copy(shape, Tensor<T>(in[0]).data() + offset, strides, out.data(), shape.strides());
+        return TensorBase(out);
+      },
+      [begin, size] {
+        return std::vector<ir::Attr>{{"begin", Shape(begin).str()}, {"size", Shape(size).str()}};
+      }));
   if constexpr (FloatingPoint<T>) {
     if (detail::should_record(x)) {
       Shape in_shape = x.shape();
@@ -184,11 +223,20 @@ template <Element T> Tensor<T> slice(const Tensor<T>& x, const std::vector<std::
 /// Zeros of `in_shape` with g written at `begin`: the adjoint of slice.
 template <Numeric T> Tensor<T> slice_backward(const Tensor<T>& g, const Shape& in_shape,
                                               const std::vector<std::int64_t>& begin, SourceLoc loc) {
-  auto out = zeros<T>(in_shape, loc);
   auto strides = in_shape.strides();
   std::int64_t offset = 0;
   for (int i = 0; i < in_shape.ndim(); ++i) offset += begin[i] * strides[i];
-  cpu::strided_copy(g.shape(), g.data(), g.shape().strides(), out.data() + offset, strides);
+  Tensor<T> out(detail::primitive(
+      "SliceGrad", loc, {g}, g.dtype(), in_shape,
+      [in_shape, offset, strides](std::span<const TensorBase> in) {
+        Tensor<T> v(in[0]);
+        auto out = zeros<T>(in_shape);
+        cpu::strided_copy(v.shape(), v.data(), v.shape().strides(), out.data() + offset, strides);
+        return TensorBase(out);
+      },
+      [begin] {
+        return std::vector<ir::Attr>{{"begin", Shape(begin).str()}};
+      }));
   if constexpr (FloatingPoint<T>) {
     if (detail::should_record(g)) {
       std::vector<std::int64_t> size = g.shape().to_vector();
@@ -204,6 +252,7 @@ template <Numeric T> Tensor<T> slice_backward(const Tensor<T>& g, const Shape& i
 template <Element T>
 Tensor<T> concat(const std::vector<Tensor<T>>& xs, std::int64_t axis = 0, SourceLoc loc = SourceLoc::current()) {
   if (xs.empty()) throw_shape_error("Concat", loc, "needs at least one input");
+  detail::OpScope scope("Concat", loc, {xs[0]});
   const Shape& first = xs[0].shape();
   int a = normalize_axis(axis, first.ndim(), "Concat", loc);
   Shape shape = first;
@@ -220,13 +269,23 @@ Tensor<T> concat(const std::vector<Tensor<T>>& xs, std::int64_t axis = 0, Source
     }
     shape[a] += s[a];
   }
-  auto out = Tensor<T>::empty(shape);
-  auto strides = shape.strides();
-  std::int64_t at = 0;
-  for (const auto& x : xs) {
-    cpu::strided_copy(x.shape(), x.data(), x.shape().strides(), out.data() + at * strides[a], strides);
-    at += x.shape()[a];
-  }
+  std::vector<TensorBase> inputs(xs.begin(), xs.end());
+  Tensor<T> out(detail::primitive(
+      "Concat", loc, inputs, dtype_of<T>(), shape,
+      [shape, a](std::span<const TensorBase> in) {
+        auto out = Tensor<T>::empty(shape);
+        auto strides = shape.strides();
+        std::int64_t at = 0;
+        for (const auto& part : in) {
+          Tensor<T> x(part);
+          cpu::strided_copy(x.shape(), x.data(), x.shape().strides(), out.data() + at * strides[a], strides);
+          at += x.shape()[a];
+        }
+        return TensorBase(out);
+      },
+      [a] {
+        return std::vector<ir::Attr>{{"axis", std::to_string(a)}};
+      }));
   if constexpr (FloatingPoint<T>) {
     bool any = false;
     for (const auto& x : xs) any = any || detail::should_record(x);
@@ -254,6 +313,7 @@ Tensor<T> concat(const std::vector<Tensor<T>>& xs, std::int64_t axis = 0, Source
 template <Element T>
 Tensor<T> stack(const std::vector<Tensor<T>>& xs, std::int64_t axis = 0, SourceLoc loc = SourceLoc::current()) {
   if (xs.empty()) throw_shape_error("Stack", loc, "needs at least one input");
+  detail::OpScope scope("Stack", loc, {xs[0]});
   for (std::size_t k = 1; k < xs.size(); ++k)
     if (!(xs[k].shape() == xs[0].shape()))
       throw_shape_error("Stack", loc, "input ", k, " has shape ", xs[k].shape(), ", input 0 has ", xs[0].shape());
@@ -267,10 +327,18 @@ template <Element U, Element T> Tensor<U> cast(const Tensor<T>& x, SourceLoc loc
   if constexpr (std::is_same_v<T, U>) {
     return x;
   } else {
-    auto out = Tensor<U>::empty(x.shape());
-    const T* src = x.data();
-    U* dst = out.data();
-    for (std::int64_t i = 0, n = x.numel(); i < n; ++i) dst[i] = static_cast<U>(src[i]);
+    Tensor<U> out(detail::primitive(
+        "Cast", loc, {x}, dtype_of<U>(), x.shape(),
+        [](std::span<const TensorBase> in) {
+          auto out = Tensor<U>::empty(in[0].shape());
+          const T* src = Tensor<T>(in[0]).data();
+          U* dst = out.data();
+          for (std::int64_t i = 0, n = out.numel(); i < n; ++i) dst[i] = static_cast<U>(src[i]);
+          return TensorBase(out);
+        },
+        [] {
+          return std::vector<ir::Attr>{{"to", std::string(dtype_short_name(dtype_of<U>()))}};
+        }));
     if constexpr (FloatingPoint<T> && FloatingPoint<U>) {
       if (detail::should_record(x)) {
         detail::record(out, "Cast", loc, {x}, {}, false,

@@ -32,6 +32,7 @@ struct Conv2dOptions {
 /// Adds a bias of shape [C] along axis 1 of x (MindSpore's BiasAdd).
 template <FloatingPoint T>
 Tensor<T> bias_add(const Tensor<T>& x, const Tensor<T>& b, SourceLoc loc = SourceLoc::current()) {
+  detail::OpScope scope("BiasAdd", loc, {x, b});
   if (x.ndim() < 2 || b.ndim() != 1 || b.shape()[0] != x.shape()[1])
     throw_shape_error("BiasAdd", loc,
                       "bias must have shape [C] where C is axis 1 of x, which needs at least 2 axes (inputs ",
@@ -66,6 +67,17 @@ inline AxisWindow window_axis(std::string_view op, std::int64_t in, std::int64_t
   return w;
 }
 
+inline std::vector<ir::Attr> conv_attrs(const cpu::Conv2dGeometry& g) {
+  return {{"stride", concat("[", g.stride_h, ", ", g.stride_w, "]")},
+          {"pad", concat("[", g.pad_top, ", ", g.pad_left, "]")},
+          {"dilation", concat("[", g.dil_h, ", ", g.dil_w, "]")}};
+}
+inline std::vector<ir::Attr> pool_attrs(const cpu::Pool2dGeometry& g) {
+  return {{"kernel", concat("[", g.kh, ", ", g.kw, "]")},
+          {"stride", concat("[", g.stride_h, ", ", g.stride_w, "]")},
+          {"pad", concat("[", g.pad_top, ", ", g.pad_left, "]")}};
+}
+
 template <FloatingPoint T>
 Tensor<T> conv2d_input_grad(const Tensor<T>& g, const Tensor<T>& w, const cpu::Conv2dGeometry& geo, SourceLoc loc);
 template <FloatingPoint T>
@@ -74,8 +86,14 @@ Tensor<T> conv2d_weight_grad(const Tensor<T>& x, const Tensor<T>& g, const cpu::
 /// conv2d on a worked-out geometry; its gradients are the two ops below.
 template <FloatingPoint T>
 Tensor<T> conv2d_apply(const Tensor<T>& x, const Tensor<T>& w, const cpu::Conv2dGeometry& geo, SourceLoc loc) {
-  auto y = Tensor<T>::empty(Shape{geo.n, geo.c_out, geo.out_h, geo.out_w});
-  cpu::conv2d_forward(geo, x.data(), w.data(), y.data());
+  Tensor<T> y(primitive(
+      "Conv2D", loc, {x, w}, dtype_of<T>(), Shape{geo.n, geo.c_out, geo.out_h, geo.out_w},
+      [geo](std::span<const TensorBase> in) {
+        auto out = Tensor<T>::empty(Shape{geo.n, geo.c_out, geo.out_h, geo.out_w});
+        cpu::conv2d_forward(geo, Tensor<T>(in[0]).data(), Tensor<T>(in[1]).data(), out.data());
+        return TensorBase(out);
+      },
+      [geo] { return conv_attrs(geo); }));
   if (should_record(x, w)) {
     // Each gradient costs a convolution: compute only those an input needs.
     const bool need_x = x.requires_grad(), need_w = w.requires_grad();
@@ -91,8 +109,14 @@ Tensor<T> conv2d_apply(const Tensor<T>& x, const Tensor<T>& w, const cpu::Conv2d
 
 template <FloatingPoint T>
 Tensor<T> conv2d_input_grad(const Tensor<T>& g, const Tensor<T>& w, const cpu::Conv2dGeometry& geo, SourceLoc loc) {
-  auto gx = Tensor<T>::empty(Shape{geo.n, geo.c_in, geo.h, geo.w});
-  cpu::conv2d_backward_input(geo, g.data(), w.data(), gx.data());
+  Tensor<T> gx(primitive(
+      "Conv2DBackpropInput", loc, {g, w}, dtype_of<T>(), Shape{geo.n, geo.c_in, geo.h, geo.w},
+      [geo](std::span<const TensorBase> in) {
+        auto out = Tensor<T>::empty(Shape{geo.n, geo.c_in, geo.h, geo.w});
+        cpu::conv2d_backward_input(geo, Tensor<T>(in[0]).data(), Tensor<T>(in[1]).data(), out.data());
+        return TensorBase(out);
+      },
+      [geo] { return conv_attrs(geo); }));
   if (should_record(g, w)) {
     const bool need_g = g.requires_grad(), need_w = w.requires_grad();
     record(gx, "Conv2DBackpropInput", loc, {g, w}, {g, w}, false,
@@ -107,8 +131,14 @@ Tensor<T> conv2d_input_grad(const Tensor<T>& g, const Tensor<T>& w, const cpu::C
 
 template <FloatingPoint T>
 Tensor<T> conv2d_weight_grad(const Tensor<T>& x, const Tensor<T>& g, const cpu::Conv2dGeometry& geo, SourceLoc loc) {
-  auto gw = Tensor<T>::empty(Shape{geo.c_out, geo.c_in, geo.kh, geo.kw});
-  cpu::conv2d_backward_weight(geo, x.data(), g.data(), gw.data());
+  Tensor<T> gw(primitive(
+      "Conv2DBackpropFilter", loc, {x, g}, dtype_of<T>(), Shape{geo.c_out, geo.c_in, geo.kh, geo.kw},
+      [geo](std::span<const TensorBase> in) {
+        auto out = Tensor<T>::empty(Shape{geo.c_out, geo.c_in, geo.kh, geo.kw});
+        cpu::conv2d_backward_weight(geo, Tensor<T>(in[0]).data(), Tensor<T>(in[1]).data(), out.data());
+        return TensorBase(out);
+      },
+      [geo] { return conv_attrs(geo); }));
   if (should_record(x, g)) {
     const bool need_x = x.requires_grad(), need_g = g.requires_grad();
     record(gw, "Conv2DBackpropFilter", loc, {x, g}, {x, g}, false,
@@ -126,6 +156,7 @@ Tensor<T> conv2d_weight_grad(const Tensor<T>& x, const Tensor<T>& g, const cpu::
 /// 2-D convolution of x [N, C_in, H, W] with w [C_out, C_in, KH, KW] (im2col + GEMM).
 template <FloatingPoint T> Tensor<T> conv2d(const Tensor<T>& x, const Tensor<T>& w, Conv2dOptions options = {},
                                             SourceLoc loc = SourceLoc::current()) {
+  detail::OpScope scope("Conv2D", loc, {x, w});
   if (x.ndim() != 4 || w.ndim() != 4 || x.shape()[1] != w.shape()[1])
     throw_shape_error("Conv2D", loc,
                       "x must be [N, C_in, H, W] and w [C_out, C_in, KH, KW] with the same C_in (inputs ",
@@ -176,8 +207,14 @@ Tensor<T> max_pool_select(const Tensor<T>& x, const Tensor<T>& v, const cpu::Poo
 /// Routes gy to the argmax of each window of x: max_pool2d's gradient.
 template <FloatingPoint T>
 Tensor<T> max_pool_scatter(const Tensor<T>& x, const Tensor<T>& gy, const cpu::Pool2dGeometry& geo, SourceLoc loc) {
-  auto gx = Tensor<T>::empty(x.shape());
-  cpu::max_pool2d_scatter(geo, x.data(), gy.data(), gx.data());
+  Tensor<T> gx(primitive(
+      "MaxPoolGrad", loc, {x, gy}, dtype_of<T>(), Shape{geo.n, geo.c, geo.h, geo.w},
+      [geo](std::span<const TensorBase> in) {
+        auto out = Tensor<T>::empty(Shape{geo.n, geo.c, geo.h, geo.w});
+        cpu::max_pool2d_scatter(geo, Tensor<T>(in[0]).data(), Tensor<T>(in[1]).data(), out.data());
+        return TensorBase(out);
+      },
+      [geo] { return pool_attrs(geo); }));
   if (should_record(gy)) {
     record(gx, "MaxPoolGrad", loc, {x, gy}, {x}, false, [x, geo, loc](const TensorBase&, const TensorBase& u) {
       return autograd::Grads{TensorBase(), max_pool_select(x, Tensor<T>(u), geo, loc)};
@@ -189,8 +226,14 @@ Tensor<T> max_pool_scatter(const Tensor<T>& x, const Tensor<T>& gy, const cpu::P
 /// Reads v at the argmax of each window of x: the adjoint of max_pool_scatter.
 template <FloatingPoint T>
 Tensor<T> max_pool_select(const Tensor<T>& x, const Tensor<T>& v, const cpu::Pool2dGeometry& geo, SourceLoc loc) {
-  auto out = Tensor<T>::empty(Shape{geo.n, geo.c, geo.out_h, geo.out_w});
-  cpu::max_pool2d_select(geo, x.data(), v.data(), out.data());
+  Tensor<T> out(primitive(
+      "MaxPoolGradGrad", loc, {x, v}, dtype_of<T>(), Shape{geo.n, geo.c, geo.out_h, geo.out_w},
+      [geo](std::span<const TensorBase> in) {
+        auto out = Tensor<T>::empty(Shape{geo.n, geo.c, geo.out_h, geo.out_w});
+        cpu::max_pool2d_select(geo, Tensor<T>(in[0]).data(), Tensor<T>(in[1]).data(), out.data());
+        return TensorBase(out);
+      },
+      [geo] { return pool_attrs(geo); }));
   if (should_record(v)) {
     record(out, "MaxPoolGradGrad", loc, {x, v}, {x}, false, [x, geo, loc](const TensorBase&, const TensorBase& u) {
       return autograd::Grads{TensorBase(), max_pool_scatter(x, Tensor<T>(u), geo, loc)};
@@ -204,8 +247,14 @@ template <FloatingPoint T> Tensor<T> avg_pool_apply(const Tensor<T>& x, const cp
 /// Spreads gy evenly over each window: avg_pool2d's gradient (and adjoint).
 template <FloatingPoint T>
 Tensor<T> avg_pool_spread(const Tensor<T>& gy, const cpu::Pool2dGeometry& geo, SourceLoc loc) {
-  auto gx = Tensor<T>::empty(Shape{geo.n, geo.c, geo.h, geo.w});
-  cpu::avg_pool2d_backward(geo, gy.data(), gx.data());
+  Tensor<T> gx(primitive(
+      "AvgPoolGrad", loc, {gy}, dtype_of<T>(), Shape{geo.n, geo.c, geo.h, geo.w},
+      [geo](std::span<const TensorBase> in) {
+        auto out = Tensor<T>::empty(Shape{geo.n, geo.c, geo.h, geo.w});
+        cpu::avg_pool2d_backward(geo, Tensor<T>(in[0]).data(), out.data());
+        return TensorBase(out);
+      },
+      [geo] { return pool_attrs(geo); }));
   if (should_record(gy)) {
     record(gx, "AvgPoolGrad", loc, {gy}, {}, false, [geo, loc](const TensorBase&, const TensorBase& u) {
       return autograd::Grads{avg_pool_apply(Tensor<T>(u), geo, loc)};
@@ -215,8 +264,14 @@ Tensor<T> avg_pool_spread(const Tensor<T>& gy, const cpu::Pool2dGeometry& geo, S
 }
 
 template <FloatingPoint T> Tensor<T> avg_pool_apply(const Tensor<T>& x, const cpu::Pool2dGeometry& geo, SourceLoc loc) {
-  auto y = Tensor<T>::empty(Shape{geo.n, geo.c, geo.out_h, geo.out_w});
-  cpu::avg_pool2d_forward(geo, x.data(), y.data());
+  Tensor<T> y(primitive(
+      "AvgPool", loc, {x}, dtype_of<T>(), Shape{geo.n, geo.c, geo.out_h, geo.out_w},
+      [geo](std::span<const TensorBase> in) {
+        auto out = Tensor<T>::empty(Shape{geo.n, geo.c, geo.out_h, geo.out_w});
+        cpu::avg_pool2d_forward(geo, Tensor<T>(in[0]).data(), out.data());
+        return TensorBase(out);
+      },
+      [geo] { return pool_attrs(geo); }));
   if (should_record(x)) {
     record(y, "AvgPool", loc, {x}, {}, false, [geo, loc](const TensorBase&, const TensorBase& g) {
       return autograd::Grads{avg_pool_spread(Tensor<T>(g), geo, loc)};
@@ -231,9 +286,16 @@ template <FloatingPoint T> Tensor<T> avg_pool_apply(const Tensor<T>& x, const cp
 template <FloatingPoint T> Tensor<T> max_pool2d(const Tensor<T>& x, std::int64_t kernel, std::int64_t stride,
                                                 PadMode pad_mode = PadMode::valid,
                                                 SourceLoc loc = SourceLoc::current()) {
+  detail::OpScope scope("MaxPool", loc, {x});
   auto geo = detail::pool_geometry("MaxPool", x, kernel, stride, pad_mode, loc);
-  auto y = Tensor<T>::empty(Shape{geo.n, geo.c, geo.out_h, geo.out_w});
-  cpu::max_pool2d_forward(geo, x.data(), y.data());
+  Tensor<T> y(detail::primitive(
+      "MaxPool", loc, {x}, dtype_of<T>(), Shape{geo.n, geo.c, geo.out_h, geo.out_w},
+      [geo](std::span<const TensorBase> in) {
+        auto out = Tensor<T>::empty(Shape{geo.n, geo.c, geo.out_h, geo.out_w});
+        cpu::max_pool2d_forward(geo, Tensor<T>(in[0]).data(), out.data());
+        return TensorBase(out);
+      },
+      [geo] { return detail::pool_attrs(geo); }));
   if (detail::should_record(x)) {
     detail::record(y, "MaxPool", loc, {x}, {x}, false, [x, geo, loc](const TensorBase&, const TensorBase& g) {
       return autograd::Grads{detail::max_pool_scatter(x, Tensor<T>(g), geo, loc)};
@@ -250,6 +312,7 @@ Tensor<T> max_pool2d(const Tensor<T>& x, std::int64_t kernel, SourceLoc loc = So
 template <FloatingPoint T> Tensor<T> avg_pool2d(const Tensor<T>& x, std::int64_t kernel, std::int64_t stride,
                                                 PadMode pad_mode = PadMode::valid,
                                                 SourceLoc loc = SourceLoc::current()) {
+  detail::OpScope scope("AvgPool", loc, {x});
   return detail::avg_pool_apply(x, detail::pool_geometry("AvgPool", x, kernel, stride, pad_mode, loc), loc);
 }
 template <FloatingPoint T>
@@ -264,11 +327,22 @@ struct ResizeGeometry {
   bool align_corners;
 };
 
+inline std::vector<ir::Attr> resize_attrs(const ResizeGeometry& r) {
+  return {{"size", concat("[", r.out_h, ", ", r.out_w, "]")}, {"align_corners", r.align_corners ? "true" : "false"}};
+}
+
 template <FloatingPoint T> Tensor<T> resize_apply(const Tensor<T>& x, const ResizeGeometry& r, SourceLoc loc);
 
 template <FloatingPoint T> Tensor<T> resize_adjoint(const Tensor<T>& gy, const ResizeGeometry& r, SourceLoc loc) {
-  auto gx = Tensor<T>::empty(Shape{r.n, r.c, r.h, r.w});
-  cpu::resize_bilinear_backward(r.n, r.c, r.h, r.w, r.out_h, r.out_w, r.align_corners, gy.data(), gx.data());
+  Tensor<T> gx(primitive(
+      "ResizeBilinearGrad", loc, {gy}, dtype_of<T>(), Shape{r.n, r.c, r.h, r.w},
+      [r](std::span<const TensorBase> in) {
+        auto out = Tensor<T>::empty(Shape{r.n, r.c, r.h, r.w});
+        cpu::resize_bilinear_backward(r.n, r.c, r.h, r.w, r.out_h, r.out_w, r.align_corners, Tensor<T>(in[0]).data(),
+                                      out.data());
+        return TensorBase(out);
+      },
+      [r] { return resize_attrs(r); }));
   if (should_record(gy)) {
     record(gx, "ResizeBilinearGrad", loc, {gy}, {}, false, [r, loc](const TensorBase&, const TensorBase& u) {
       return autograd::Grads{resize_apply(Tensor<T>(u), r, loc)};
@@ -278,8 +352,15 @@ template <FloatingPoint T> Tensor<T> resize_adjoint(const Tensor<T>& gy, const R
 }
 
 template <FloatingPoint T> Tensor<T> resize_apply(const Tensor<T>& x, const ResizeGeometry& r, SourceLoc loc) {
-  auto y = Tensor<T>::empty(Shape{r.n, r.c, r.out_h, r.out_w});
-  cpu::resize_bilinear_forward(r.n, r.c, r.h, r.w, r.out_h, r.out_w, r.align_corners, x.data(), y.data());
+  Tensor<T> y(primitive(
+      "ResizeBilinear", loc, {x}, dtype_of<T>(), Shape{r.n, r.c, r.out_h, r.out_w},
+      [r](std::span<const TensorBase> in) {
+        auto out = Tensor<T>::empty(Shape{r.n, r.c, r.out_h, r.out_w});
+        cpu::resize_bilinear_forward(r.n, r.c, r.h, r.w, r.out_h, r.out_w, r.align_corners, Tensor<T>(in[0]).data(),
+                                     out.data());
+        return TensorBase(out);
+      },
+      [r] { return resize_attrs(r); }));
   if (should_record(x)) {
     record(y, "ResizeBilinear", loc, {x}, {}, false, [r, loc](const TensorBase&, const TensorBase& g) {
       return autograd::Grads{resize_adjoint(Tensor<T>(g), r, loc)};
@@ -293,6 +374,7 @@ template <FloatingPoint T> Tensor<T> resize_apply(const Tensor<T>& x, const Resi
 /// Bilinear resize of x [N, C, H, W] to [N, C, out_h, out_w].
 template <FloatingPoint T> Tensor<T> resize_bilinear(const Tensor<T>& x, std::int64_t out_h, std::int64_t out_w,
                                                      bool align_corners = false, SourceLoc loc = SourceLoc::current()) {
+  detail::OpScope scope("ResizeBilinear", loc, {x});
   if (x.ndim() != 4)
     throw_shape_error("ResizeBilinear", loc, "x must be [N, C, H, W] (input ", detail::describe_inputs({{"x", &x}}),
                       ")");
@@ -307,6 +389,7 @@ template <FloatingPoint T> Tensor<T> resize_bilinear(const Tensor<T>& x, std::in
 /// neither overflows nor underflows.
 template <FloatingPoint T>
 Tensor<T> log_softmax(const Tensor<T>& x, std::int64_t axis = -1, SourceLoc loc = SourceLoc::current()) {
+  detail::OpScope scope("LogSoftmax", loc, {x});
   int a = normalize_axis(axis, x.ndim(), "LogSoftmax", loc);
   // The shift is a constant for autodiff: the result does not depend on it.
   auto shift = max(x.detach(), {a}, true, loc);
@@ -323,16 +406,25 @@ Tensor<T> softmax(const Tensor<T>& x, std::int64_t axis = -1, SourceLoc loc = So
 /// [labels..., num_classes] with 1 at each label; labels outside [0, num_classes) throw.
 template <FloatingPoint T>
 Tensor<T> one_hot(const Tensor<std::int32_t>& labels, std::int64_t num_classes, SourceLoc loc = SourceLoc::current()) {
+  if (num_classes < 1) throw_value_error("OneHot", loc, "num_classes (", num_classes, ") must be positive");
   Shape shape = labels.shape();
   shape.push_back(num_classes);
-  auto out = zeros<T>(shape, loc);
-  const std::int32_t* l = labels.data();
-  for (std::int64_t i = 0, n = labels.numel(); i < n; ++i) {
-    if (l[i] < 0 || l[i] >= num_classes)
-      throw_value_error("OneHot", loc, "label ", l[i], " at index ", i, " is outside [0, ", num_classes, ")");
-    out.data()[i * num_classes + l[i]] = T(1);
-  }
-  return out;
+  // Labels are checked when the op runs: under jit their values are known only then.
+  return Tensor<T>(detail::primitive(
+      "OneHot", loc, {labels}, dtype_of<T>(), shape,
+      [shape, num_classes, loc](std::span<const TensorBase> in) {
+        auto out = zeros<T>(shape);
+        const std::int32_t* l = Tensor<std::int32_t>(in[0]).data();
+        for (std::int64_t i = 0, n = in[0].numel(); i < n; ++i) {
+          if (l[i] < 0 || l[i] >= num_classes)
+            throw_value_error("OneHot", loc, "label ", l[i], " at index ", i, " is outside [0, ", num_classes, ")");
+          out.data()[i * num_classes + l[i]] = T(1);
+        }
+        return TensorBase(out);
+      },
+      [num_classes] {
+        return std::vector<ir::Attr>{{"depth", std::to_string(num_classes)}};
+      }));
 }
 
 /// Cross-entropy of logits [N, C] against int32 class labels [N] (sparse, as MindSpore's
@@ -340,6 +432,7 @@ Tensor<T> one_hot(const Tensor<std::int32_t>& labels, std::int64_t num_classes, 
 template <FloatingPoint T> Tensor<T> softmax_cross_entropy(const Tensor<T>& logits, const Tensor<std::int32_t>& labels,
                                                            Reduction reduction = Reduction::mean,
                                                            SourceLoc loc = SourceLoc::current()) {
+  detail::OpScope scope("SoftmaxCrossEntropyWithLogits", loc, {logits, labels});
   if (logits.ndim() != 2 || labels.ndim() != 1 || labels.shape()[0] != logits.shape()[0])
     throw_shape_error("SoftmaxCrossEntropyWithLogits", loc, "logits must be [N, C] and labels [N] (inputs ",
                       detail::describe_inputs({{"logits", &logits}, {"labels", &labels}}), ")");

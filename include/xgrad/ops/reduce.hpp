@@ -102,10 +102,18 @@ inline ReducedShapes reduced_shapes(std::string_view op, const TensorBase& x, co
 /// Sums x over its broadcast axes so that it takes `shape` (the adjoint of broadcast_to).
 template <Numeric T> Tensor<T> sum_to(const Tensor<T>& x, const Shape& shape, SourceLoc loc) {
   if (x.shape() == shape) return x;
+  detail::OpScope scope("SumTo", loc, {x});
   Shape check;
   if (!try_broadcast(shape, x.shape(), check) || !(check == x.shape()))
     throw_shape_error("SumTo", loc, "input ", dtype_name(x.dtype()), x.shape(), " does not broadcast from ", shape);
-  auto out = detail::reduce_to<op::SumReducer>(x, shape);
+  Tensor<T> out(detail::primitive(
+      "SumTo", loc, {x}, x.dtype(), shape,
+      [shape](std::span<const TensorBase> in) {
+        return TensorBase(detail::reduce_to<op::SumReducer>(Tensor<T>(in[0]), shape));
+      },
+      [shape] {
+        return std::vector<ir::Attr>{{"shape", shape.str()}};
+      }));
   if constexpr (FloatingPoint<T>) {
     if (detail::should_record(x)) {
       Shape in_shape = x.shape();
@@ -120,6 +128,7 @@ template <Numeric T> Tensor<T> sum_to(const Tensor<T>& x, const Shape& shape, So
 /// Sum over `axes` (all axes when empty).
 template <Numeric T> Tensor<T> sum(const Tensor<T>& x, const std::vector<std::int64_t>& axes = {},
                                    bool keepdims = false, SourceLoc loc = SourceLoc::current()) {
+  detail::OpScope scope("ReduceSum", loc, {x});
   auto shapes = detail::reduced_shapes("ReduceSum", x, axes, keepdims, loc);
   auto kept = sum_to(x, shapes.kept, loc);
   return shapes.out == shapes.kept ? kept : reshape(kept, shapes.out, loc);
@@ -128,6 +137,7 @@ template <Numeric T> Tensor<T> sum(const Tensor<T>& x, const std::vector<std::in
 /// Mean over `axes` (all axes when empty).
 template <FloatingPoint T> Tensor<T> mean(const Tensor<T>& x, const std::vector<std::int64_t>& axes = {},
                                           bool keepdims = false, SourceLoc loc = SourceLoc::current()) {
+  detail::OpScope scope("ReduceMean", loc, {x});
   auto shapes = detail::reduced_shapes("ReduceMean", x, axes, keepdims, loc);
   return sum(x, axes, keepdims, loc) / static_cast<T>(shapes.count);
 }
@@ -137,10 +147,18 @@ namespace detail {
 /// max or min over axes; the gradient is shared evenly between tied extrema.
 template <class R, class T> Tensor<T> extremum(std::string_view op, const Tensor<T>& x,
                                                const std::vector<std::int64_t>& axes, bool keepdims, SourceLoc loc) {
+  OpScope scope(op, loc, {x});
   auto shapes = reduced_shapes(op, x, axes, keepdims, loc);
   if (shapes.count == 0 && shapes.kept.numel() != 0)
     throw_shape_error(op, loc, "cannot reduce over an empty axis of input ", dtype_name(x.dtype()), x.shape());
-  Tensor<T> kept = reduce_to<R>(x, shapes.kept);
+  Tensor<T> kept(primitive(
+      op, loc, {x}, x.dtype(), shapes.kept,
+      [kept_shape = shapes.kept](std::span<const TensorBase> in) {
+        return TensorBase(reduce_to<R>(Tensor<T>(in[0]), kept_shape));
+      },
+      [&shapes] {
+        return std::vector<ir::Attr>{{"shape", shapes.kept.str()}};
+      }));
   if constexpr (FloatingPoint<T>) {
     if (should_record(x)) {
       record(kept, op, loc, {x}, {x}, true, [x](const TensorBase& y, const TensorBase& g) {
@@ -170,6 +188,7 @@ template <Numeric T> Tensor<T> min(const Tensor<T>& x, const std::vector<std::in
 template <Numeric T> Tensor<std::int32_t> argmax(const Tensor<T>& x, std::int64_t axis = -1, bool keepdims = false,
                                                  SourceLoc loc = SourceLoc::current()) {
   if (x.ndim() == 0) return zeros<std::int32_t>(Shape{});
+  detail::OpScope scope("Argmax", loc, {x});
   int a = normalize_axis(axis, x.ndim(), "Argmax", loc);
   if (x.shape()[a] == 0)
     throw_shape_error("Argmax", loc, "axis ", axis, " of input ", dtype_name(x.dtype()), x.shape(), " is empty");
@@ -177,9 +196,17 @@ template <Numeric T> Tensor<std::int32_t> argmax(const Tensor<T>& x, std::int64_
   std::int64_t outer = 1, inner = 1;
   for (int i = 0; i < a; ++i) outer *= x.shape()[i];
   for (int i = a + 1; i < x.ndim(); ++i) inner *= x.shape()[i];
-  auto out = Tensor<std::int32_t>::empty(shapes.out);
-  cpu::argmax(x.data(), out.data(), outer, x.shape()[a], inner);
-  return out;
+  const std::int64_t extent = x.shape()[a];
+  return Tensor<std::int32_t>(detail::primitive(
+      "Argmax", loc, {x}, DType::int32, shapes.out,
+      [out_shape = shapes.out, outer, extent, inner](std::span<const TensorBase> in) {
+        auto out = Tensor<std::int32_t>::empty(out_shape);
+        cpu::argmax(Tensor<T>(in[0]).data(), out.data(), outer, extent, inner);
+        return TensorBase(out);
+      },
+      [a] {
+        return std::vector<ir::Attr>{{"axis", std::to_string(a)}};
+      }));
 }
 
 }  // namespace xgrad

@@ -1,0 +1,100 @@
+// The typed graph jit traces a function into: Values (each with dtype and shape) made by
+// Nodes kept in program order, graph inputs (arguments, then tensors read by reference) and
+// effects (writes into inputs when a call finishes).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "xgrad/core/tensor.hpp"
+
+namespace xgrad {
+
+/// Properties of an op that graph passes match on.
+struct OpTraits {
+  bool elementwise = false;
+  bool commutative = false;
+  bool linear = false;  // f(a x + b y) = a f(x) + b f(y) in each input
+};
+
+namespace ir {
+
+struct Node;
+struct Graph;
+
+struct Value {
+  int id = 0;  // printed as %id, unique within its graph
+  DType dtype = DType::float32;
+  Shape shape;
+  Node* producer = nullptr;  // null for a graph input
+  const Graph* graph = nullptr;
+  std::string name;           // an input's argument or Parameter name
+  bool by_reference = false;  // an input bound to a tensor that exists outside the graph
+};
+
+/// An op attribute as printed ("transpose_a", "false"); passes compare them as text.
+struct Attr {
+  std::string name;
+  std::string value;
+  bool operator==(const Attr&) const = default;
+};
+
+/// Runs a node on concrete tensors: reads `in`, sets every element of `out`.
+using Kernel = std::function<void(std::span<const TensorBase> in, std::span<TensorBase> out)>;
+
+struct Node {
+  std::string op;
+  std::vector<Value*> inputs;
+  std::vector<Value*> outputs;
+  std::vector<Attr> attrs;
+  SourceLoc loc;
+  std::string scope;  // the Module path, e.g. "LeNet5/conv1"
+  OpTraits traits;
+  bool has_effect = false;  // must run even when no output is used (print)
+  std::vector<std::shared_ptr<const Graph>> subgraphs;
+  Kernel kernel;
+  TensorBase constant;  // the value of a Const node
+};
+
+struct Graph {
+  /// A write into input `input` of the value `value`, applied when a call finishes (an
+  /// optimizer's assignment to a Parameter).
+  struct Effect {
+    std::size_t input;
+    Value* value;
+    SourceLoc loc;
+  };
+
+  std::string name;
+  std::vector<std::shared_ptr<Value>> values;
+  std::vector<std::unique_ptr<Node>> nodes;
+  std::vector<Value*> inputs;  // the arguments first, then tensors read by reference
+  std::size_t num_args = 0;
+  std::vector<Value*> outputs;
+  std::vector<Effect> effects;
+
+  Value* new_value(DType dtype, const Shape& shape, Node* producer) {
+    auto v = std::make_shared<Value>();
+    v->id = static_cast<int>(values.size());
+    v->dtype = dtype;
+    v->shape = shape;
+    v->producer = producer;
+    v->graph = this;
+    values.push_back(v);
+    return v.get();
+  }
+
+  /// Shares ownership of `v` with a symbolic tensor that stands for it.
+  std::shared_ptr<Value> share(const Value* v) const { return values[static_cast<std::size_t>(v->id)]; }
+
+  Node* append(std::unique_ptr<Node> node) {
+    nodes.push_back(std::move(node));
+    return nodes.back().get();
+  }
+};
+
+}  // namespace ir
+}  // namespace xgrad

@@ -1,0 +1,27 @@
+// xg::print: shows a tensor when the op runs, in eager mode and inside compiled graphs.
+#pragma once
+
+#include <iostream>
+#include <string>
+
+#include "xgrad/core/print.hpp"
+#include "xgrad/jit/tracer.hpp"
+
+namespace xgrad {
+
+/// Writes "label Tensor(...)" to standard output when this op runs: at once in eager mode,
+/// and every time the graph runs (not while it is traced) under jit.
+template <Element T> void print(const std::string& label, const Tensor<T>& t, SourceLoc loc = SourceLoc::current()) {
+  auto show = [label](const Tensor<T>& value) { std::cout << label << ' ' << value << std::endl; };
+  if (auto* tracer = tracing::Tracer::active()) {
+    const TensorBase inputs[] = {t};
+    tracer->emit(
+        "Print", loc, inputs, {},
+        [show](std::span<const TensorBase> in, std::span<TensorBase>) { show(Tensor<T>(in[0])); },
+        {{"label", '"' + label + '"'}}, {}, {}, /*has_effect=*/true);
+    return;
+  }
+  show(t);
+}
+
+}  // namespace xgrad
