@@ -45,47 +45,51 @@ inline void check_saved(const Node& node) {
 
 }  // namespace detail
 
-/// Backpropagates `seed` from `root`. With `targets` empty, gradients accumulate into the
-/// grad() of every leaf that requires grad; otherwise the gradients reaching each target
-/// are returned (undefined where none does) and nothing accumulates. With `create_graph`
-/// the backward ops are themselves recorded, so the result can be differentiated again.
-inline std::vector<TensorBase> run_backward(const TensorBase& root, const TensorBase& seed,
+/// Backpropagates each seed from its root (roots that need no gradient are skipped). With
+/// `targets` empty, gradients accumulate into the grad() of every leaf that requires grad;
+/// otherwise the gradients reaching each target are returned (undefined where none does) and
+/// nothing accumulates. With `create_graph` the backward ops are themselves recorded, so the
+/// result can be differentiated again.
+inline std::vector<TensorBase> run_backward(const std::vector<TensorBase>& roots, const std::vector<TensorBase>& seeds,
                                             const std::vector<std::shared_ptr<AutogradMeta>>& targets,
-                                            bool create_graph, SourceLoc loc) {
-  const auto& root_meta = root.impl()->autograd;
-  if (!root_meta || !root_meta->requires_grad)
-    throw AutogradError(xgrad::detail::concat("backward: the output (", dtype_name(root.dtype()), root.shape(), ", at ",
-                                              loc.str(),
-                                              ") does not depend on any tensor that requires grad; call "
-                                              "set_requires_grad(true) on an input or use a Parameter"));
-
+                                            bool create_graph) {
   std::unordered_map<const AutogradMeta*, std::size_t> target_index;
   for (std::size_t i = 0; i < targets.size(); ++i) target_index.emplace(targets[i].get(), i);
 
   // Post-order DFS; a meta is kept only if it leads to a target (or to a leaf, when accumulating).
+  // Several roots: one DFS from each over a shared visited set still lists a topological order.
   std::vector<std::shared_ptr<AutogradMeta>> order;
   std::unordered_map<const AutogradMeta*, bool> useful;
-  std::vector<std::pair<std::shared_ptr<AutogradMeta>, std::size_t>> stack{{root_meta, 0}};
-  useful.emplace(root_meta.get(), false);
-  while (!stack.empty()) {
-    auto& [meta, next] = stack.back();
-    const Node* node = meta->grad_fn.get();
-    if (node && next < node->inputs.size()) {
-      const auto& child = node->inputs[next++].meta;
-      if (child && useful.emplace(child.get(), false).second) stack.push_back({child, 0});
-      continue;
+  std::vector<std::pair<std::shared_ptr<AutogradMeta>, std::size_t>> stack;
+  for (const auto& root : roots) {
+    const auto& root_meta = root.impl()->autograd;
+    if (root_meta && root_meta->requires_grad && useful.emplace(root_meta.get(), false).second)
+      stack.push_back({root_meta, 0});
+    while (!stack.empty()) {
+      auto& [meta, next] = stack.back();
+      const Node* node = meta->grad_fn.get();
+      if (node && next < node->inputs.size()) {
+        const auto& child = node->inputs[next++].meta;
+        if (child && useful.emplace(child.get(), false).second) stack.push_back({child, 0});
+        continue;
+      }
+      bool is_useful = targets.empty() ? !node : target_index.count(meta.get()) > 0;
+      if (node)
+        for (const auto& in : node->inputs) is_useful = is_useful || (in.meta && useful[in.meta.get()]);
+      useful[meta.get()] = is_useful;
+      if (is_useful) order.push_back(meta);
+      stack.pop_back();
     }
-    bool is_useful = targets.empty() ? !node : target_index.count(meta.get()) > 0;
-    if (node)
-      for (const auto& in : node->inputs) is_useful = is_useful || (in.meta && useful[in.meta.get()]);
-    useful[meta.get()] = is_useful;
-    if (is_useful) order.push_back(meta);
-    stack.pop_back();
   }
 
   std::vector<TensorBase> results(targets.size());
   std::unordered_map<const AutogradMeta*, TensorBase> grads;
-  grads[root_meta.get()] = seed;
+  for (std::size_t i = 0; i < roots.size(); ++i) {
+    const auto& meta = roots[i].impl()->autograd;
+    if (!meta || !meta->requires_grad) continue;
+    auto [slot, fresh] = grads.try_emplace(meta.get(), seeds[i]);
+    if (!fresh) slot->second = detail::add_grads(slot->second, seeds[i]);
+  }
   std::optional<no_grad> off;
   std::optional<enable_grad> on;
   if (create_graph)
@@ -126,6 +130,18 @@ inline std::vector<TensorBase> run_backward(const TensorBase& root, const Tensor
     }
   }
   return results;
+}
+
+/// Backpropagates `seed` from `root`, which must depend on something that requires grad.
+inline std::vector<TensorBase> run_backward(const TensorBase& root, const TensorBase& seed,
+                                            const std::vector<std::shared_ptr<AutogradMeta>>& targets,
+                                            bool create_graph, SourceLoc loc) {
+  if (!root.requires_grad())
+    throw AutogradError(xgrad::detail::concat("backward: the output (", dtype_name(root.dtype()), root.shape(), ", at ",
+                                              loc.str(),
+                                              ") does not depend on any tensor that requires grad; call "
+                                              "set_requires_grad(true) on an input or use a Parameter"));
+  return run_backward(std::vector<TensorBase>{root}, std::vector<TensorBase>{seed}, targets, create_graph);
 }
 
 }  // namespace xgrad::autograd

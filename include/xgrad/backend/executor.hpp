@@ -15,6 +15,7 @@ namespace xgrad::backend {
 /// A graph ready to run. Immutable once built, so one Program serves concurrent calls.
 class Program {
  public:
+  Program() = default;
   explicit Program(std::shared_ptr<const ir::Graph> graph) : m_graph(std::move(graph)) {
     const auto& nodes = m_graph->nodes;
     std::vector<std::ptrdiff_t> last_use(m_graph->values.size(), -1);

@@ -242,6 +242,12 @@ template <FloatingPoint T> class Parameter : public Tensor<T> {
     this->set_requires_grad(true);
     this->m_impl->autograd->name = std::move(name);
   }
+  /// Another handle to the Parameter behind `t` (no copy, same identity).
+  static Parameter shared(const Tensor<T>& t) {
+    Parameter p;
+    static_cast<Tensor<T>&>(p) = t;
+    return p;
+  }
 };
 
 }  // namespace xgrad

@@ -12,9 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include "xgrad/backend/executor.hpp"
-#include "xgrad/ir/verify.hpp"
-#include "xgrad/jit/diagnostics.hpp"
+#include "xgrad/jit/function.hpp"
 #include "xgrad/jit/tree.hpp"
 
 namespace xgrad {
@@ -82,13 +80,39 @@ struct Signature {
   }
 };
 
+class Cache;
+
 /// One compiled signature.
 struct Entry {
   Signature signature;
   backend::Program program;
   std::vector<TensorBase> captures;          // bound to the inputs after the arguments
   std::vector<std::int64_t> output_statics;  // container sizes of the result
+  // Per output: whether autodiff can reach it from the arguments, and from the captured
+  // tensors that require grad (Parameters). A call records on the tape only outputs that
+  // depend on something that requires grad.
+  std::vector<bool> from_arguments;
+  std::vector<bool> from_captures;
+  // Per output, the compiled vector-Jacobian product, made when a backward pass first asks.
+  mutable std::mutex vjp_mutex;
+  mutable std::vector<std::shared_ptr<Cache>> vjps;
 };
+
+/// Which outputs of `g` depend on its arguments (a float output of any op reading one).
+inline std::vector<bool> reached_from_arguments(const ir::Graph& g) {
+  std::vector<bool> reached(g.values.size(), false);
+  for (std::size_t i = 0; i < g.num_args; ++i) reached[static_cast<std::size_t>(g.inputs[i]->id)] = true;
+  for (const auto& node : g.nodes) {
+    bool any = false;
+    for (const ir::Value* v : node->inputs) any = any || reached[static_cast<std::size_t>(v->id)];
+    for (const ir::Value* v : node->outputs) reached[static_cast<std::size_t>(v->id)] = any;
+  }
+  std::vector<bool> out;
+  for (const ir::Value* v : g.outputs)
+    out.push_back(reached[static_cast<std::size_t>(v->id)] &&
+                  (v->dtype == DType::float32 || v->dtype == DType::float64));
+  return out;
+}
 
 /// What a trace of the user's function gives back.
 struct TraceResult {
@@ -134,6 +158,8 @@ class Cache {
   }
 
   const std::string& name() const { return m_config.name; }
+  SourceLoc loc() const { return m_loc; }
+  const JitConfig& config() const { return m_config; }
 
   std::shared_ptr<const Entry> find(const Flat& flat) const {
     std::shared_lock lock(m_mutex);
@@ -147,6 +173,29 @@ class Cache {
     return m_entries.size();
   }
 
+  /// Runs a flat function on concrete tensors, compiled per signature.
+  std::vector<TensorBase> run(const FlatFn& fn, const std::vector<TensorBase>& args) {
+    Flat flat;
+    flat.tensors = args;
+    auto entry = find(flat);
+    if (!entry) {
+      auto body = [&] {
+        Tracer& tracer = *Tracer::active();
+        std::vector<TensorBase> symbolic;
+        for (std::size_t i = 0; i < args.size(); ++i)
+          symbolic.push_back(tracer.add_argument(args[i].dtype(), args[i].shape(), "arg" + std::to_string(i)));
+        return TraceResult{fn(symbolic), {}};
+      };
+      auto labels = [&](std::vector<std::string>& out) {
+        for (std::size_t i = 0; i < args.size(); ++i) out.push_back("argument " + std::to_string(i));
+      };
+      entry = compile(flat, body, labels);
+    }
+    std::vector<TensorBase> inputs = args;
+    inputs.insert(inputs.end(), entry->captures.begin(), entry->captures.end());
+    return entry->program.run(inputs);
+  }
+
   /// Traces `body` for a signature not in the cache yet. `relabel` flattens the call again
   /// with labels, to say which argument changed.
   template <class Body, class Relabel>
@@ -155,11 +204,19 @@ class Cache {
     check_retrace(signature, relabel);
     Tracer tracer(m_config.name);
     TraceResult result = traced(tracer, body);
+    std::vector<bool> from_captures;
+    for (const auto& out : result.outputs) from_captures.push_back(out.requires_grad());
     std::shared_ptr<const ir::Graph> graph = tracer.finish(result.outputs);
     ir::verify(*graph);
     save_stage(*graph, "trace");
-    auto entry = std::make_shared<Entry>(
-        Entry{std::move(signature), backend::Program(graph), tracer.captures(), std::move(result.statics)});
+    auto entry = std::make_shared<Entry>();
+    entry->signature = std::move(signature);
+    entry->program = backend::Program(graph);
+    entry->captures = tracer.captures();
+    entry->output_statics = std::move(result.statics);
+    entry->from_arguments = reached_from_arguments(*graph);
+    entry->from_captures = std::move(from_captures);
+    entry->vjps.resize(result.outputs.size());
     std::unique_lock lock(m_mutex);
     // Another thread may have compiled the same signature meanwhile: keep one.
     for (const auto& e : m_entries)
@@ -202,20 +259,25 @@ class Cache {
 template <class F> class Jitted {
  public:
   Jitted(F f, JitConfig config, SourceLoc loc)
-      : m_f(std::move(f)), m_cache(std::make_shared<tracing::detail::Cache>(std::move(config), loc)) {}
+      : m_f(std::make_shared<const F>(std::move(f))),
+        m_cache(std::make_shared<tracing::detail::Cache>(std::move(config), loc)) {}
 
   /// Runs the compiled graph for these arguments' signature, tracing it on the first call.
   /// Called while another function is being traced, f is traced inline into that graph.
+  /// Outputs that depend on tensors requiring grad are recorded on the tape as one op, whose
+  /// gradient is itself a compiled graph (grad(jit(f)) works and stays compiled).
   template <class... Args> auto operator()(const Args&... args) const {
     using Out = std::invoke_result_t<const F&, tracing::detail::traced_t<Args>...>;
-    if (tracing::Tracer::active()) return std::invoke(m_f, tracing::detail::traced_t<Args>(args)...);
+    if (tracing::Tracer::active()) return std::invoke(*m_f, tracing::detail::traced_t<Args>(args)...);
     tracing::detail::Flat flat;
     (tracing::detail::flatten(args, flat, std::string()), ...);
     auto entry = entry_for(flat, args...);
+    const std::size_t num_args = flat.tensors.size();
     std::vector<TensorBase> inputs = std::move(flat.tensors);
     inputs.insert(inputs.end(), entry->captures.begin(), entry->captures.end());
     std::vector<TensorBase> outputs = entry->program.run(inputs);
     if constexpr (!std::is_void_v<Out>) {
+      if (is_grad_enabled()) record<Args...>(entry, inputs, num_args, outputs, flat.statics);
       tracing::detail::Reader reader{outputs, entry->output_statics};
       return tracing::detail::rebuild<Out>(reader);
     }
@@ -232,33 +294,112 @@ template <class F> class Jitted {
   std::size_t cache_size() const { return m_cache->size(); }
 
  private:
-  template <class... Args> std::shared_ptr<const tracing::detail::Entry> entry_for(const tracing::detail::Flat& flat,
-                                                                                   const Args&... args) const {
+  using Entry = tracing::detail::Entry;
+
+  template <class... Args>
+  std::shared_ptr<const Entry> entry_for(const tracing::detail::Flat& flat, const Args&... args) const {
     if (auto entry = m_cache->find(flat)) return entry;
     auto body = [&] {
       tracing::Tracer& tracer = *tracing::Tracer::active();
-      std::size_t k = 0;
-      auto symbolic_args = std::tuple<tracing::detail::traced_t<Args>...>{
-          tracing::detail::symbolic(args, tracer, "arg" + std::to_string(k++))...};
-      tracing::detail::TraceResult result;
-      tracing::detail::Flat out;
-      if constexpr (std::is_void_v<std::invoke_result_t<const F&, tracing::detail::traced_t<Args>...>>) {
-        std::apply(m_f, symbolic_args);
-      } else {
-        tracing::detail::flatten(std::apply(m_f, symbolic_args), out, std::string());
+      auto symbolic_args = [&]<std::size_t... I>(std::index_sequence<I...>) {
+        return std::tuple<tracing::detail::traced_t<Args>...>{
+            tracing::detail::symbolic(args, tracer, "arg" + std::to_string(I))...};
       }
+      (std::index_sequence_for<Args...>{});
+      tracing::detail::Flat out;
+      if constexpr (std::is_void_v<std::invoke_result_t<const F&, tracing::detail::traced_t<Args>...>>)
+        std::apply(*m_f, symbolic_args);
+      else
+        tracing::detail::flatten(std::apply(*m_f, symbolic_args), out, std::string());
       return tracing::detail::TraceResult{std::move(out.tensors), std::move(out.statics)};
     };
     auto relabel = [&](std::vector<std::string>& labels) {
       tracing::detail::Flat again;
       again.labels = &labels;
-      std::size_t k = 0;
-      (tracing::detail::flatten(args, again, "argument " + std::to_string(k++)), ...);
+      [&]<std::size_t... I>(std::index_sequence<I...>) {
+        (tracing::detail::flatten(args, again, "argument " + std::to_string(I)), ...);
+      }
+      (std::index_sequence_for<Args...>{});
     };
     return m_cache->compile(flat, body, relabel);
   }
 
-  F m_f;
+  /// Links each output that needs it to the call's inputs on the tape.
+  template <class... Args> void record(const std::shared_ptr<const Entry>& entry, const std::vector<TensorBase>& inputs,
+                                       std::size_t num_args, std::vector<TensorBase>& outputs,
+                                       const std::vector<std::int64_t>& statics) const {
+    bool args_need = false, captures_need = false;
+    for (std::size_t i = 0; i < inputs.size(); ++i)
+      (i < num_args ? args_need : captures_need) |= inputs[i].requires_grad();
+    if (!args_need && !captures_need) return;
+    std::vector<std::reference_wrapper<const TensorBase>> refs(inputs.begin(), inputs.end());
+    for (std::size_t k = 0; k < outputs.size(); ++k) {
+      if (!(args_need && entry->from_arguments[k]) && !(captures_need && entry->from_captures[k])) continue;
+      xgrad::detail::record_range(
+          outputs[k], "Jit", m_cache->loc(), refs.begin(), refs.end(), {}, false,
+          [f = m_f, cache = m_cache, entry, k, inputs, num_args, statics](const TensorBase&, const TensorBase& g) {
+            return vjp<Args...>(*f, *cache, *entry, k, inputs, num_args, statics, g);
+          });
+      auto& saved = outputs[k].impl()->autograd->grad_fn->saved;
+      for (const auto& in : inputs) saved.push_back({in.impl()->storage, in.version()});
+    }
+  }
+
+  /// The gradients of output k with respect to every input, given its gradient g. Runs f
+  /// again under autodiff: compiled (and cached) normally; op by op on the tape when the
+  /// backward pass is itself differentiated, or traced inline inside another jit.
+  template <class... Args> static autograd::Grads vjp(const F& f, const tracing::detail::Cache& cache,
+                                                      const Entry& entry, std::size_t k,
+                                                      const std::vector<TensorBase>& inputs, std::size_t num_args,
+                                                      const std::vector<std::int64_t>& statics, const TensorBase& g) {
+    using namespace tracing::detail;
+    // Gradients go to float arguments and to captures that require grad, in that order.
+    std::vector<std::size_t> wrt;
+    std::vector<TensorBase> targets;
+    for (std::size_t i = 0; i < inputs.size(); ++i) {
+      if (i < num_args ? is_float(inputs[i]) : inputs[i].requires_grad()) wrt.push_back(i);
+      if (i >= num_args && inputs[i].requires_grad()) targets.push_back(inputs[i]);
+    }
+    FlatFn fn = [&f, &statics](std::span<const TensorBase> leaves) {
+      Reader reader{leaves, statics};
+      auto typed = std::tuple<traced_t<Args>...>{rebuild<traced_t<Args>>(reader)...};
+      Flat out;
+      flatten(std::apply(f, typed), out, std::string());
+      return out.tensors;
+    };
+    const std::size_t num_outputs = entry.program.graph().outputs.size();
+    FlatFn pullback = [&](std::span<const TensorBase> args_and_g) {
+      std::vector<TensorBase> cots(num_outputs);
+      cots[k] = args_and_g.back();
+      return vjp_of(fn, args_and_g.first(num_args), cots, targets);
+    };
+
+    std::vector<TensorBase> args_and_g(inputs.begin(), inputs.begin() + static_cast<std::ptrdiff_t>(num_args));
+    args_and_g.push_back(g);
+    std::vector<TensorBase> grads;
+    if (tracing::Tracer::active() || is_grad_enabled()) {
+      grads = pullback(args_and_g);
+    } else {
+      std::shared_ptr<Cache> vjp_cache;
+      {
+        std::lock_guard lock(entry.vjp_mutex);
+        auto& slot = entry.vjps[k];
+        if (!slot) {
+          JitConfig config = cache.config();
+          config.name += "_vjp" + std::to_string(k);
+          config.max_retraces = -1;
+          slot = std::make_shared<Cache>(config, cache.loc());
+        }
+        vjp_cache = slot;
+      }
+      grads = vjp_cache->run(pullback, args_and_g);
+    }
+    autograd::Grads result(inputs.size());
+    for (std::size_t j = 0; j < wrt.size(); ++j) result[wrt[j]] = grads[j];
+    return result;
+  }
+
+  std::shared_ptr<const F> m_f;
   std::shared_ptr<tracing::detail::Cache> m_cache;
 };
 

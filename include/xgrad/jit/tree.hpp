@@ -75,8 +75,8 @@ template <class A, class B> void flatten(const std::pair<A, B>& p, Flat& flat, c
   flatten(p.second, flat, sub_label(flat, label, 1));
 }
 template <class... Xs> void flatten(const std::tuple<Xs...>& t, Flat& flat, const std::string& label) {
-  std::size_t i = 0;
-  std::apply([&](const auto&... xs) { (flatten(xs, flat, sub_label(flat, label, i++)), ...); }, t);
+  [&]<std::size_t... I>(std::index_sequence<I...>) { (flatten(std::get<I>(t), flat, sub_label(flat, label, I)), ...); }
+  (std::index_sequence_for<Xs...>{});
 }
 
 // symbolic: x with every tensor replaced by a new argument of `tracer`'s graph.
@@ -103,12 +103,10 @@ traced_t<std::pair<A, B>> symbolic(const std::pair<A, B>& p, Tracer& tracer, con
 }
 template <class... Xs>
 traced_t<std::tuple<Xs...>> symbolic(const std::tuple<Xs...>& t, Tracer& tracer, const std::string& name) {
-  std::size_t i = 0;
-  return std::apply(
-      [&](const auto&... xs) {
-        return traced_t<std::tuple<Xs...>>{symbolic(xs, tracer, name + "[" + std::to_string(i++) + "]")...};
-      },
-      t);
+  return [&]<std::size_t... I>(std::index_sequence<I...>) {
+    return traced_t<std::tuple<Xs...>>{symbolic(std::get<I>(t), tracer, name + "[" + std::to_string(I) + "]")...};
+  }
+  (std::index_sequence_for<Xs...>{});
 }
 
 /// Reads leaves back, in the order flatten wrote them.

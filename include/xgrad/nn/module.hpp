@@ -1,0 +1,153 @@
+// nn::Module: the base of layers and models. It names its parameters by module path
+// ("conv1.weight"), nests modules, and runs forward op by op in Mode::eager or compiled per
+// input signature in Mode::graph.
+#pragma once
+
+#include <cxxabi.h>
+
+#include <cstdlib>
+#include <initializer_list>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <typeinfo>
+#include <utility>
+#include <vector>
+
+#include "xgrad/jit/jit.hpp"
+
+namespace xgrad::nn {
+
+namespace detail {
+
+/// "LeNet5" for a type named xgrad::models::LeNet5.
+inline std::string type_name(const std::type_info& type) {
+  int status = 0;
+  char* demangled = abi::__cxa_demangle(type.name(), nullptr, nullptr, &status);
+  std::string name = status == 0 && demangled ? demangled : type.name();
+  std::free(demangled);
+  if (auto angle = name.find('<'); angle != std::string::npos) name.resize(angle);
+  if (auto colon = name.rfind("::"); colon != std::string::npos) name = name.substr(colon + 2);
+  return name;
+}
+
+}  // namespace detail
+
+class Module {
+ public:
+  Module() = default;
+  virtual ~Module() = default;
+  // Parameters and children are registered by address: a copy would share or lose them.
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+
+  /// The computation. Modules that take one float tensor override this.
+  virtual Tensor<float> forward(Tensor<float> /*x*/) {
+    throw ValueError(xgrad::detail::concat("Module ", name(), " does not define forward(Tensor<float>)"));
+  }
+
+  /// Runs forward: op by op in Mode::eager; in Mode::graph compiled once per input signature
+  /// (and inline when called while another function is being traced). Nodes traced inside
+  /// are scoped by the module path ("LeNet5/conv1").
+  Tensor<float> operator()(const Tensor<float>& x) {
+    if (tracing::Tracer::active()) {
+      tracing::NameScope scope(name());
+      return forward(x);
+    }
+    if (get_mode() == Mode::eager) return forward(x);
+    return compiled()(x);
+  }
+
+  /// The name given by the parent module, or the type's name for a module without a parent.
+  std::string name() const { return m_name.empty() ? detail::type_name(typeid(*this)) : m_name; }
+
+  /// Registers `p` as this module's parameter `name`. When this module is registered in a
+  /// parent, the names of all its parameters get the parent's prefix ("fc1.weight").
+  template <FloatingPoint T> void register_parameter(const std::string& name, Parameter<T>& p) {
+    auto& meta = p.impl()->autograd;
+    meta->name = name;
+    m_parameters.emplace_back(name, p);
+  }
+
+  /// Registers a child module under `name`.
+  void register_module(const std::string& name, Module& child) {
+    if (child.m_parent)
+      throw ValueError(xgrad::detail::concat("Module ", this->name(), ": module '", name, "' is already registered in ",
+                                             child.m_parent->name()));
+    child.m_parent = this;
+    child.m_name = name;
+    child.prefix_parameter_names(name + ".");
+    m_children.emplace_back(name, &child);
+  }
+
+  /// Registers children under their names: register_modules({{"conv1", &conv1}, ...}).
+  void register_modules(std::initializer_list<std::pair<std::string, Module*>> children) {
+    for (const auto& [name, child] : children) register_module(name, *child);
+  }
+
+  /// Registers children named after their type and position among siblings of that type:
+  /// register_modules({&conv1, &conv2, &fc1}) names them conv2d0, conv2d1, dense0.
+  void register_modules(std::initializer_list<Module*> children) {
+    for (Module* child : children) {
+      std::string type = detail::type_name(typeid(*child));
+      for (auto& c : type) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      int index = 0;
+      for (const auto& [name, sibling] : m_children)
+        index += detail::type_name(typeid(*sibling)) == detail::type_name(typeid(*child));
+      register_module(type + std::to_string(index), *child);
+    }
+  }
+
+  /// Every parameter of this module and its children, own first, in registration order.
+  std::vector<Parameter<float>> parameters() const {
+    std::vector<Parameter<float>> out;
+    for (const auto& [name, p] : named_parameters())
+      if (p.dtype() == DType::float32) out.push_back(Parameter<float>::shared(Tensor<float>(p)));
+    return out;
+  }
+
+  /// (full name, tensor) of every parameter, own first, then each child's.
+  std::vector<std::pair<std::string, TensorBase>> named_parameters() const {
+    std::vector<std::pair<std::string, TensorBase>> out;
+    collect(out);
+    return out;
+  }
+
+  /// The registered children, in order.
+  const std::vector<std::pair<std::string, Module*>>& children() const { return m_children; }
+
+ private:
+  struct Forward {
+    Module* self;
+    Tensor<float> operator()(const Tensor<float>& x) const {
+      tracing::NameScope scope(self->name());
+      return self->forward(x);
+    }
+  };
+
+  Jitted<Forward>& compiled() {
+    std::call_once(m_compile_once, [this] {
+      m_compiled = std::make_unique<Jitted<Forward>>(Forward{this}, JitConfig{.name = name()}, SourceLoc::current());
+    });
+    return *m_compiled;
+  }
+
+  void prefix_parameter_names(const std::string& prefix) {
+    for (auto& [name, p] : m_parameters) p.impl()->autograd->name = prefix + p.impl()->autograd->name;
+    for (auto& [name, child] : m_children) child->prefix_parameter_names(prefix);
+  }
+
+  void collect(std::vector<std::pair<std::string, TensorBase>>& out) const {
+    for (const auto& [name, p] : m_parameters) out.emplace_back(p.impl()->autograd->name, p);
+    for (const auto& [name, child] : m_children) child->collect(out);
+  }
+
+  std::string m_name;
+  Module* m_parent = nullptr;
+  std::vector<std::pair<std::string, TensorBase>> m_parameters;
+  std::vector<std::pair<std::string, Module*>> m_children;
+  std::once_flag m_compile_once;
+  std::unique_ptr<Jitted<Forward>> m_compiled;
+};
+
+}  // namespace xgrad::nn

@@ -1,0 +1,144 @@
+// cond, while_loop and fori_loop: the same values and gradients eagerly and under jit,
+// gradients against central differences, and the errors a user can meet.
+#include <doctest/doctest.h>
+
+#include <cmath>
+
+#include <xgrad/xgrad.hpp>
+
+#include "test_support.hpp"
+
+namespace xg = xgrad;
+using xgrad::testing::message_of;
+
+namespace {
+
+using T = xg::Tensor<double>;
+
+void check_close(const T& a, const T& b, double tol = 1e-12) {
+  REQUIRE(a.shape() == b.shape());
+  auto x = a.to_vector(), y = b.to_vector();
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    INFO("element " << i << ": " << x[i] << " vs " << y[i]);
+    CHECK(std::abs(x[i] - y[i]) <= tol * (1 + std::abs(y[i])));
+  }
+}
+
+/// d/dx of sum(f(x)) by central differences.
+template <class F> T numeric_grad(F f, const T& x) {
+  auto v = x.to_vector();
+  std::vector<double> g(v.size());
+  const double h = 1e-6;
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    auto at = [&](double d) {
+      auto moved = v;
+      moved[i] += d;
+      return xg::sum(f(xg::tensor<double>(moved, x.shape()))).item();
+    };
+    g[i] = (at(h) - at(-h)) / (2 * h);
+  }
+  return xg::tensor<double>(g, x.shape());
+}
+
+// A program with all three: a branch on the data, a fixed loop, a loop until a condition.
+T program(const T& x, const T& w) {
+  auto y = xg::cond(
+      xg::sum(x) > 0.0, [&w](const T& a) { return a * w; }, [](const T& a) { return xg::exp(a); }, x);
+  auto z = xg::fori_loop(
+      0, 3, [&w](xg::Tensor<std::int32_t> i, const T& c) { return xg::tanh(c * w + xg::cast<double>(i)); }, y);
+  return xg::while_loop([](const T& c) { return xg::sum(c * c) < 40.0; }, [](const T& c) { return c * 1.5; }, z,
+                        {.max_iters = 50});
+}
+
+}  // namespace
+
+TEST_CASE("control flow: values and gradients agree eagerly, under jit, and with central differences") {
+  auto w = xg::tensor<double>({1.5, 0.5, -0.7});
+  auto jitted = xg::jit(program);
+  auto jitted_grad = xg::jit(xg::grad(program, xg::argnums<0, 1>));
+  for (auto x : {xg::tensor<double>({0.3, -0.1, 0.5}), xg::tensor<double>({-0.3, -0.1, -0.5})}) {
+    CAPTURE(x.to_vector());
+    check_close(jitted(x, w), program(x, w));
+    auto [gx, gw] = xg::grad(program, xg::argnums<0, 1>)(x, w);
+    auto [jx, jw] = jitted_grad(x, w);
+    check_close(jx, gx);
+    check_close(jw, gw);
+    check_close(gx, numeric_grad([&](const T& v) { return program(v, w); }, x), 1e-6);
+    check_close(gw, numeric_grad([&](const T& v) { return program(x, v); }, w), 1e-6);
+  }
+  CHECK(jitted_grad.cache_size() == 1);  // both branches live in one graph
+  auto ir = jitted.lower(xg::ones<double>({3}), w).ir();
+  CHECK(ir.find("= Cond(") != std::string::npos);
+  CHECK(ir.find("= ForiLoop(") != std::string::npos);
+  CHECK(ir.find("= While(") != std::string::npos);
+}
+
+TEST_CASE("control flow: carries can be tuples, and loops run their trip count") {
+  auto body = [](xg::Tensor<std::int32_t> i, std::pair<T, xg::Tensor<std::int32_t>> c) {
+    return std::pair{c.first + xg::cast<double>(i), c.second + 1};
+  };
+  auto run = [&](const T& x) { return xg::fori_loop(2, 6, body, std::pair{x, xg::zeros<std::int32_t>({})}); };
+  auto [sum, count] = xg::jit(run)(xg::zeros<double>({2}));
+  CHECK(sum.to_vector() == std::vector<double>{14, 14});  // 2 + 3 + 4 + 5
+  CHECK(count.item() == 4);
+  auto [esum, ecount] = run(xg::zeros<double>({2}));
+  CHECK(esum.to_vector() == sum.to_vector());
+
+  auto halve = [](const T& x) {
+    return xg::while_loop([](const T& v) { return xg::sum(v) > 1.0; }, [](const T& v) { return v * 0.5; }, x);
+  };
+  CHECK(xg::jit(halve)(xg::tensor<double>({8.0})).item() == 1.0);
+  CHECK(halve(xg::tensor<double>({8.0})).item() == 1.0);
+  // max_iters stops the loop even while the condition holds.
+  auto bounded = [](const T& x) {
+    return xg::while_loop([](const T&) { return xg::scalar<bool>(true); }, [](const T& v) { return v + 1.0; }, x,
+                          {.max_iters = 7});
+  };
+  CHECK(xg::jit(bounded)(xg::tensor<double>({0.0})).item() == 7.0);
+  CHECK(bounded(xg::tensor<double>({0.0})).item() == 7.0);
+}
+
+TEST_CASE("control flow: a gradient flows to what a loop body reads from outside, summed over iterations") {
+  auto w = xg::tensor<double>({0.9, -0.4});
+  auto f = [](const T& x, const T& v) {
+    return xg::fori_loop(
+        0, 4, [&v](xg::Tensor<std::int32_t>, const T& c) { return xg::sin(c * v) + c; }, x);
+  };
+  auto x = xg::tensor<double>({0.2, 0.7});
+  auto eager = xg::grad(f, xg::argnums<1>)(x, w);
+  check_close(xg::jit(xg::grad(f, xg::argnums<1>))(x, w), eager);
+  check_close(eager, numeric_grad([&](const T& v) { return f(x, v); }, w), 1e-6);
+}
+
+TEST_CASE("control flow: the errors say what is wrong") {
+  auto x = xg::ones<double>({3});
+  auto mismatch = message_of<xg::TraceError>([&] {
+    xg::jit([](const T& a) {
+      return xg::cond(
+          xg::sum(a) > 0.0, [](const T& v) { return v; }, [](const T& v) { return xg::sum(v, {0}, true); }, a);
+    })(x);
+  });
+  CHECK(mismatch.find("Cond: the branches return different types: then (f64[3]), else (f64[1])") != std::string::npos);
+
+  auto carry = message_of<xg::TraceError>([&] {
+    xg::jit([](const T& a) {
+      return xg::fori_loop(
+          0, 2, [](xg::Tensor<std::int32_t>, const T& c) { return xg::sum(c); }, a);
+    })(x);
+  });
+  CHECK(carry.find("ForiLoop: the body returns (f64[]) for a carry of (f64[3])") != std::string::npos);
+
+  auto unbounded = [](const T& a) {
+    return xg::sum(xg::while_loop([](const T& v) { return xg::sum(v) < 10.0; }, [](const T& v) { return v * 2.0; }, a));
+  };
+  auto msg = message_of<xg::AutogradError>([&] { xg::jit(xg::grad(unbounded))(x); });
+  CHECK(msg.find("max_iters") != std::string::npos);
+  // Eagerly the tape sees every iteration, so no bound is needed.
+  check_close(xg::grad(unbounded)(x), xg::full<double>({3}, 4.0));  // two doublings: 3 -> 6 -> 12
+
+  auto pred = message_of<xg::ShapeError>([&] {
+    xg::cond(
+        x > 0.0, [](const T& v) { return v; }, [](const T& v) { return v; }, x);
+  });
+  CHECK(pred.find("Cond: the predicate must be a bool tensor with one element, got Bool[3]") != std::string::npos);
+}
