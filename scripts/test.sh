@@ -9,6 +9,7 @@ cmake -S . -B build-test -DCMAKE_BUILD_TYPE=Release -DXGRAD_BUILD_TESTS=ON -DXGR
 cmake --build build-test -j"$jobs"
 (cd build-test && ctest --output-on-failure)
 build-test/examples/worked_examples > /dev/null
+(cd build-test && examples/mode_switch > /dev/null)
 
 # find_package(xgrad) against an installed copy.
 rm -rf build-test/prefix build-test/consumer

@@ -219,6 +219,19 @@ template <Element T> class Tensor : public TensorBase {
     return div(scalar_like(b, a.value), b, a.loc);
   }
   friend Tensor operator-(Located<Tensor> a) requires Numeric<T> { return neg(a.value, a.loc); }
+  // Comparisons give Tensor<bool>, as in NumPy.
+  friend Tensor<bool> operator<(Located<Tensor> a, const Tensor& b) requires Numeric<T> {
+    return less(a.value, b, a.loc);
+  }
+  friend Tensor<bool> operator>(Located<Tensor> a, const Tensor& b) requires Numeric<T> {
+    return greater(a.value, b, a.loc);
+  }
+  friend Tensor<bool> operator<(Located<Tensor> a, T b) requires Numeric<T> {
+    return less(a.value, scalar_like(a.value, b), a.loc);
+  }
+  friend Tensor<bool> operator>(Located<Tensor> a, T b) requires Numeric<T> {
+    return greater(a.value, scalar_like(a.value, b), a.loc);
+  }
 };
 
 /// A rank-0 tensor holding `value`, on the same device as `like` (for tensor-scalar operators).

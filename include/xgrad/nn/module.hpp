@@ -41,22 +41,20 @@ class Module {
   Module(const Module&) = delete;
   Module& operator=(const Module&) = delete;
 
-  /// The computation. Modules that take one float tensor override this.
+  /// The computation. A module overrides the form it takes: one float tensor, or two.
   virtual Tensor<float> forward(Tensor<float> /*x*/) {
     throw ValueError(xgrad::detail::concat("Module ", name(), " does not define forward(Tensor<float>)"));
+  }
+  virtual Tensor<float> forward(Tensor<float> /*x*/, Tensor<float> /*y*/) {
+    throw ValueError(
+        xgrad::detail::concat("Module ", name(), " does not define forward(Tensor<float>, Tensor<float>)"));
   }
 
   /// Runs forward: op by op in Mode::eager; in Mode::graph compiled once per input signature
   /// (and inline when called while another function is being traced). Nodes traced inside
   /// are scoped by the module path ("LeNet5/conv1").
-  Tensor<float> operator()(const Tensor<float>& x) {
-    if (tracing::Tracer::active()) {
-      tracing::NameScope scope(name());
-      return forward(x);
-    }
-    if (get_mode() == Mode::eager) return forward(x);
-    return compiled()(x);
-  }
+  Tensor<float> operator()(const Tensor<float>& x) { return call(x); }
+  Tensor<float> operator()(const Tensor<float>& x, const Tensor<float>& y) { return call(x, y); }
 
   /// The name given by the parent module, or the type's name for a module without a parent.
   std::string name() const { return m_name.empty() ? detail::type_name(typeid(*this)) : m_name; }
@@ -119,11 +117,17 @@ class Module {
  private:
   struct Forward {
     Module* self;
-    Tensor<float> operator()(const Tensor<float>& x) const {
+    template <class... Xs> Tensor<float> operator()(const Xs&... xs) const {
       tracing::NameScope scope(self->name());
-      return self->forward(x);
+      return self->forward(xs...);
     }
   };
+
+  template <class... Xs> Tensor<float> call(const Xs&... xs) {
+    if (tracing::Tracer::active()) return Forward{this}(xs...);
+    if (get_mode() == Mode::eager) return forward(xs...);
+    return compiled()(xs...);
+  }
 
   Jitted<Forward>& compiled() {
     std::call_once(m_compile_once, [this] {

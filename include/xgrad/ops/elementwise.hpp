@@ -96,7 +96,7 @@ struct Relu : UnaryDefaults {
   static constexpr std::string_view name = "ReLU";
   template <class V> static V apply(const V& x) { return xsimd::max(x, V(0)); }
   template <class T> static Tensor<T> grad(const Tensor<T>& x, const Tensor<T>&, const Tensor<T>& g) {
-    return where(x > T(0), g, zeros_like(g));
+    return where(x > T(0), g, T(0));
   }
 };
 
@@ -212,7 +212,8 @@ struct Maximum : BinaryDefaults {
   template <class V> static V apply(const V& a, const V& b) { return xsimd::max(a, b); }
   // Ties split the gradient evenly, so the rule is symmetric in a and b.
   template <class T> static auto grad(const Tensor<T>& a, const Tensor<T>& b, const Tensor<T>&, const Tensor<T>& g) {
-    auto share = where(greater(a, b), ones_like(g), where(equal(a, b), full_like(g, T(0.5)), zeros_like(g)));
+    // Scalars, not full tensors: under jit they are small constants of the graph.
+    auto share = where(greater(a, b), scalar_like(g, T(1)), where(equal(a, b), scalar_like(g, T(0.5)), T(0)));
     return std::pair{g * share, g - g * share};
   }
 };
@@ -222,7 +223,8 @@ struct Minimum : BinaryDefaults {
   static constexpr OpTraits traits{.elementwise = true, .commutative = true};
   template <class V> static V apply(const V& a, const V& b) { return xsimd::min(a, b); }
   template <class T> static auto grad(const Tensor<T>& a, const Tensor<T>& b, const Tensor<T>&, const Tensor<T>& g) {
-    auto share = where(less(a, b), ones_like(g), where(equal(a, b), full_like(g, T(0.5)), zeros_like(g)));
+    // Scalars, not full tensors: under jit they are small constants of the graph.
+    auto share = where(less(a, b), scalar_like(g, T(1)), where(equal(a, b), scalar_like(g, T(0.5)), T(0)));
     return std::pair{g * share, g - g * share};
   }
 };
@@ -303,12 +305,6 @@ XGRAD_BINARY_FUNCTION(less, Less, Numeric)
 XGRAD_BINARY_FUNCTION(greater, Greater, Numeric)
 #undef XGRAD_BINARY_FUNCTION
 
-// Comparison operators give Tensor<bool>, as in NumPy.
-template <Numeric T> Tensor<bool> operator<(const Tensor<T>& a, const Tensor<T>& b) { return less(a, b); }
-template <Numeric T> Tensor<bool> operator>(const Tensor<T>& a, const Tensor<T>& b) { return greater(a, b); }
-template <Numeric T> Tensor<bool> operator<(const Tensor<T>& a, std::type_identity_t<T> b) { return less(a, b); }
-template <Numeric T> Tensor<bool> operator>(const Tensor<T>& a, std::type_identity_t<T> b) { return greater(a, b); }
-
 /// Picks a where cond is true, else b, with broadcasting over all three.
 template <Element T> Tensor<T> where(const Tensor<bool>& cond, const Tensor<T>& a, const Tensor<T>& b,
                                      SourceLoc loc = SourceLoc::current()) {
@@ -333,8 +329,8 @@ template <Element T> Tensor<T> where(const Tensor<bool>& cond, const Tensor<T>& 
     if (detail::should_record(a, b)) {
       detail::record(out, op::Where::name, loc, {cond, a, b}, {cond}, false,
                      [cond](const TensorBase&, const TensorBase& g) {
-                       Tensor<T> grad(g), zero = zeros_like(grad);
-                       return autograd::Grads{TensorBase(), where(cond, grad, zero), where(cond, zero, grad)};
+                       Tensor<T> grad(g);
+                       return autograd::Grads{TensorBase(), where(cond, grad, T(0)), where(cond, T(0), grad)};
                      });
     }
   }
