@@ -13,62 +13,20 @@
 #include <cstdint>
 #include <string>
 
-#include <sys/resource.h>
-
 #include <xsimd/xsimd.hpp>
 
 #include <xgrad/xgrad.hpp>
+
+#include "bench_support.hpp"
 
 namespace xg = xgrad;
 
 namespace {
 
+using namespace xgrad::bench;
+
 using Batch = xsimd::batch<float>;
 constexpr std::int64_t kLanes = static_cast<std::int64_t>(Batch::size);
-
-/// Sets xgrad's thread count for one benchmark and restores it afterwards.
-/// threads <= 0 selects the library default (XGRAD_NUM_THREADS or the hardware concurrency).
-class ThreadScope {
- public:
-  explicit ThreadScope(int threads) : m_saved(xg::cpu::num_threads()) { xg::cpu::set_num_threads(threads); }
-  ~ThreadScope() { xg::cpu::set_num_threads(m_saved); }
-  ThreadScope(const ThreadScope&) = delete;
-  ThreadScope& operator=(const ThreadScope&) = delete;
-
- private:
-  int m_saved;
-};
-
-constexpr int kOneThread = 1;
-constexpr int kDefaultThreads = 0;
-
-/// items/s counts elements; bytes/s counts the bytes an ideal kernel moves (inputs read plus
-/// output written once), so the rates of an xgrad op and its hand loop compare directly.
-void set_elementwise_counters(benchmark::State& state, std::int64_t n, std::int64_t arrays_touched) {
-  state.SetItemsProcessed(state.iterations() * n);
-  state.SetBytesProcessed(state.iterations() * n * arrays_touched * static_cast<std::int64_t>(sizeof(float)));
-}
-
-/// Minor page faults of the process so far. Reported per iteration ("faults/iter") next to
-/// the elementwise timings: fresh result buffers that the allocator had to map (or had handed
-/// back to the OS) are touched page by page, and that, not the arithmetic, is then the cost.
-long minor_faults() {
-  rusage usage{};
-  getrusage(RUSAGE_SELF, &usage);
-  return usage.ru_minflt;
-}
-
-class FaultCounter {
- public:
-  FaultCounter() : m_start(minor_faults()) {}
-  void report(benchmark::State& state) const {
-    state.counters["faults/iter"] =
-        benchmark::Counter(static_cast<double>(minor_faults() - m_start), benchmark::Counter::kAvgIterations);
-  }
-
- private:
-  long m_start;
-};
 
 xg::Tensor<float> random_vector(std::int64_t n, std::uint64_t seed) { return xg::randn<float>(xg::Shape{n}, seed); }
 
@@ -283,25 +241,7 @@ void chain_six_pass(benchmark::State& state) {
   set_elementwise_counters(state, n, 2);
 }
 
-// ---- (c) conv2d at the LeNet5 shapes -----------------------------------------------------
-
-struct ConvCase {
-  const char* name;
-  std::int64_t batch, in_channels, height, width, out_channels, kernel;
-  bool input_grad;  // conv2's input is an activation, so backward also computes dx
-};
-// conv1: x[32,1,32,32] w[6,1,5,5]; conv2: x[32,6,14,14] w[16,6,5,5]; both valid, stride 1.
-constexpr ConvCase kConv1{"conv1", 32, 1, 32, 32, 6, 5, false};
-constexpr ConvCase kConv2{"conv2", 32, 6, 14, 14, 16, 5, true};
-
-double conv_forward_flops(const ConvCase& c) {
-  const double oh = static_cast<double>(c.height - c.kernel + 1), ow = static_cast<double>(c.width - c.kernel + 1);
-  return 2.0 * static_cast<double>(c.batch * c.out_channels * c.in_channels * c.kernel * c.kernel) * oh * ow;
-}
-
-void set_conv_counters(benchmark::State& state, double flops) {
-  state.counters["GFLOP/s"] = benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
-}
+// ---- (c) conv2d at the LeNet5 shapes (ConvCase, kConv1, kConv2: bench_support.hpp) -----------
 
 void conv_forward(benchmark::State& state, ConvCase c, int threads) {
   ThreadScope scope(threads);
@@ -334,21 +274,6 @@ void conv_forward_backward(benchmark::State& state, ConvCase c, int threads) {
   set_conv_counters(state, conv_forward_flops(c) * (c.input_grad ? 3.0 : 2.0));
 }
 
-void register_conv(const ConvCase& c) {
-  const std::string shape = c.name;
-  benchmark::RegisterBenchmark(("BM_conv2d_fwd/xgrad/" + shape).c_str(), conv_forward, c, kOneThread)
-      ->Unit(benchmark::kMicrosecond);
-  benchmark::RegisterBenchmark(("BM_conv2d_fwd/xgrad_mt/" + shape).c_str(), conv_forward, c, kDefaultThreads)
-      ->Unit(benchmark::kMicrosecond)
-      ->UseRealTime();
-  benchmark::RegisterBenchmark(("BM_conv2d_fwdbwd/xgrad/" + shape).c_str(), conv_forward_backward, c, kOneThread)
-      ->Unit(benchmark::kMicrosecond);
-  benchmark::RegisterBenchmark(("BM_conv2d_fwdbwd/xgrad_mt/" + shape).c_str(), conv_forward_backward, c,
-                               kDefaultThreads)
-      ->Unit(benchmark::kMicrosecond)
-      ->UseRealTime();
-}
-
 const bool kRegistered = [] {
   register_elementwise<AddOp>("BM_binary_add");
   register_elementwise<MulOp>("BM_binary_mul");
@@ -365,8 +290,8 @@ const bool kRegistered = [] {
         ->UseRealTime();
   }
 
-  register_conv(kConv1);
-  register_conv(kConv2);
+  register_conv("xgrad", conv_forward, conv_forward_backward, kConv1);
+  register_conv("xgrad", conv_forward, conv_forward_backward, kConv2);
   return true;
 }();
 

@@ -18,25 +18,15 @@
 #include <string>
 #include <vector>
 
-#include <sys/resource.h>
-
 #include <xgrad/xgrad.hpp>
+
+#include "bench_support.hpp"
 
 namespace xg = xgrad;
 
 namespace {
 
-/// Sets xgrad's thread count for one benchmark and restores it afterwards.
-class ThreadScope {
- public:
-  explicit ThreadScope(int threads) : m_saved(xg::cpu::num_threads()) { xg::cpu::set_num_threads(threads); }
-  ~ThreadScope() { xg::cpu::set_num_threads(m_saved); }
-  ThreadScope(const ThreadScope&) = delete;
-  ThreadScope& operator=(const ThreadScope&) = delete;
-
- private:
-  int m_saved;
-};
+using namespace xgrad::bench;
 
 double thread_cpu_seconds() {
   timespec ts{};
@@ -62,27 +52,6 @@ class LoopClock {
 
  private:
   double m_start;
-};
-
-/// Minor page faults per iteration ("faults/iter"), as in bench_eager.cpp: the MLP's [784, 128]
-/// temporaries (392 KiB) are below the 1 MiB BufferCache threshold, so whether malloc maps them
-/// afresh (and the kernel zero-fills every page) depends on the allocation pattern.
-long minor_faults() {
-  rusage usage{};
-  getrusage(RUSAGE_SELF, &usage);
-  return usage.ru_minflt;
-}
-
-class FaultCounter {
- public:
-  FaultCounter() : m_start(minor_faults()) {}
-  void report(benchmark::State& state) const {
-    state.counters["faults/iter"] =
-        benchmark::Counter(static_cast<double>(minor_faults() - m_start), benchmark::Counter::kAvgIterations);
-  }
-
- private:
-  long m_start;
 };
 
 void record_eager(const benchmark::State& state, const LoopClock& clock, const std::string& key) {
@@ -193,6 +162,10 @@ bool finite_loss(const xg::Tensor<float>& loss) {
   const float v = loss.to_vector().at(0);
   return v == v && v < 1e30f;
 }
+
+// The MLP rows report "faults/iter" (bench_support.hpp): the [784, 128] temporaries (392 KiB)
+// are below the 1 MiB BufferCache threshold, so whether malloc maps them afresh (and the kernel
+// zero-fills every page) depends on the allocation pattern.
 
 void eager_mlp_step(benchmark::State& state, MlpSize s) {
   ThreadScope threads(1);

@@ -5,14 +5,17 @@
 #if defined(XGRAD_BENCH_HAVE_TORCH)
 
 #include <benchmark/benchmark.h>
-#include <sys/resource.h>
 #include <torch/torch.h>
 
 #include <cstdint>
 #include <string>
 #include <thread>
 
+#include "bench_support.hpp"
+
 namespace {
+
+using namespace xgrad::bench;
 
 /// Sets LibTorch's intra-op thread count for one benchmark and restores it afterwards;
 /// threads <= 0 means one per hardware thread.
@@ -28,32 +31,6 @@ class TorchThreadScope {
 
  private:
   int m_saved;
-};
-
-constexpr int kOneThread = 1;
-constexpr int kDefaultThreads = 0;
-
-void set_elementwise_counters(benchmark::State& state, std::int64_t n, std::int64_t arrays_touched) {
-  state.SetItemsProcessed(state.iterations() * n);
-  state.SetBytesProcessed(state.iterations() * n * arrays_touched * static_cast<std::int64_t>(sizeof(float)));
-}
-
-/// Minor page faults per iteration, as in bench_eager.cpp.
-class FaultCounter {
- public:
-  FaultCounter() : m_start(minor_faults()) {}
-  void report(benchmark::State& state) const {
-    state.counters["faults/iter"] =
-        benchmark::Counter(static_cast<double>(minor_faults() - m_start), benchmark::Counter::kAvgIterations);
-  }
-
- private:
-  static long minor_faults() {
-    rusage usage{};
-    getrusage(RUSAGE_SELF, &usage);
-    return usage.ru_minflt;
-  }
-  long m_start;
 };
 
 torch::Tensor random_vector(std::int64_t n, std::uint64_t seed) {
@@ -132,24 +109,7 @@ void chain(benchmark::State& state, int threads) {
   set_elementwise_counters(state, n, 2);
 }
 
-// ---- conv2d at the LeNet5 shapes --------------------------------------------------------------
-
-struct ConvCase {
-  const char* name;
-  std::int64_t batch, in_channels, height, width, out_channels, kernel;
-  bool input_grad;
-};
-constexpr ConvCase kConv1{"conv1", 32, 1, 32, 32, 6, 5, false};
-constexpr ConvCase kConv2{"conv2", 32, 6, 14, 14, 16, 5, true};
-
-double conv_forward_flops(const ConvCase& c) {
-  const double oh = static_cast<double>(c.height - c.kernel + 1), ow = static_cast<double>(c.width - c.kernel + 1);
-  return 2.0 * static_cast<double>(c.batch * c.out_channels * c.in_channels * c.kernel * c.kernel) * oh * ow;
-}
-
-void set_conv_counters(benchmark::State& state, double flops) {
-  state.counters["GFLOP/s"] = benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
-}
+// ---- conv2d at the LeNet5 shapes (ConvCase, kConv1, kConv2: bench_support.hpp) ---------------
 
 void conv_forward(benchmark::State& state, ConvCase c, int threads) {
   TorchThreadScope scope(threads);
@@ -182,21 +142,6 @@ void conv_forward_backward(benchmark::State& state, ConvCase c, int threads) {
   set_conv_counters(state, conv_forward_flops(c) * (c.input_grad ? 3.0 : 2.0));
 }
 
-void register_conv(const ConvCase& c) {
-  const std::string shape = c.name;
-  benchmark::RegisterBenchmark(("BM_conv2d_fwd/torch/" + shape).c_str(), conv_forward, c, kOneThread)
-      ->Unit(benchmark::kMicrosecond);
-  benchmark::RegisterBenchmark(("BM_conv2d_fwd/torch_mt/" + shape).c_str(), conv_forward, c, kDefaultThreads)
-      ->Unit(benchmark::kMicrosecond)
-      ->UseRealTime();
-  benchmark::RegisterBenchmark(("BM_conv2d_fwdbwd/torch/" + shape).c_str(), conv_forward_backward, c, kOneThread)
-      ->Unit(benchmark::kMicrosecond);
-  benchmark::RegisterBenchmark(("BM_conv2d_fwdbwd/torch_mt/" + shape).c_str(), conv_forward_backward, c,
-                               kDefaultThreads)
-      ->Unit(benchmark::kMicrosecond)
-      ->UseRealTime();
-}
-
 const bool kRegistered = [] {
   const std::pair<const char*, Op> ops[] = {
       {"BM_binary_add", Op::add}, {"BM_binary_mul", Op::mul}, {"BM_unary_exp", Op::exp}, {"BM_unary_relu", Op::relu}};
@@ -214,8 +159,8 @@ const bool kRegistered = [] {
         ->Unit(benchmark::kMicrosecond)
         ->UseRealTime();
   }
-  register_conv(kConv1);
-  register_conv(kConv2);
+  register_conv("torch", conv_forward, conv_forward_backward, kConv1);
+  register_conv("torch", conv_forward, conv_forward_backward, kConv2);
   return true;
 }();
 

@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -464,4 +465,29 @@ TEST_CASE("nn::Module: traced nodes carry the module path and the user's lines")
   CHECK(ir.find("@TwoLayer/fc2") != std::string::npos);
   CHECK(ir.find("Ref[f32[4, 8]]  # fc1.weight") != std::string::npos);
   CHECK(ir.find("test_jit.cpp:") != std::string::npos);
+}
+
+TEST_CASE("jit: an in-place update of an argument reaches the caller, as it does eagerly") {
+  auto bump = [](xg::Tensor<float> v) {
+    v += 1.0f;
+    return v * 2.0f;
+  };
+  auto eager_x = xg::tensor<float>({1, 2}), jit_x = xg::tensor<float>({1, 2});
+  auto expected = bump(eager_x);
+  auto jitted = xg::jit(bump);
+  CHECK(same_bits(jitted(jit_x), expected));
+  CHECK(same_bits(jit_x, eager_x));
+}
+
+TEST_CASE("jit: errors that depend on values are raised when the graph runs, naming the op") {
+  auto loss = xg::jit([](xg::Tensor<float> logits, xg::Tensor<std::int32_t> labels) {
+    return xg::softmax_cross_entropy(logits, labels);
+  });
+  auto logits = xg::zeros<float>({2, 3});
+  CHECK(loss(logits, xg::tensor<std::int32_t>(std::vector<std::int32_t>{0, 2})).item() ==
+        doctest::Approx(std::log(3.0)));
+  auto msg = message_of<xg::ValueError>([&] {
+    loss(logits, xg::tensor<std::int32_t>(std::vector<std::int32_t>{0, 3}));
+  });
+  CHECK(msg.find("OneHot: label 3 at index 1 is outside [0, 3)") != std::string::npos);
 }

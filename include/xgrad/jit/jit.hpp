@@ -268,7 +268,7 @@ template <class F> class Jitted {
   /// gradient is itself a compiled graph (grad(jit(f)) works and stays compiled).
   template <class... Args> auto operator()(const Args&... args) const {
     using Out = std::invoke_result_t<const F&, tracing::detail::traced_t<Args>...>;
-    if (tracing::Tracer::active()) return std::invoke(*m_f, tracing::detail::traced_t<Args>(args)...);
+    if (tracing::Tracer::active()) return std::invoke(*m_f, tracing::detail::as_traced(args)...);
     tracing::detail::Flat flat;
     (tracing::detail::flatten(args, flat, std::string()), ...);
     auto entry = entry_for(flat, args...);

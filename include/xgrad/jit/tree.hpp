@@ -48,6 +48,28 @@ template <class A, class B> struct Traced<std::pair<A, B>> {
 template <class... Xs> struct Traced<std::tuple<Xs...>> { using type = std::tuple<typename Traced<Xs>::type...>; };
 template <class X> using traced_t = typename Traced<std::decay_t<X>>::type;
 
+// as_traced: x as the traced function receives it (Parameters as plain tensor handles).
+template <class X>
+requires std::is_same_v<traced_t<X>, X>
+const X& as_traced(const X& x) { return x; }
+template <class T> Tensor<T> as_traced(const Parameter<T>& p) { return p; }
+template <class X> traced_t<std::vector<X>> as_traced(const std::vector<X>& xs) {
+  traced_t<std::vector<X>> out;
+  for (const auto& x : xs) out.push_back(as_traced(x));
+  return out;
+}
+template <class X, std::size_t N> traced_t<std::array<X, N>> as_traced(const std::array<X, N>& xs) {
+  traced_t<std::array<X, N>> out;
+  for (std::size_t i = 0; i < N; ++i) out[i] = as_traced(xs[i]);
+  return out;
+}
+template <class A, class B> traced_t<std::pair<A, B>> as_traced(const std::pair<A, B>& p) {
+  return {as_traced(p.first), as_traced(p.second)};
+}
+template <class... Xs> traced_t<std::tuple<Xs...>> as_traced(const std::tuple<Xs...>& t) {
+  return std::apply([](const auto&... xs) { return traced_t<std::tuple<Xs...>>{as_traced(xs)...}; }, t);
+}
+
 // flatten: appends x's tensors and statics to `flat`.
 template <Element T> void flatten(const Tensor<T>& x, Flat& flat, const std::string& label) {
   if (!x.defined()) throw ValueError("jit: an undefined tensor (an empty handle) was passed to a jitted function");

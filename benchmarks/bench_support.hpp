@@ -1,0 +1,101 @@
+// Helpers shared by the benchmark files (bench_eager.cpp, bench_jit.cpp, bench_torch.cpp):
+// thread-count scoping, the "faults/iter" counter, the elementwise rate counters, and the LeNet5
+// conv shapes with their registration. It includes only std, Google Benchmark and xgrad's thread
+// pool header, so bench_torch.cpp can use it without the rest of xgrad.
+#pragma once
+
+#include <benchmark/benchmark.h>
+#include <sys/resource.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include "xgrad/backend/cpu/thread_pool.hpp"
+
+namespace xgrad::bench {
+
+/// Thread counts for the `threads` argument of the benchmarks: one thread, or the library
+/// default (XGRAD_NUM_THREADS or the hardware concurrency; for LibTorch, one per hardware thread).
+inline constexpr int kOneThread = 1;
+inline constexpr int kDefaultThreads = 0;
+
+/// Sets xgrad's thread count for one benchmark and restores it afterwards.
+/// threads <= 0 selects the library default (XGRAD_NUM_THREADS or the hardware concurrency).
+class ThreadScope {
+ public:
+  explicit ThreadScope(int threads) : m_saved(cpu::num_threads()) { cpu::set_num_threads(threads); }
+  ~ThreadScope() { cpu::set_num_threads(m_saved); }
+  ThreadScope(const ThreadScope&) = delete;
+  ThreadScope& operator=(const ThreadScope&) = delete;
+
+ private:
+  int m_saved;
+};
+
+/// items/s counts elements; bytes/s counts the bytes an ideal kernel moves (inputs read plus
+/// output written once), so the rates of an xgrad op and its hand loop compare directly.
+inline void set_elementwise_counters(benchmark::State& state, std::int64_t n, std::int64_t arrays_touched) {
+  state.SetItemsProcessed(state.iterations() * n);
+  state.SetBytesProcessed(state.iterations() * n * arrays_touched * static_cast<std::int64_t>(sizeof(float)));
+}
+
+/// Minor page faults of the process so far. Reported per iteration ("faults/iter") next to
+/// the timings: fresh result buffers that the allocator had to map (or had handed back to the
+/// OS) are touched page by page, and that, not the arithmetic, is then the cost.
+inline long minor_faults() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_minflt;
+}
+
+/// Construct before the benchmark loop, call report() after it: sets "faults/iter".
+class FaultCounter {
+ public:
+  FaultCounter() : m_start(minor_faults()) {}
+  void report(benchmark::State& state) const {
+    state.counters["faults/iter"] =
+        benchmark::Counter(static_cast<double>(minor_faults() - m_start), benchmark::Counter::kAvgIterations);
+  }
+
+ private:
+  long m_start;
+};
+
+// ---- conv2d at the LeNet5 shapes (batch 32), the same for xgrad and LibTorch -----------------
+
+struct ConvCase {
+  const char* name;
+  std::int64_t batch, in_channels, height, width, out_channels, kernel;
+  bool input_grad;  // conv2's input is an activation, so backward also computes dx
+};
+// conv1: x[32,1,32,32] w[6,1,5,5]; conv2: x[32,6,14,14] w[16,6,5,5]; both valid, stride 1.
+inline constexpr ConvCase kConv1{"conv1", 32, 1, 32, 32, 6, 5, false};
+inline constexpr ConvCase kConv2{"conv2", 32, 6, 14, 14, 16, 5, true};
+
+inline double conv_forward_flops(const ConvCase& c) {
+  const double oh = static_cast<double>(c.height - c.kernel + 1), ow = static_cast<double>(c.width - c.kernel + 1);
+  return 2.0 * static_cast<double>(c.batch * c.out_channels * c.in_channels * c.kernel * c.kernel) * oh * ow;
+}
+
+inline void set_conv_counters(benchmark::State& state, double flops) {
+  state.counters["GFLOP/s"] = benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+/// A conv benchmark body: (state, shape, threads).
+using ConvBenchmark = void (*)(benchmark::State&, ConvCase, int);
+
+/// Registers BM_conv2d_fwd and BM_conv2d_fwdbwd for one shape as `<impl>` (one thread) and
+/// `<impl>_mt` (default threads, real time), so the xgrad and torch rows line up.
+inline void register_conv(const std::string& impl, ConvBenchmark forward, ConvBenchmark forward_backward,
+                          const ConvCase& c) {
+  for (const auto& [kind, fn] : {std::pair{"fwd", forward}, std::pair{"fwdbwd", forward_backward}}) {
+    const std::string base = std::string("BM_conv2d_") + kind + "/" + impl;
+    benchmark::RegisterBenchmark((base + "/" + c.name).c_str(), fn, c, kOneThread)->Unit(benchmark::kMicrosecond);
+    benchmark::RegisterBenchmark((base + "_mt/" + c.name).c_str(), fn, c, kDefaultThreads)
+        ->Unit(benchmark::kMicrosecond)
+        ->UseRealTime();
+  }
+}
+
+}  // namespace xgrad::bench
