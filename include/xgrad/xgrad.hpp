@@ -12,6 +12,7 @@
 #include "xgrad/jit/control_flow.hpp"
 #include "xgrad/jit/jit.hpp"
 #include "xgrad/nn/module.hpp"
+#include "xgrad/passes/pipeline.hpp"
 #include "xgrad/ops/elementwise.hpp"
 #include "xgrad/ops/inplace.hpp"
 #include "xgrad/ops/linalg.hpp"

@@ -11,6 +11,41 @@
 
 namespace xgrad::ir {
 
+/// A short text of a small constant's values for the IR: "2", "[1, 0.5]".
+inline std::string constant_text(const TensorBase& t) {
+  std::ostringstream out;
+  auto emit = [&](const auto* p) {
+    if (t.ndim() > 0) out << "[";
+    for (std::int64_t i = 0; i < t.numel(); ++i) {
+      if (i) out << ", ";
+      if constexpr (std::is_same_v<std::decay_t<decltype(*p)>, bool>)
+        out << (p[i] ? "true" : "false");
+      else
+        out << +p[i];
+    }
+    if (t.ndim() > 0) out << "]";
+  };
+  const void* data = t.impl()->storage->data();
+  switch (t.dtype()) {
+    case DType::float32:
+      emit(static_cast<const float*>(data));
+      break;
+    case DType::float64:
+      emit(static_cast<const double*>(data));
+      break;
+    case DType::int32:
+      emit(static_cast<const std::int32_t*>(data));
+      break;
+    case DType::int64:
+      emit(static_cast<const std::int64_t*>(data));
+      break;
+    case DType::boolean:
+      emit(static_cast<const bool*>(data));
+      break;
+  }
+  return out.str();
+}
+
 /// "f32[3, 8]"; an input read by reference prints as "Ref[f32[32, 8]]".
 inline std::string type_str(DType dtype, const Shape& shape) {
   return xgrad::detail::concat(dtype_short_name(dtype), shape);

@@ -14,6 +14,7 @@
 
 #include "xgrad/jit/function.hpp"
 #include "xgrad/jit/tree.hpp"
+#include "xgrad/passes/pipeline.hpp"
 
 namespace xgrad {
 
@@ -28,6 +29,11 @@ struct JitConfig {
   int max_retraces = -1;
   /// Shown in logs, reports and saved graphs; "jit@file.cpp:12" when empty.
   std::string name = {};
+  /// Keep every floating-point operation as eager mode does it, so results are bitwise equal
+  /// to eager: passes skip rewrites that can change rounding (x + 0, exp(log x)).
+  bool strict = false;
+  /// Passes to skip, by name ("simplify", "fold", "cse", "dce"), for debugging and tests.
+  std::vector<std::string> disabled_passes = {};
 };
 
 /// Scope guard: a jitted function that traces while one is alive throws RetraceError, so a
@@ -153,7 +159,10 @@ inline std::string explain_retrace(const Signature& now, const std::vector<std::
 /// The compiled signatures of one jitted function, shared by its copies and its threads.
 class Cache {
  public:
-  Cache(JitConfig config, SourceLoc loc) : m_config(std::move(config)), m_loc(loc) {
+  Cache(JitConfig config, SourceLoc loc)
+      : m_config(std::move(config)),
+        m_loc(loc),
+        m_passes(passes::pipeline(static_cast<int>(m_config.level), m_config.disabled_passes)) {
     if (m_config.name.empty()) m_config.name = "jit@" + loc.str();
   }
 
@@ -206,9 +215,13 @@ class Cache {
     TraceResult result = traced(tracer, body);
     std::vector<bool> from_captures;
     for (const auto& out : result.outputs) from_captures.push_back(out.requires_grad());
-    std::shared_ptr<const ir::Graph> graph = tracer.finish(result.outputs);
+    std::shared_ptr<ir::Graph> graph = tracer.finish(result.outputs);
     ir::verify(*graph);
     save_stage(*graph, "trace");
+    passes::optimize(*graph, m_passes, {.strict = m_config.strict}, [&](std::string_view pass) {
+      ir::verify(*graph);
+      save_stage(*graph, std::string(pass));
+    });
     auto entry = std::make_shared<Entry>();
     entry->signature = std::move(signature);
     entry->program = backend::Program(graph);
@@ -249,6 +262,7 @@ class Cache {
 
   JitConfig m_config;
   SourceLoc m_loc;
+  std::vector<passes::Pass> m_passes;
   mutable std::shared_mutex m_mutex;
   std::vector<std::shared_ptr<const Entry>> m_entries;
 };

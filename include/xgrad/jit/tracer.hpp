@@ -15,48 +15,13 @@
 #include <utility>
 #include <vector>
 
-#include "xgrad/ir/graph.hpp"
+#include "xgrad/ir/printer.hpp"
 
 namespace xgrad::tracing {
 
 class Tracer;
 
 namespace detail {
-/// A short text of a small constant's values for the IR: "2", "[1, 0.5]".
-inline std::string constant_text(const TensorBase& t) {
-  std::ostringstream out;
-  auto emit = [&](const auto* p) {
-    if (t.ndim() > 0) out << "[";
-    for (std::int64_t i = 0; i < t.numel(); ++i) {
-      if (i) out << ", ";
-      if constexpr (std::is_same_v<std::decay_t<decltype(*p)>, bool>)
-        out << (p[i] ? "true" : "false");
-      else
-        out << +p[i];
-    }
-    if (t.ndim() > 0) out << "]";
-  };
-  const void* data = t.impl()->storage->data();
-  switch (t.dtype()) {
-    case DType::float32:
-      emit(static_cast<const float*>(data));
-      break;
-    case DType::float64:
-      emit(static_cast<const double*>(data));
-      break;
-    case DType::int32:
-      emit(static_cast<const std::int32_t*>(data));
-      break;
-    case DType::int64:
-      emit(static_cast<const std::int64_t*>(data));
-      break;
-    case DType::boolean:
-      emit(static_cast<const bool*>(data));
-      break;
-  }
-  return out.str();
-}
-
 inline Tracer*& active_tracer() {
   thread_local Tracer* tracer = nullptr;
   return tracer;
@@ -275,7 +240,7 @@ inline ir::Value* Tracer::add_constant(const TensorBase& t) {
   node->constant = t;
   node->kernel = [t](std::span<const TensorBase>, std::span<TensorBase> out) { out[0] = t; };
   node->outputs.push_back(m_graph->new_value(t.dtype(), t.shape(), node.get()));
-  if (t.numel() <= 8) node->attrs.push_back({"value", detail::constant_text(t)});
+  if (t.numel() <= 8) node->attrs.push_back({"value", ir::constant_text(t)});
   return m_graph->append(std::move(node))->outputs[0];
 }
 

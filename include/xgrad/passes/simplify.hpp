@@ -1,0 +1,92 @@
+// Algebraic simplification: rewrites that remove work without changing what the graph
+// computes. Exact rewrites always apply; those that can change a result's bits (x + 0 maps
+// -0 to +0; exp(log x) rounds) only without PassContext::strict.
+#pragma once
+
+#include <vector>
+
+#include "xgrad/passes/rewrite.hpp"
+
+namespace xgrad::passes {
+
+namespace detail {
+
+inline bool same_type(const ir::Value* a, const ir::Value* b) { return a->dtype == b->dtype && a->shape == b->shape; }
+
+/// A Transpose node's perm, read back from its attribute "[1, 0, 2]".
+inline std::vector<std::int64_t> permutation(const ir::Node& transpose) {
+  std::vector<std::int64_t> perm;
+  std::int64_t value = 0;
+  bool in_number = false;
+  for (char c : transpose.attrs.at(0).value) {
+    if (c >= '0' && c <= '9') {
+      value = value * 10 + (c - '0');
+      in_number = true;
+    } else if (in_number) {
+      perm.push_back(value);
+      value = 0;
+      in_number = false;
+    }
+  }
+  return perm;
+}
+
+/// The value `node` can be replaced by, or null.
+inline ir::Value* simpler(const ir::Node& node, const PassContext& ctx) {
+  const auto& in = node.inputs;
+  if (node.outputs.size() != 1) return nullptr;
+  const ir::Value* out = node.outputs[0];
+  auto operand_if = [&](ir::Value* x) { return same_type(x, out) ? x : nullptr; };
+  const std::string& op = node.op;
+  if (op == "Mul" && is_constant(in[1], 1)) return operand_if(in[0]);  // x * 1
+  if (op == "Mul" && is_constant(in[0], 1)) return operand_if(in[1]);
+  if (op == "Div" && is_constant(in[1], 1)) return operand_if(in[0]);  // x / 1
+  if (op == "Sub" && is_constant(in[1], 0)) return operand_if(in[0]);  // x - 0 (exact, -0 stays -0)
+  if (!ctx.strict) {
+    if (op == "Add" && is_constant(in[1], 0)) return operand_if(in[0]);  // x + 0
+    if (op == "Add" && is_constant(in[0], 0)) return operand_if(in[1]);
+  }
+  auto producer_op = [&](std::size_t i) -> const ir::Node* {
+    const ir::Node* p = in.empty() ? nullptr : in[i]->producer;
+    return p && p->outputs.size() == 1 ? p : nullptr;
+  };
+  const ir::Node* p = producer_op(0);
+  if (op == "Neg" && p && p->op == "Neg") return operand_if(p->inputs[0]);  // --x
+  if (!ctx.strict && p && ((op == "Exp" && p->op == "Log") || (op == "Log" && p->op == "Exp")))
+    return operand_if(p->inputs[0]);                           // exp(log x), log(exp x)
+  if (op == "Reshape" && same_type(in[0], out)) return in[0];  // reshape to its own shape
+  if (op == "Reshape" && p && p->op == "Reshape" && same_type(p->inputs[0], out)) return p->inputs[0];
+  if (op == "Transpose" && p && p->op == "Transpose" && same_type(p->inputs[0], out)) {
+    // transpose(transpose(x, p1), p2) is x when p1[p2[i]] == i for every axis.
+    auto outer = permutation(node), inner = permutation(*p);
+    bool identity = outer.size() == inner.size();
+    for (std::size_t i = 0; identity && i < outer.size(); ++i)
+      identity = inner[static_cast<std::size_t>(outer[i])] == static_cast<std::int64_t>(i);
+    if (identity) return p->inputs[0];
+  }
+  return nullptr;
+}
+
+}  // namespace detail
+
+inline bool simplify(ir::Graph& g, const PassContext& ctx) {
+  bool changed = false;
+  std::unordered_set<const ir::Value*> outputs(g.outputs.begin(), g.outputs.end());
+  for (auto& node : g.nodes) {
+    // reshape(reshape(x)): the outer one reads x directly (a reshape's kernel depends only on
+    // its output shape).
+    if (node->op == "Reshape" && node->inputs[0]->producer && node->inputs[0]->producer->op == "Reshape") {
+      node->inputs[0] = node->inputs[0]->producer->inputs[0];
+      changed = true;
+    }
+    ir::Value* replacement = detail::simpler(*node, ctx);
+    // An output must not become an argument: the caller would get its own tensor back.
+    if (replacement && !(outputs.count(node->outputs[0]) && !replacement->producer)) {
+      replace_uses(g, node->outputs[0], replacement);
+      changed = true;
+    }
+  }
+  return changed;
+}
+
+}  // namespace xgrad::passes
