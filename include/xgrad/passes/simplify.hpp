@@ -67,12 +67,35 @@ inline ir::Value* simpler(const ir::Node& node, const PassContext& ctx) {
   return nullptr;
 }
 
+/// An elementwise op reading broadcast_to(x) can read x itself when its own broadcasting
+/// still gives the same output shape: elementwise kernels broadcast whatever inputs they get
+/// to their output type. Exact: no value changes.
+inline bool absorb_broadcasts(ir::Node& node) {
+  if (!node.traits.elementwise || node.inputs.size() < 2) return false;
+  bool changed = false;
+  for (std::size_t i = 0; i < node.inputs.size(); ++i) {
+    const ir::Node* p = node.inputs[i]->producer;
+    if (!p || p->op != "BroadcastTo") continue;
+    Shape shape = p->inputs[0]->shape;
+    for (std::size_t j = 0; j < node.inputs.size(); ++j) {
+      Shape next;
+      if (j != i && !try_broadcast(shape, node.inputs[j]->shape, next)) return changed;
+      if (j != i) shape = next;
+    }
+    if (!(shape == node.outputs[0]->shape)) continue;
+    node.inputs[i] = p->inputs[0];
+    changed = true;
+  }
+  return changed;
+}
+
 }  // namespace detail
 
 inline bool simplify(ir::Graph& g, const PassContext& ctx) {
   bool changed = false;
   std::unordered_set<const ir::Value*> outputs(g.outputs.begin(), g.outputs.end());
   for (auto& node : g.nodes) {
+    changed = detail::absorb_broadcasts(*node) || changed;
     // reshape(reshape(x)): the outer one reads x directly (a reshape's kernel depends only on
     // its output shape).
     if (node->op == "Reshape" && node->inputs[0]->producer && node->inputs[0]->producer->op == "Reshape") {
