@@ -140,8 +140,8 @@ template <class T> void check_same_numbers(const xg::Tensor<T>& got, const xg::T
   CHECK(mismatches == 0);
 }
 
-template <class T>
-void check_program(const RandomProgram& p, std::uint64_t seed, const xg::JitConfig& config = {.level = xg::JitLevel::O0}) {
+template <class T> void check_program(const RandomProgram& p, std::uint64_t seed,
+                                      const xg::JitConfig& config = {.level = xg::JitLevel::O0}) {
   std::vector<xg::Tensor<T>> inputs;
   for (std::size_t k = 0; k < p.input_shapes.size(); ++k)
     inputs.push_back(to_tensor<T>(random_input(p.input_shapes[k], p.input_domains[k], seed + k)));
@@ -168,11 +168,10 @@ TEST_CASE("random graphs from the op table: jit equals eager in values and gradi
 }
 
 TEST_CASE("random graphs at every level, strict and not, and with each pass switched off") {
-  std::vector<std::pair<std::string, xg::JitConfig>> configs{
-      {"O1 strict", {.level = xg::JitLevel::O1, .strict = true}},
-      {"O2 strict", {.level = xg::JitLevel::O2, .strict = true}},
-      {"O1", {.level = xg::JitLevel::O1}},
-      {"O2", {.level = xg::JitLevel::O2}}};
+  std::vector<std::pair<std::string, xg::JitConfig>> configs{{"O1 strict", {.level = xg::JitLevel::O1, .strict = true}},
+                                                             {"O2 strict", {.level = xg::JitLevel::O2, .strict = true}},
+                                                             {"O1", {.level = xg::JitLevel::O1}},
+                                                             {"O2", {.level = xg::JitLevel::O2}}};
   for (const auto& pass : xg::passes::all_passes())
     configs.push_back({"O2 without " + std::string(pass.name),
                        {.level = xg::JitLevel::O2, .disabled_passes = {std::string(pass.name)}}});
