@@ -35,10 +35,6 @@ inline std::string types_text(const Types& types) {
 
 inline bool scalar_bool(const TensorBase& t) { return *static_cast<const bool*>(t.impl()->storage->data()); }
 
-inline TensorBase zeros_of_type(DType dtype, const Shape& shape) {
-  return dtype == DType::float64 ? TensorBase(zeros<double>(shape)) : TensorBase(zeros<float>(shape));
-}
-
 inline void check_predicate(std::string_view op, const TensorBase& pred, SourceLoc loc) {
   if (pred.dtype() != DType::boolean || pred.numel() != 1)
     throw_shape_error(op, loc, "the predicate must be a bool tensor with one element, got ", dtype_name(pred.dtype()),
@@ -48,8 +44,8 @@ inline void check_predicate(std::string_view op, const TensorBase& pred, SourceL
 /// Sums b into a (gradients of loop-invariant tensors, one per iteration).
 inline void accumulate(TensorBase& a, const TensorBase& b) { a = autograd::detail::add_grads(a, b); }
 
-/// Links each float output of a traced control-flow node to `inputs` on the tape; the rule
-/// for output k gets (inputs, k, g) and returns one gradient per input.
+/// Links each float output of a traced control-flow node to `inputs` on the tape;
+/// rule(k, g) returns the gradient of output k's cotangent g for each input.
 template <class Rule> void record_outputs(std::string_view op, SourceLoc loc, const std::vector<TensorBase>& inputs,
                                           std::vector<TensorBase>& outputs, Rule rule) {
   if (!is_grad_enabled()) return;

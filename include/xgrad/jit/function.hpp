@@ -21,9 +21,10 @@ using FlatFn = std::function<std::vector<TensorBase>(std::span<const TensorBase>
 
 inline bool is_float(const TensorBase& t) { return t.dtype() == DType::float32 || t.dtype() == DType::float64; }
 
-inline TensorBase zeros_of(const TensorBase& t) {
-  return t.dtype() == DType::float64 ? TensorBase(zeros<double>(t.shape())) : TensorBase(zeros<float>(t.shape()));
+inline TensorBase zeros_of_type(DType dtype, const Shape& shape) {
+  return dtype == DType::float64 ? TensorBase(zeros<double>(shape)) : TensorBase(zeros<float>(shape));
 }
+inline TensorBase zeros_of(const TensorBase& t) { return zeros_of_type(t.dtype(), t.shape()); }
 
 /// t itself when autodiff tracks it already, else a new leaf on its data that requires grad.
 inline TensorBase differentiable_leaf(const TensorBase& t) {
