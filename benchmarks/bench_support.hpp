@@ -1,7 +1,8 @@
 // Helpers shared by the benchmark files (bench_eager.cpp, bench_jit.cpp, bench_torch.cpp):
-// thread-count scoping, the "faults/iter" counter, the elementwise rate counters, and the LeNet5
-// conv shapes with their registration. It includes only std, Google Benchmark and xgrad's thread
-// pool header, so bench_torch.cpp can use it without the rest of xgrad.
+// thread-count scoping, the "faults/iter" counter, the "allocs/call" and "buffers/call" counters,
+// the elementwise rate counters, and the LeNet5 conv shapes with their registration. It includes
+// only std, Google Benchmark and xgrad's thread pool and storage headers, so bench_torch.cpp can
+// use it without the rest of xgrad.
 #pragma once
 
 #include <benchmark/benchmark.h>
@@ -12,6 +13,7 @@
 #include <utility>
 
 #include "xgrad/backend/cpu/thread_pool.hpp"
+#include "xgrad/core/storage.hpp"
 
 namespace xgrad::bench {
 
@@ -60,6 +62,34 @@ class FaultCounter {
 
  private:
   long m_start;
+};
+
+/// Calls of any global operator new / new[] (plain, nothrow, aligned) in the whole process so far.
+/// Defined in alloc_counter.cpp, which replaces those operators for the benchmark executable.
+std::uint64_t operator_new_calls() noexcept;
+
+/// Construct just before the benchmark loop, call report() right after it (before anything else
+/// allocates): sets "allocs/call", the operator new calls per iteration, and "buffers/call", the
+/// xgrad::Storage objects (tensor element buffers) made per iteration. Storage takes its buffer
+/// from std::malloc / std::aligned_alloc (or its cache of large buffers), not operator new, so
+/// the two counts are separate: allocs/call is the bookkeeping (tensor handles, vectors, tape
+/// nodes), buffers/call the tensors. Both count every thread of the process.
+class AllocationCounter {
+ public:
+  AllocationCounter() : m_news(operator_new_calls()), m_serial(Storage::next_serial()) {}
+  void report(benchmark::State& state) const {
+    const std::uint64_t news = operator_new_calls() - m_news;
+    // Storage::next_serial() numbers every Storage and counts its own calls too: the call in the
+    // constructor took one number, and this one returns the next free number before taking it.
+    const std::uint64_t buffers = Storage::next_serial() - m_serial - 1;
+    state.counters["allocs/call"] = benchmark::Counter(static_cast<double>(news), benchmark::Counter::kAvgIterations);
+    state.counters["buffers/call"] =
+        benchmark::Counter(static_cast<double>(buffers), benchmark::Counter::kAvgIterations);
+  }
+
+ private:
+  std::uint64_t m_news;
+  std::uint64_t m_serial;
 };
 
 // ---- conv2d at the LeNet5 shapes (batch 32), the same for xgrad and LibTorch -----------------

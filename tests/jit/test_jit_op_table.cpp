@@ -32,7 +32,11 @@ template <class T> void check_bitwise(const xg::Tensor<T>& got, const xg::Tensor
   REQUIRE(got.shape() == expected.shape());
   auto g = got.to_vector(), e = expected.to_vector();
   std::size_t mismatches = 0;
-  for (std::size_t i = 0; i < g.size(); ++i) mismatches += std::memcmp(&g[i], &e[i], sizeof(T)) != 0;
+  std::string first;  // the first differing element, for the failure message
+  for (std::size_t i = 0; i < g.size(); ++i)
+    if (std::memcmp(&g[i], &e[i], sizeof(T)) != 0 && mismatches++ == 0)
+      first = xg::detail::concat("element ", i, ": ", g[i], " vs ", e[i]);
+  INFO(first);
   CHECK(mismatches == 0);
 }
 

@@ -13,11 +13,17 @@
 
 namespace xgrad {
 
+/// An elementwise op over one contiguous block of n elements: input k is read at in[k] + i *
+/// stride[k] (stride 0 for a broadcast scalar, else 1), the result written to out[0..n).
+using BlockKernel = void (*)(const void* const* in, const std::int64_t* stride, void* out, std::int64_t n);
+
 /// Properties of an op that graph passes match on.
 struct OpTraits {
   bool elementwise = false;
   bool commutative = false;
-  bool linear = false;  // f(a x + b y) = a f(x) + b f(y) in each input
+  bool linear = false;          // f(a x + b y) = a f(x) + b f(y) in each input
+  bool view = false;            // the output may share its first input's buffer (Reshape)
+  BlockKernel block = nullptr;  // elementwise ops that fusion can put in a group
 };
 
 namespace ir {

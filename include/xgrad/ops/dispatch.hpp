@@ -55,19 +55,26 @@ struct NoAttrs {
   std::vector<ir::Attr> operator()() const { return {}; }
 };
 
-/// Runs a primitive op: `compute` maps concrete inputs to the output. Eagerly it runs now;
-/// while tracing, a node joins the graph and its kernel runs `compute` when the graph does.
-/// `make_attrs` (called only when tracing) describes the op's parameters for the IR.
+/// The tensor a kernel writes its result into: `dest` when the graph executor planned a
+/// buffer for it (of the result's dtype and shape), else a new one.
+template <class T> Tensor<T> output(const TensorBase& dest, const Shape& shape) {
+  return dest.defined() ? Tensor<T>(dest) : Tensor<T>::empty(shape);
+}
+
+/// Runs a primitive op: `compute(inputs, dest)` maps concrete inputs to the output, written
+/// into `dest` when that is defined (see output()). Eagerly it runs now; while tracing, a node
+/// joins the graph and its kernel runs `compute` when the graph does. `make_attrs` (called
+/// only when tracing) describes the op's parameters for the IR.
 template <class Compute, class MakeAttrs = NoAttrs>
 TensorBase primitive(std::string_view op, SourceLoc loc, std::span<const TensorBase> inputs, DType dtype,
                      const Shape& shape, Compute compute, MakeAttrs make_attrs = {}, OpTraits traits = {}) {
   if (auto* tracer = tracing::Tracer::active()) [[unlikely]] {
     return tracer->emit(
         std::string(op), loc, inputs, {{dtype, shape}},
-        [compute](std::span<const TensorBase> in, std::span<TensorBase> out) { out[0] = compute(in); }, make_attrs(),
-        traits)[0];
+        [compute](std::span<const TensorBase> in, std::span<TensorBase> out) { out[0] = compute(in, out[0]); },
+        make_attrs(), traits)[0];
   }
-  return compute(inputs);
+  return compute(inputs, TensorBase());
 }
 template <class Compute, class MakeAttrs = NoAttrs>
 TensorBase primitive(std::string_view op, SourceLoc loc, std::initializer_list<TensorBase> inputs, DType dtype,
@@ -130,17 +137,24 @@ inline void record(const TensorBase& out, std::string_view op, SourceLoc loc, Te
   record_range(out, op, loc, inputs.begin(), inputs.end(), saved, reads_output, std::move(rule));
 }
 
+/// Op's traits, with the block kernel fusion runs it through.
+template <class Op> OpTraits with_block(BlockKernel block) {
+  OpTraits traits = Op::traits;
+  traits.block = block;
+  return traits;
+}
+
 /// Runs unary elementwise op Op: out[i] = Op::apply(x[i]).
 template <class Op, class T> Tensor<T> unary(const Tensor<T>& x, SourceLoc loc) {
   Tensor<T> out(primitive(
       Op::name, loc, {x}, dtype_of<T>(), x.shape(),
-      [](std::span<const TensorBase> in) {
+      [](std::span<const TensorBase> in, const TensorBase& dest) {
         Tensor<T> v(in[0]);
-        auto out = Tensor<T>::empty(v.shape());
+        auto out = output<T>(dest, v.shape());
         cpu::map_unary<Op>(v.data(), out.data(), v.numel());
         return TensorBase(out);
       },
-      NoAttrs{}, Op::traits));
+      NoAttrs{}, with_block<Op>(&cpu::unary_block<Op, T, T>)));
   if constexpr (FloatingPoint<T>) {
     if (should_record(x)) {
       // Keep the input alive only for rules that read it.
@@ -171,13 +185,13 @@ Tensor<typename Op::template result<T>> binary(const Tensor<T>& a, const Tensor<
   Shape shape = broadcast_or_throw(Op::name, a, b, loc);
   Tensor<R> out(primitive(
       Op::name, loc, {a, b}, dtype_of<R>(), shape,
-      [shape](std::span<const TensorBase> in) {
+      [shape](std::span<const TensorBase> in, const TensorBase& dest) {
         Tensor<T> x(in[0]), y(in[1]);
-        auto out = Tensor<R>::empty(shape);
+        auto out = output<R>(dest, shape);
         cpu::map_binary<Op>(cpu::BroadcastPlan<2>(shape, {&x.shape(), &y.shape()}), x.data(), y.data(), out.data());
         return TensorBase(out);
       },
-      NoAttrs{}, Op::traits));
+      NoAttrs{}, with_block<Op>(&cpu::binary_block<Op, T, R>)));
   if constexpr (FloatingPoint<T> && FloatingPoint<R>) {
     if (should_record(a, b)) {
       Tensor<T> ka = Op::reads_inputs ? a : Tensor<T>(), kb = Op::reads_inputs ? b : Tensor<T>();

@@ -316,15 +316,15 @@ template <Element T> Tensor<T> where(const Tensor<bool>& cond, const Tensor<T>& 
                       detail::describe_inputs({{"cond", &cond}, {"x", &a}, {"y", &b}}), ")");
   Tensor<T> out(detail::primitive(
       op::Where::name, loc, {cond, a, b}, dtype_of<T>(), shape,
-      [shape](std::span<const TensorBase> in) {
+      [shape](std::span<const TensorBase> in, const TensorBase& dest) {
         Tensor<bool> c(in[0]);
         Tensor<T> x(in[1]), y(in[2]);
-        auto out = Tensor<T>::empty(shape);
+        auto out = detail::output<T>(dest, shape);
         cpu::map_ternary<op::Where>(cpu::BroadcastPlan<3>(shape, {&c.shape(), &x.shape(), &y.shape()}), c.data(),
                                     x.data(), y.data(), out.data());
         return TensorBase(out);
       },
-      detail::NoAttrs{}, op::Where::traits));
+      detail::NoAttrs{}, detail::with_block<op::Where>(&cpu::ternary_block<op::Where, bool, T>)));
   if constexpr (FloatingPoint<T>) {
     if (detail::should_record(a, b)) {
       detail::record(out, op::Where::name, loc, {cond, a, b}, {cond}, false,

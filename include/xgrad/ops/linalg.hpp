@@ -35,9 +35,9 @@ template <FloatingPoint T> Tensor<T> matmul(const Tensor<T>& a, const Tensor<T>&
   shape.push_back(n);
   Tensor<T> out(detail::primitive(
       "MatMul", loc, {a, b}, dtype_of<T>(), shape,
-      [=](std::span<const TensorBase> in) {
+      [=](std::span<const TensorBase> in, const TensorBase& dest) {
         Tensor<T> x(in[0]), y(in[1]);
-        auto out = Tensor<T>::empty(shape);
+        auto out = detail::output<T>(dest, shape);
         const std::int64_t count = batch.numel();
         cpu::BroadcastPlan<2> plan(batch, {&batch_a, &batch_b});
         // Element strides of one matrix of each operand, as stored and as op() reads it.

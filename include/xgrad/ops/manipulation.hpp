@@ -41,12 +41,13 @@ Tensor<T> reshape(const Tensor<T>& x, const std::vector<std::int64_t>& dims, Sou
                       " elements) into ", shape, " (", shape.numel(), " elements)");
   Tensor<T> out(detail::primitive(
       "Reshape", loc, {x}, x.dtype(), shape,
-      [shape](std::span<const TensorBase> in) {
+      [shape](std::span<const TensorBase> in, const TensorBase&) {
         return TensorBase(std::make_shared<TensorImpl>(shape, in[0].dtype(), in[0].impl()->storage));
       },
       [shape] {
         return std::vector<ir::Attr>{{"shape", shape.str()}};
-      }));
+      },
+      OpTraits{.view = true}));
   if constexpr (FloatingPoint<T>) {
     if (detail::should_record(x)) {
       Shape in_shape = x.shape();
@@ -85,8 +86,8 @@ Tensor<T> transpose(const Tensor<T>& x, std::vector<std::int64_t> perm = {}, Sou
   }
   Tensor<T> out(detail::primitive(
       "Transpose", loc, {x}, x.dtype(), shape,
-      [shape, src](std::span<const TensorBase> in) {
-        auto out = Tensor<T>::empty(shape);
+      [shape, src](std::span<const TensorBase> in, const TensorBase& dest) {
+        auto out = detail::output<T>(dest, shape);
         cpu::strided_copy(shape, Tensor<T>(in[0]).data(), src, out.data(), shape.strides());
         return TensorBase(out);
       },
@@ -120,9 +121,9 @@ template <Element T> Tensor<T> broadcast_to(const Tensor<T>& x, const Shape& sha
   if (x.shape() == shape) return x;
   Tensor<T> out(detail::primitive(
       "BroadcastTo", loc, {x}, x.dtype(), shape,
-      [shape](std::span<const TensorBase> in) {
+      [shape](std::span<const TensorBase> in, const TensorBase& dest) {
         Tensor<T> v(in[0]);
-        auto out = Tensor<T>::empty(shape);
+        auto out = detail::output<T>(dest, shape);
         cpu::strided_copy(shape, v.data(), cpu::broadcast_strides(v.shape(), shape), out.data(), shape.strides());
         return TensorBase(out);
       },
@@ -201,8 +202,8 @@ template <Element T> Tensor<T> slice(const Tensor<T>& x, const std::vector<std::
   }
   Tensor<T> out(detail::primitive(
       "Slice", loc, {x}, x.dtype(), shape,
-      [shape, offset, strides](std::span<const TensorBase> in) {
-        auto out = Tensor<T>::empty(shape);
+      [shape, offset, strides](std::span<const TensorBase> in, const TensorBase& dest) {
+        auto out = detail::output<T>(dest, shape);
         cpu::strided_copy(shape, Tensor<T>(in[0]).data() + offset, strides, out.data(), shape.strides());
         return TensorBase(out);
       },
@@ -228,9 +229,10 @@ template <Numeric T> Tensor<T> slice_backward(const Tensor<T>& g, const Shape& i
   for (int i = 0; i < in_shape.ndim(); ++i) offset += begin[i] * strides[i];
   Tensor<T> out(detail::primitive(
       "SliceGrad", loc, {g}, g.dtype(), in_shape,
-      [in_shape, offset, strides](std::span<const TensorBase> in) {
+      [in_shape, offset, strides](std::span<const TensorBase> in, const TensorBase& dest) {
         Tensor<T> v(in[0]);
-        auto out = zeros<T>(in_shape);
+        auto out = detail::output<T>(dest, in_shape);
+        std::fill_n(out.data(), out.numel(), T(0));
         cpu::strided_copy(v.shape(), v.data(), v.shape().strides(), out.data() + offset, strides);
         return TensorBase(out);
       },
@@ -272,8 +274,8 @@ Tensor<T> concat(const std::vector<Tensor<T>>& xs, std::int64_t axis = 0, Source
   std::vector<TensorBase> inputs(xs.begin(), xs.end());
   Tensor<T> out(detail::primitive(
       "Concat", loc, inputs, dtype_of<T>(), shape,
-      [shape, a](std::span<const TensorBase> in) {
-        auto out = Tensor<T>::empty(shape);
+      [shape, a](std::span<const TensorBase> in, const TensorBase& dest) {
+        auto out = detail::output<T>(dest, shape);
         auto strides = shape.strides();
         std::int64_t at = 0;
         for (const auto& part : in) {
@@ -329,8 +331,8 @@ template <Element U, Element T> Tensor<U> cast(const Tensor<T>& x, SourceLoc loc
   } else {
     Tensor<U> out(detail::primitive(
         "Cast", loc, {x}, dtype_of<U>(), x.shape(),
-        [](std::span<const TensorBase> in) {
-          auto out = Tensor<U>::empty(in[0].shape());
+        [](std::span<const TensorBase> in, const TensorBase& dest) {
+          auto out = detail::output<U>(dest, in[0].shape());
           const T* src = Tensor<T>(in[0]).data();
           U* dst = out.data();
           for (std::int64_t i = 0, n = out.numel(); i < n; ++i) dst[i] = static_cast<U>(src[i]);

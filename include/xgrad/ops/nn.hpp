@@ -88,8 +88,8 @@ template <FloatingPoint T>
 Tensor<T> conv2d_apply(const Tensor<T>& x, const Tensor<T>& w, const cpu::Conv2dGeometry& geo, SourceLoc loc) {
   Tensor<T> y(primitive(
       "Conv2D", loc, {x, w}, dtype_of<T>(), Shape{geo.n, geo.c_out, geo.out_h, geo.out_w},
-      [geo](std::span<const TensorBase> in) {
-        auto out = Tensor<T>::empty(Shape{geo.n, geo.c_out, geo.out_h, geo.out_w});
+      [geo](std::span<const TensorBase> in, const TensorBase& dest) {
+        auto out = detail::output<T>(dest, Shape{geo.n, geo.c_out, geo.out_h, geo.out_w});
         cpu::conv2d_forward(geo, Tensor<T>(in[0]).data(), Tensor<T>(in[1]).data(), out.data());
         return TensorBase(out);
       },
@@ -111,8 +111,8 @@ template <FloatingPoint T>
 Tensor<T> conv2d_input_grad(const Tensor<T>& g, const Tensor<T>& w, const cpu::Conv2dGeometry& geo, SourceLoc loc) {
   Tensor<T> gx(primitive(
       "Conv2DBackpropInput", loc, {g, w}, dtype_of<T>(), Shape{geo.n, geo.c_in, geo.h, geo.w},
-      [geo](std::span<const TensorBase> in) {
-        auto out = Tensor<T>::empty(Shape{geo.n, geo.c_in, geo.h, geo.w});
+      [geo](std::span<const TensorBase> in, const TensorBase& dest) {
+        auto out = detail::output<T>(dest, Shape{geo.n, geo.c_in, geo.h, geo.w});
         cpu::conv2d_backward_input(geo, Tensor<T>(in[0]).data(), Tensor<T>(in[1]).data(), out.data());
         return TensorBase(out);
       },
@@ -133,8 +133,8 @@ template <FloatingPoint T>
 Tensor<T> conv2d_weight_grad(const Tensor<T>& x, const Tensor<T>& g, const cpu::Conv2dGeometry& geo, SourceLoc loc) {
   Tensor<T> gw(primitive(
       "Conv2DBackpropFilter", loc, {x, g}, dtype_of<T>(), Shape{geo.c_out, geo.c_in, geo.kh, geo.kw},
-      [geo](std::span<const TensorBase> in) {
-        auto out = Tensor<T>::empty(Shape{geo.c_out, geo.c_in, geo.kh, geo.kw});
+      [geo](std::span<const TensorBase> in, const TensorBase& dest) {
+        auto out = detail::output<T>(dest, Shape{geo.c_out, geo.c_in, geo.kh, geo.kw});
         cpu::conv2d_backward_weight(geo, Tensor<T>(in[0]).data(), Tensor<T>(in[1]).data(), out.data());
         return TensorBase(out);
       },
@@ -209,8 +209,8 @@ template <FloatingPoint T>
 Tensor<T> max_pool_scatter(const Tensor<T>& x, const Tensor<T>& gy, const cpu::Pool2dGeometry& geo, SourceLoc loc) {
   Tensor<T> gx(primitive(
       "MaxPoolGrad", loc, {x, gy}, dtype_of<T>(), Shape{geo.n, geo.c, geo.h, geo.w},
-      [geo](std::span<const TensorBase> in) {
-        auto out = Tensor<T>::empty(Shape{geo.n, geo.c, geo.h, geo.w});
+      [geo](std::span<const TensorBase> in, const TensorBase& dest) {
+        auto out = detail::output<T>(dest, Shape{geo.n, geo.c, geo.h, geo.w});
         cpu::max_pool2d_scatter(geo, Tensor<T>(in[0]).data(), Tensor<T>(in[1]).data(), out.data());
         return TensorBase(out);
       },
@@ -228,8 +228,8 @@ template <FloatingPoint T>
 Tensor<T> max_pool_select(const Tensor<T>& x, const Tensor<T>& v, const cpu::Pool2dGeometry& geo, SourceLoc loc) {
   Tensor<T> out(primitive(
       "MaxPoolGradGrad", loc, {x, v}, dtype_of<T>(), Shape{geo.n, geo.c, geo.out_h, geo.out_w},
-      [geo](std::span<const TensorBase> in) {
-        auto out = Tensor<T>::empty(Shape{geo.n, geo.c, geo.out_h, geo.out_w});
+      [geo](std::span<const TensorBase> in, const TensorBase& dest) {
+        auto out = detail::output<T>(dest, Shape{geo.n, geo.c, geo.out_h, geo.out_w});
         cpu::max_pool2d_select(geo, Tensor<T>(in[0]).data(), Tensor<T>(in[1]).data(), out.data());
         return TensorBase(out);
       },
@@ -249,8 +249,8 @@ template <FloatingPoint T>
 Tensor<T> avg_pool_spread(const Tensor<T>& gy, const cpu::Pool2dGeometry& geo, SourceLoc loc) {
   Tensor<T> gx(primitive(
       "AvgPoolGrad", loc, {gy}, dtype_of<T>(), Shape{geo.n, geo.c, geo.h, geo.w},
-      [geo](std::span<const TensorBase> in) {
-        auto out = Tensor<T>::empty(Shape{geo.n, geo.c, geo.h, geo.w});
+      [geo](std::span<const TensorBase> in, const TensorBase& dest) {
+        auto out = detail::output<T>(dest, Shape{geo.n, geo.c, geo.h, geo.w});
         cpu::avg_pool2d_backward(geo, Tensor<T>(in[0]).data(), out.data());
         return TensorBase(out);
       },
@@ -266,8 +266,8 @@ Tensor<T> avg_pool_spread(const Tensor<T>& gy, const cpu::Pool2dGeometry& geo, S
 template <FloatingPoint T> Tensor<T> avg_pool_apply(const Tensor<T>& x, const cpu::Pool2dGeometry& geo, SourceLoc loc) {
   Tensor<T> y(primitive(
       "AvgPool", loc, {x}, dtype_of<T>(), Shape{geo.n, geo.c, geo.out_h, geo.out_w},
-      [geo](std::span<const TensorBase> in) {
-        auto out = Tensor<T>::empty(Shape{geo.n, geo.c, geo.out_h, geo.out_w});
+      [geo](std::span<const TensorBase> in, const TensorBase& dest) {
+        auto out = detail::output<T>(dest, Shape{geo.n, geo.c, geo.out_h, geo.out_w});
         cpu::avg_pool2d_forward(geo, Tensor<T>(in[0]).data(), out.data());
         return TensorBase(out);
       },
@@ -290,8 +290,8 @@ template <FloatingPoint T> Tensor<T> max_pool2d(const Tensor<T>& x, std::int64_t
   auto geo = detail::pool_geometry("MaxPool", x, kernel, stride, pad_mode, loc);
   Tensor<T> y(detail::primitive(
       "MaxPool", loc, {x}, dtype_of<T>(), Shape{geo.n, geo.c, geo.out_h, geo.out_w},
-      [geo](std::span<const TensorBase> in) {
-        auto out = Tensor<T>::empty(Shape{geo.n, geo.c, geo.out_h, geo.out_w});
+      [geo](std::span<const TensorBase> in, const TensorBase& dest) {
+        auto out = detail::output<T>(dest, Shape{geo.n, geo.c, geo.out_h, geo.out_w});
         cpu::max_pool2d_forward(geo, Tensor<T>(in[0]).data(), out.data());
         return TensorBase(out);
       },
@@ -336,8 +336,8 @@ template <FloatingPoint T> Tensor<T> resize_apply(const Tensor<T>& x, const Resi
 template <FloatingPoint T> Tensor<T> resize_adjoint(const Tensor<T>& gy, const ResizeGeometry& r, SourceLoc loc) {
   Tensor<T> gx(primitive(
       "ResizeBilinearGrad", loc, {gy}, dtype_of<T>(), Shape{r.n, r.c, r.h, r.w},
-      [r](std::span<const TensorBase> in) {
-        auto out = Tensor<T>::empty(Shape{r.n, r.c, r.h, r.w});
+      [r](std::span<const TensorBase> in, const TensorBase& dest) {
+        auto out = detail::output<T>(dest, Shape{r.n, r.c, r.h, r.w});
         cpu::resize_bilinear_backward(r.n, r.c, r.h, r.w, r.out_h, r.out_w, r.align_corners, Tensor<T>(in[0]).data(),
                                       out.data());
         return TensorBase(out);
@@ -354,8 +354,8 @@ template <FloatingPoint T> Tensor<T> resize_adjoint(const Tensor<T>& gy, const R
 template <FloatingPoint T> Tensor<T> resize_apply(const Tensor<T>& x, const ResizeGeometry& r, SourceLoc loc) {
   Tensor<T> y(primitive(
       "ResizeBilinear", loc, {x}, dtype_of<T>(), Shape{r.n, r.c, r.out_h, r.out_w},
-      [r](std::span<const TensorBase> in) {
-        auto out = Tensor<T>::empty(Shape{r.n, r.c, r.out_h, r.out_w});
+      [r](std::span<const TensorBase> in, const TensorBase& dest) {
+        auto out = detail::output<T>(dest, Shape{r.n, r.c, r.out_h, r.out_w});
         cpu::resize_bilinear_forward(r.n, r.c, r.h, r.w, r.out_h, r.out_w, r.align_corners, Tensor<T>(in[0]).data(),
                                      out.data());
         return TensorBase(out);
@@ -412,8 +412,9 @@ Tensor<T> one_hot(const Tensor<std::int32_t>& labels, std::int64_t num_classes, 
   // Labels are checked when the op runs: under jit their values are known only then.
   return Tensor<T>(detail::primitive(
       "OneHot", loc, {labels}, dtype_of<T>(), shape,
-      [shape, num_classes, loc](std::span<const TensorBase> in) {
-        auto out = zeros<T>(shape);
+      [shape, num_classes, loc](std::span<const TensorBase> in, const TensorBase& dest) {
+        auto out = detail::output<T>(dest, shape);
+        std::fill_n(out.data(), out.numel(), T(0));
         const std::int32_t* l = Tensor<std::int32_t>(in[0]).data();
         for (std::int64_t i = 0, n = in[0].numel(); i < n; ++i) {
           if (l[i] < 0 || l[i] >= num_classes)

@@ -44,12 +44,14 @@ struct MinReducer : ExtremumReducer<MinReducer> {
 namespace detail {
 
 /// Reduces x with R down to `kept`, which has x's rank (or fewer leading axes) and 1 on each
-/// reduced axis. Alternating runs of kept and reduced axes are reduced one run per pass.
-template <class R, class T> Tensor<T> reduce_to(const Tensor<T>& x, const Shape& kept) {
+/// reduced axis, into `dest` when defined (see output()). Alternating runs of kept and reduced
+/// axes are reduced one run per pass, innermost first; the last pass writes the result.
+template <class R, class T> Tensor<T> reduce_to(const Tensor<T>& x, const Shape& kept, const TensorBase& dest) {
   const int lead = x.ndim() - kept.ndim();
-  std::vector<bool> reduced_axis(x.ndim());
+  std::array<bool, kMaxRank> reduced_axis{};
   for (int i = 0; i < x.ndim(); ++i) reduced_axis[i] = i < lead || (kept[i - lead] == 1 && x.shape()[i] != 1);
-  Tensor<T> cur = x.detach();
+  const T* src = x.data();
+  Tensor<T> cur;  // the latest pass's result
   Shape cur_shape = x.shape();
   for (int end = x.ndim(); end > 0;) {
     if (!reduced_axis[end - 1]) {
@@ -65,12 +67,19 @@ template <class R, class T> Tensor<T> reduce_to(const Tensor<T>& x, const Shape&
       cur_shape[i] = 1;
     }
     for (int i = end; i < x.ndim(); ++i) inner *= cur_shape[i];
-    auto next = Tensor<T>::empty(cur_shape);
-    cpu::reduce<R>(cur.data(), next.data(), outer, reduced, inner);
-    cur = next;
+    const bool last = std::none_of(reduced_axis.begin(), reduced_axis.begin() + begin, [](bool r) { return r; });
+    Tensor<T> next = last ? output<T>(dest, kept) : Tensor<T>::empty(cur_shape);
+    cpu::reduce<R>(src, next.data(), outer, reduced, inner);
+    cur = std::move(next);  // src may point into the old cur until here
+    src = cur.data();
     end = begin;
   }
-  return Tensor<T>(std::make_shared<TensorImpl>(kept, x.dtype(), cur.impl()->storage));
+  if (cur.defined()) return cur;
+  // Nothing to reduce: the same elements.
+  if (!dest.defined()) return Tensor<T>(std::make_shared<TensorImpl>(kept, x.dtype(), x.impl()->storage));
+  Tensor<T> out(dest);
+  std::copy_n(x.data(), x.numel(), out.data());
+  return out;
 }
 
 /// The shapes a reduction over `axes` produces: with size-1 axes kept, and as asked.
@@ -108,8 +117,8 @@ template <Numeric T> Tensor<T> sum_to(const Tensor<T>& x, const Shape& shape, So
     throw_shape_error("SumTo", loc, "input ", dtype_name(x.dtype()), x.shape(), " does not broadcast from ", shape);
   Tensor<T> out(detail::primitive(
       "SumTo", loc, {x}, x.dtype(), shape,
-      [shape](std::span<const TensorBase> in) {
-        return TensorBase(detail::reduce_to<op::SumReducer>(Tensor<T>(in[0]), shape));
+      [shape](std::span<const TensorBase> in, const TensorBase& dest) {
+        return TensorBase(detail::reduce_to<op::SumReducer>(Tensor<T>(in[0]), shape, dest));
       },
       [shape] {
         return std::vector<ir::Attr>{{"shape", shape.str()}};
@@ -153,8 +162,8 @@ template <class R, class T> Tensor<T> extremum(std::string_view op, const Tensor
     throw_shape_error(op, loc, "cannot reduce over an empty axis of input ", dtype_name(x.dtype()), x.shape());
   Tensor<T> kept(primitive(
       op, loc, {x}, x.dtype(), shapes.kept,
-      [kept_shape = shapes.kept](std::span<const TensorBase> in) {
-        return TensorBase(reduce_to<R>(Tensor<T>(in[0]), kept_shape));
+      [kept_shape = shapes.kept](std::span<const TensorBase> in, const TensorBase& dest) {
+        return TensorBase(reduce_to<R>(Tensor<T>(in[0]), kept_shape, dest));
       },
       [&shapes] {
         return std::vector<ir::Attr>{{"shape", shapes.kept.str()}};
@@ -199,8 +208,8 @@ template <Numeric T> Tensor<std::int32_t> argmax(const Tensor<T>& x, std::int64_
   const std::int64_t extent = x.shape()[a];
   return Tensor<std::int32_t>(detail::primitive(
       "Argmax", loc, {x}, DType::int32, shapes.out,
-      [out_shape = shapes.out, outer, extent, inner](std::span<const TensorBase> in) {
-        auto out = Tensor<std::int32_t>::empty(out_shape);
+      [out_shape = shapes.out, outer, extent, inner](std::span<const TensorBase> in, const TensorBase& dest) {
+        auto out = detail::output<std::int32_t>(dest, out_shape);
         cpu::argmax(Tensor<T>(in[0]).data(), out.data(), outer, extent, inner);
         return TensorBase(out);
       },

@@ -1,6 +1,7 @@
 // Elementwise kernels: apply an op's `apply` body over (broadcast) inputs with xsimd batches.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <type_traits>
@@ -83,33 +84,53 @@ concept SimdBody2 = simd_type<T> && requires(xsimd::batch<T> v) {
 
 /// One contiguous run of a unary op.
 template <class Op, class T, class R> void unary_run(const T* x, R* y, std::int64_t n) {
-  std::int64_t i = 0;
   if constexpr (std::is_same_v<T, R> && SimdBody<Op, T>) {
-    using B = xsimd::batch<T>;
-    for (; i + static_cast<std::int64_t>(B::size) <= n; i += B::size)
-      Op::apply(B::load_unaligned(x + i)).store_unaligned(y + i);
+    using V = xsimd::batch<T>;
+    constexpr auto w = static_cast<std::int64_t>(V::size);
+    std::int64_t i = 0;
+    for (; i + w <= n; i += w) Op::apply(V::load_unaligned(x + i)).store_unaligned(y + i);
+    // The tail goes through the batch code too: xsimd's batch exp and std::exp can differ in
+    // the last bit, and an element must get the same bits wherever a run (eager's, or a fused
+    // block's) happens to end.
+    if (i < n) {
+      alignas(V::arch_type::alignment()) T lanes[V::size] = {};
+      std::copy(x + i, x + n, lanes);
+      Op::apply(V::load_aligned(lanes)).store_aligned(lanes);
+      std::copy(lanes, lanes + (n - i), y + i);
+    }
+  } else {
+    for (std::int64_t i = 0; i < n; ++i) y[i] = static_cast<R>(Op::apply(x[i]));
   }
-  for (; i < n; ++i) y[i] = static_cast<R>(Op::apply(x[i]));
 }
 
 /// One run of a binary op; each input's stride is 0 (broadcast) or 1.
 template <class Op, class A, class B, class R>
 void binary_run(const A* a, std::int64_t sa, const B* b, std::int64_t sb, R* out, std::int64_t n) {
-  std::int64_t i = 0;
   if constexpr (std::is_same_v<A, B> && std::is_same_v<A, R> && SimdBody2<Op, A>) {
     using V = xsimd::batch<A>;
     constexpr auto w = static_cast<std::int64_t>(V::size);
-    if (sa == 1 && sb == 1) {
-      for (; i + w <= n; i += w) Op::apply(V::load_unaligned(a + i), V::load_unaligned(b + i)).store_unaligned(out + i);
-    } else if (sa == 0 && sb == 1) {
-      V va(a[0]);
-      for (; i + w <= n; i += w) Op::apply(va, V::load_unaligned(b + i)).store_unaligned(out + i);
-    } else if (sa == 1 && sb == 0) {
-      V vb(b[0]);
-      for (; i + w <= n; i += w) Op::apply(V::load_unaligned(a + i), vb).store_unaligned(out + i);
+    auto load = [](const A* p, std::int64_t stride) { return stride ? V::load_unaligned(p) : V(p[0]); };
+    std::int64_t i = 0;
+    for (; i + w <= n; i += w) Op::apply(load(a + i * sa, sa), load(b + i * sb, sb)).store_unaligned(out + i);
+    if (i < n) {  // the tail through the same batch code (see unary_run)
+      alignas(V::arch_type::alignment()) A la[V::size] = {}, lb[V::size] = {};
+      for (std::int64_t j = i; j < n; ++j) {
+        la[j - i] = a[j * sa];
+        lb[j - i] = b[j * sb];
+      }
+      Op::apply(V::load_aligned(la), V::load_aligned(lb)).store_aligned(la);
+      std::copy(la, la + (n - i), out + i);
     }
+  } else {
+    for (std::int64_t i = 0; i < n; ++i) out[i] = static_cast<R>(Op::apply(a[i * sa], b[i * sb]));
   }
-  for (; i < n; ++i) out[i] = static_cast<R>(Op::apply(a[i * sa], b[i * sb]));
+}
+
+/// One run of a ternary op (where); each input's stride is 0 or 1.
+template <class Op, class C, class A, class B, class R> void ternary_run(const C* c, std::int64_t sc, const A* a,
+                                                                         std::int64_t sa, const B* b, std::int64_t sb,
+                                                                         R* out, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) out[i] = Op::apply(c[i * sc], a[i * sa], b[i * sb]);
 }
 
 }  // namespace detail
@@ -146,14 +167,30 @@ void map_ternary(const BroadcastPlan<3>& plan, const C* c, const A* a, const B* 
   const std::int64_t sc = plan.inner_stride(0), sa = plan.inner_stride(1), sb = plan.inner_stride(2);
   parallel_for(0, outer, std::max<std::int64_t>(1, kElementwiseGrain / std::max<std::int64_t>(inner, 1)),
                [&](std::int64_t lo, std::int64_t hi) {
-                 for (std::int64_t row = lo; row < hi; ++row) {
-                   const C* pc = c + plan.row_offset(0, row);
-                   const A* pa = a + plan.row_offset(1, row);
-                   const B* pb = b + plan.row_offset(2, row);
-                   R* po = out + row * inner;
-                   for (std::int64_t i = 0; i < inner; ++i) po[i] = Op::apply(pc[i * sc], pa[i * sa], pb[i * sb]);
-                 }
+                 for (std::int64_t row = lo; row < hi; ++row)
+                   detail::ternary_run<Op>(c + plan.row_offset(0, row), sc, a + plan.row_offset(1, row), sa,
+                                           b + plan.row_offset(2, row), sb, out + row * inner, inner);
                });
+}
+
+// Block kernels: an op over one contiguous block of a fused group (backend/cpu/fused.hpp),
+// through the same runs as the whole-tensor drivers above.
+
+template <class Op, class T, class R>
+void unary_block(const void* const* in, const std::int64_t*, void* out, std::int64_t n) {
+  detail::unary_run<Op>(static_cast<const T*>(in[0]), static_cast<R*>(out), n);
+}
+
+template <class Op, class T, class R>
+void binary_block(const void* const* in, const std::int64_t* stride, void* out, std::int64_t n) {
+  detail::binary_run<Op>(static_cast<const T*>(in[0]), stride[0], static_cast<const T*>(in[1]), stride[1],
+                         static_cast<R*>(out), n);
+}
+
+template <class Op, class C, class T>
+void ternary_block(const void* const* in, const std::int64_t* stride, void* out, std::int64_t n) {
+  detail::ternary_run<Op>(static_cast<const C*>(in[0]), stride[0], static_cast<const T*>(in[1]), stride[1],
+                          static_cast<const T*>(in[2]), stride[2], static_cast<T*>(out), n);
 }
 
 }  // namespace xgrad::cpu
