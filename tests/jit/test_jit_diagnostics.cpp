@@ -90,7 +90,7 @@ TEST_CASE("jit: set_save_graphs writes the failure report (text and JSON) and th
     }
     CHECK(name.find(".tmp") == std::string::npos);  // written through a rename: nothing half-written
   }
-  CHECK(stages == 2);  // the traced graph, as text and as dot
+  CHECK(stages == 4);  // the traced graph and its memory plan, each as text and as dot
   std::filesystem::remove_all(dir);
 }
 

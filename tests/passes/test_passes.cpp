@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <cstring>
+#include <sstream>
 
 #include <xgrad/xgrad.hpp>
 
@@ -26,9 +27,9 @@ std::string body(const std::string& ir) {
 }
 
 xg::JitConfig only(const std::string& pass) {
-  xg::JitConfig config{.level = xg::JitLevel::O1};
-  for (const auto& p : xg::passes::all_passes())
-    if (p.name != pass) config.disabled_passes.emplace_back(p.name);
+  xg::JitConfig config{.level = xg::JitLevel::O2};
+  for (const auto& p : xg::passes::pass_names())
+    if (p != pass) config.disabled_passes.push_back(p);
   return config;
 }
 
@@ -133,4 +134,137 @@ TEST_CASE("passes: optimized graphs compute what eager computes; bad pass names 
   }
   auto msg = message_of<xg::ValueError>([&] { xg::jit(f, {.disabled_passes = {"fusion-typo"}})(v, w); });
   CHECK(msg.find("unknown pass 'fusion-typo'") != std::string::npos);
+}
+
+namespace {
+
+/// The whole IR text (graph and subgraphs) without source comments or the memory-plan line.
+std::string all_of(const std::string& ir) {
+  std::string out;
+  std::istringstream lines(ir);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("# memory plan", 0) == 0) continue;
+    if (auto hash = line.find("  #"); hash != std::string::npos) line.resize(hash);
+    out += line + "\n";
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("passes: fuse makes one kernel of an elementwise chain, broadcasts included") {
+  // One op per statement: the order of evaluation of an expression's operands is unspecified.
+  auto f = [](xg::Tensor<float> x, xg::Tensor<float> b) {
+    auto t = xg::tanh(x * 1.5f + b);
+    auto s = xg::sigmoid(x);
+    auto q = x * x;
+    return t * s + q;
+  };
+  auto x = xg::randn<float>({4, 1000}, 1), b = xg::randn<float>({1000}, 2);
+  auto config = only("fuse");
+  config.name = "chain";
+  CHECK(all_of(xg::jit(f, config).lower(x, b).ir()) ==
+        "graph chain(\n"
+        "    %0 : f32[4, 1000]\n"
+        "    %1 : f32[1000]\n"
+        ") {\n"
+        "  %2 : f32[] = Const() {value=1.5}\n"
+        "  %3 : f32[4, 1000] = Fused(%0, %2, %1) {body=chain.fused0, ops=\"Mul, Add, Tanh, Sigmoid, Mul, Mul, Add\"}\n"
+        "  return %3\n"
+        "}\n"
+        "\n"
+        "graph chain.fused0(\n"
+        "    %0 : f32[4, 1000]\n"
+        "    %1 : f32[]\n"
+        "    %2 : f32[1000]\n"
+        ") {\n"
+        "  %3 : f32[4, 1000] = Mul(%0, %1)\n"
+        "  %4 : f32[4, 1000] = Add(%3, %2)\n"
+        "  %5 : f32[4, 1000] = Tanh(%4)\n"
+        "  %6 : f32[4, 1000] = Sigmoid(%0)\n"
+        "  %7 : f32[4, 1000] = Mul(%0, %0)\n"
+        "  %8 : f32[4, 1000] = Mul(%5, %6)\n"
+        "  %9 : f32[4, 1000] = Add(%8, %7)\n"
+        "  return %9\n"
+        "}\n");
+  // The same bits as eager: every op through the same xsimd code, tails included.
+  auto fused = xg::jit(f, config)(x, b).to_vector();
+  auto eager = f(x, b).to_vector();
+  REQUIRE(fused.size() == eager.size());
+  CHECK(std::memcmp(fused.data(), eager.data(), fused.size() * sizeof(float)) == 0);
+}
+
+TEST_CASE("passes: fuse never makes a cycle, and writes each value read outside its group") {
+  // d feeds a reduction whose result the second chain needs: two groups, d an output of the first.
+  auto f = [](xg::Tensor<float> x) {
+    auto d = xg::exp(x) + 1.0f;
+    auto s = xg::sum(d);
+    return d * s + x;
+  };
+  auto x = xg::randn<float>({5, 7}, 3);
+  auto config = only("fuse");
+  config.name = "f";
+  CHECK(body(xg::jit(f, config).lower(x).ir()) ==
+        "  %1 : f32[] = Const() {value=1}\n"
+        "  %2 : f32[5, 7] = Fused(%0, %1) {body=f.fused0, ops=\"Exp, Add\"}\n"
+        "  %3 : f32[1, 1] = SumTo(%2) {shape=[1, 1]}\n"
+        "  %4 : f32[] = Reshape(%3) {shape=[]}\n"
+        "  %5 : f32[5, 7] = Fused(%2, %4, %0) {body=f.fused1, ops=\"Mul, Add\"}\n"
+        "  return %5\n");
+  auto jitted = xg::jit(f)(x).to_vector(), eager = f(x).to_vector();
+  CHECK(std::memcmp(jitted.data(), eager.data(), jitted.size() * sizeof(float)) == 0);
+}
+
+TEST_CASE("plan_memory: buffers reused and written in place, shown before running; calls allocate only results") {
+  // A small train step: its backward pass has many same-shaped temporaries that die young.
+  xg::Parameter<float> w(xg::randn<float>({16, 32}, 1) * 0.1f, "w"), b(xg::zeros<float>({32}), "b");
+  auto step = [&](xg::Tensor<float> x) {
+    auto [loss, grads] = xg::value_and_grad([&] { return xg::mean(xg::square(xg::tanh(xg::matmul(x, w) + b))); },
+                                            std::vector<xg::Tensor<float>>{w, b})();
+    xg::no_grad off;
+    w -= grads[0] * 0.1f;
+    b -= grads[1] * 0.1f;
+    return loss;
+  };
+  auto x = xg::randn<float>({64, 16}, 2);
+  auto jitted = xg::jit(step, {.name = "step"});
+  auto lowered = jitted.lower(x);
+  const xg::backend::MemoryPlan* plan = lowered.memory_plan();
+  REQUIRE(plan != nullptr);
+  CHECK(lowered.peak_arena_bytes() == plan->arena_bytes);
+  CHECK(plan->arena_bytes > 0);
+  CHECK(plan->arena_bytes < plan->unplanned_bytes);
+  CHECK(plan->num_reused > 0);
+  CHECK(plan->num_in_place > 0);
+  const std::string ir = lowered.ir();
+  CHECK(ir.rfind("# memory plan: arena ", 0) == 0);
+  CHECK(ir.find("in place of %") != std::string::npos);
+  CHECK(ir.find("reused") != std::string::npos);
+  // Unplanned below O2 and with the pass off.
+  CHECK(xg::jit(step, {.level = xg::JitLevel::O1}).lower(x).memory_plan() == nullptr);
+  CHECK(xg::jit(step, {.disabled_passes = {"plan_memory"}}).lower(x).peak_arena_bytes() == 0);
+
+  // After the first call, a call makes one buffer: the loss it returns (next_serial() itself
+  // takes a number too).
+  auto first = jitted(x);
+  const float first_loss = first.item();
+  const auto before = xg::Storage::next_serial();
+  auto second = jitted(x);
+  CHECK(xg::Storage::next_serial() - before == 2);
+  // What a call returned is the caller's: the next call does not write over it.
+  jitted(x);
+  CHECK(first.item() == first_loss);
+  CHECK(second.item() < first_loss);
+}
+
+TEST_CASE("plan_memory: a result that passes an arena buffer through is copied out") {
+  // max over a size-1 axis returns its input's elements: the result must not be the arena buffer.
+  auto f = [](xg::Tensor<float> x) { return xg::max(xg::exp(x) * 2.0f, {1}); };
+  auto x = xg::randn<float>({6, 1}, 4);
+  auto jitted = xg::jit(f);
+  auto first = jitted(x);
+  auto kept = first.to_vector();
+  jitted(x * 3.0f);
+  CHECK(first.to_vector() == kept);
+  CHECK(kept == f(x).to_vector());
 }

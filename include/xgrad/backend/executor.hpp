@@ -1,22 +1,38 @@
 // The graph executor: runs a verified graph on concrete tensors, node by node, through the
-// kernels eager mode uses, dropping each intermediate after its last use.
+// kernels eager mode uses. With a memory plan (backend/memory_plan.hpp) every intermediate
+// lives in an arena made on the first call and kept for the next, and kernels write into it:
+// after warm-up a call allocates only what it returns. Without one, each node allocates its
+// outputs and drops each intermediate after its last use.
 #pragma once
 
+#include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <vector>
 
+#include "xgrad/backend/memory_plan.hpp"
 #include "xgrad/ir/printer.hpp"
 
 namespace xgrad::backend {
 
-/// A graph ready to run. Immutable once built, so one Program serves concurrent calls.
+struct ProgramOptions {
+  bool plan_memory = false;
+  /// Fill every arena buffer with 0xFF bytes when it is freed, so a kernel that reads a
+  /// buffer after its last planned use (an aliasing bug) gets NaNs, not stale values.
+  bool poison_freed_buffers = false;
+};
+
+/// A graph ready to run. Immutable once built, so one Program serves concurrent calls (each
+/// takes its own arena).
 class Program {
  public:
   Program() = default;
-  explicit Program(std::shared_ptr<const ir::Graph> graph) : m_graph(std::move(graph)) {
+  explicit Program(std::shared_ptr<const ir::Graph> graph, ProgramOptions options = {})
+      : m_graph(std::move(graph)), m_options(options), m_pool(std::make_unique<Pool>()) {
     const auto& nodes = m_graph->nodes;
     std::vector<std::ptrdiff_t> last_use(m_graph->values.size(), -1);
     for (std::size_t k = 0; k < nodes.size(); ++k)
@@ -27,54 +43,145 @@ class Program {
     m_release.resize(nodes.size());
     for (std::size_t id = 0; id < last_use.size(); ++id)
       if (last_use[id] >= 0) m_release[static_cast<std::size_t>(last_use[id])].push_back(static_cast<int>(id));
+    if (m_options.plan_memory) m_plan = plan_memory(*m_graph);
   }
 
   const ir::Graph& graph() const { return *m_graph; }
   const std::shared_ptr<const ir::Graph>& graph_ptr() const { return m_graph; }
+  /// The memory plan, when the program runs from one.
+  const MemoryPlan* memory_plan() const { return m_plan ? &*m_plan : nullptr; }
 
   /// Runs the graph on `inputs` (one per graph input, of its dtype and shape), applies its
   /// effects to those inputs and returns its outputs.
   std::vector<TensorBase> run(std::span<const TensorBase> inputs) const {
     const ir::Graph& g = *m_graph;
-    std::vector<TensorBase> env(g.values.size());
+    Lease lease(*m_pool, [&] { return make_workspace(); });
+    Workspace& ws = lease.workspace();
+    auto& env = ws.env;
     for (std::size_t i = 0; i < g.inputs.size(); ++i) env[static_cast<std::size_t>(g.inputs[i]->id)] = inputs[i];
-    std::vector<TensorBase> in, out;
     for (std::size_t k = 0; k < g.nodes.size(); ++k) {
       const ir::Node& node = *g.nodes[k];
-      in.clear();
-      for (const ir::Value* v : node.inputs) in.push_back(env[static_cast<std::size_t>(v->id)]);
-      out.assign(node.outputs.size(), TensorBase());
-      node.kernel(in, out);
-      for (std::size_t j = 0; j < out.size(); ++j) {
+      ws.in.clear();
+      for (const ir::Value* v : node.inputs) ws.in.push_back(env[static_cast<std::size_t>(v->id)]);
+      ws.out.assign(node.outputs.size(), TensorBase());
+      for (std::size_t j = 0; j < node.outputs.size(); ++j)
+        ws.out[j] = ws.planned[static_cast<std::size_t>(node.outputs[j]->id)];
+      node.kernel(ws.in, ws.out);
+      for (std::size_t j = 0; j < ws.out.size(); ++j) {
         const ir::Value& v = *node.outputs[j];
-        if (!out[j].defined() || out[j].dtype() != v.dtype || !(out[j].shape() == v.shape))
-          throw std::logic_error(
-              xgrad::detail::concat("xgrad internal error: ", node.op, " (", node.loc.str(), ") made ",
-                                    out[j].defined() ? ir::type_str(out[j].dtype(), out[j].shape()) : "nothing",
-                                    " where the graph expects ", ir::type_str(v.dtype, v.shape)));
-        env[static_cast<std::size_t>(v.id)] = std::move(out[j]);
+        check_output(node, v, ws.out[j]);
+        keep_in_plan(ws, v, ws.out[j]);
+        env[static_cast<std::size_t>(v.id)] = std::move(ws.out[j]);
       }
       for (int id : m_release[k]) env[static_cast<std::size_t>(id)] = TensorBase();
+      if (m_plan && m_options.poison_freed_buffers)
+        for (const auto& region : m_plan->freed_after[k])
+          std::memset(ws.arena.get() + region.offset, 0xFF, region.bytes);
     }
-    apply_effects(inputs, env);
+    apply_effects(inputs, ws);
     std::vector<TensorBase> results;
     results.reserve(g.outputs.size());
     for (const ir::Value* v : g.outputs) {
       const TensorBase& t = env[static_cast<std::size_t>(v->id)];
-      // A constant belongs to the graph: the caller gets a copy it may change.
-      results.push_back(v->producer && v->producer->op == "Const" ? copy_of(t) : t);
+      // A constant belongs to the graph, an arena buffer to the next call (a kernel may pass
+      // one through, as a reduction over size-1 axes does): the caller gets a copy.
+      const bool shared = (v->producer && v->producer->op == "Const") || t.impl()->storage->borrowed();
+      results.push_back(shared ? copy_of(t) : t);
     }
+    for (auto& t : env) t = TensorBase();
     return results;
   }
 
  private:
+  struct FreeBytes {
+    void operator()(std::byte* p) const { std::free(p); }
+  };
+
+  /// What one call needs besides the graph: made on the first call, kept for the next.
+  struct Workspace {
+    std::unique_ptr<std::byte, FreeBytes> arena;
+    std::vector<TensorBase> planned;  // per value id: a tensor over its arena buffer, if planned
+    std::vector<TensorBase> env;      // per value id: the value while it is live
+    std::vector<TensorBase> in, out, effect_sources;
+  };
+
+  struct Pool {
+    std::mutex mutex;
+    std::vector<std::unique_ptr<Workspace>> idle;
+  };
+
+  /// A workspace taken from the pool for one call and given back after it.
+  class Lease {
+   public:
+    template <class Make> Lease(Pool& pool, Make&& make) : m_pool(pool) {
+      {
+        std::lock_guard lock(pool.mutex);
+        if (!pool.idle.empty()) {
+          m_ws = std::move(pool.idle.back());
+          pool.idle.pop_back();
+        }
+      }
+      if (!m_ws) m_ws = make();
+    }
+    ~Lease() {
+      std::lock_guard lock(m_pool.mutex);
+      m_pool.idle.push_back(std::move(m_ws));
+    }
+    Lease(const Lease&) = delete;
+    Lease& operator=(const Lease&) = delete;
+    Workspace& workspace() { return *m_ws; }
+
+   private:
+    Pool& m_pool;
+    std::unique_ptr<Workspace> m_ws;
+  };
+
+  std::unique_ptr<Workspace> make_workspace() const {
+    auto ws = std::make_unique<Workspace>();
+    const ir::Graph& g = *m_graph;
+    ws->env.resize(g.values.size());
+    ws->planned.resize(g.values.size());
+    if (!m_plan) return ws;
+    const std::size_t bytes = std::max<std::size_t>(m_plan->arena_bytes, MemoryPlan::kAlignment);
+    ws->arena.reset(static_cast<std::byte*>(std::aligned_alloc(MemoryPlan::kAlignment, bytes)));
+    if (!ws->arena) throw std::bad_alloc();
+    if (m_options.poison_freed_buffers) std::memset(ws->arena.get(), 0xFF, bytes);
+    for (const auto& v : g.values) {
+      const std::ptrdiff_t offset = m_plan->offset[static_cast<std::size_t>(v->id)];
+      if (offset == MemoryPlan::kNotPlanned) continue;
+      auto storage = std::make_shared<Storage>(Storage::Borrowed{}, ws->arena.get() + offset,
+                                               static_cast<std::size_t>(v->shape.numel()) * dtype_size(v->dtype));
+      ws->planned[static_cast<std::size_t>(v->id)] =
+          TensorBase(std::make_shared<TensorImpl>(v->shape, v->dtype, std::move(storage)));
+    }
+    return ws;
+  }
+
+  static void check_output(const ir::Node& node, const ir::Value& v, const TensorBase& t) {
+    if (!t.defined() || t.dtype() != v.dtype || !(t.shape() == v.shape))
+      throw std::logic_error(xgrad::detail::concat("xgrad internal error: ", node.op, " (", node.loc.str(), ") made ",
+                                                   t.defined() ? ir::type_str(t.dtype(), t.shape()) : "nothing",
+                                                   " where the graph expects ", ir::type_str(v.dtype, v.shape)));
+  }
+
+  /// A kernel that did not write into its planned buffer made its own, which is fine, unless
+  /// it returned some arena buffer (an input it passed through): that one is copied into the
+  /// planned buffer, since the plan may give the arena buffer away.
+  static void keep_in_plan(const Workspace& ws, const ir::Value& v, TensorBase& t) {
+    const TensorBase& planned = ws.planned[static_cast<std::size_t>(v.id)];
+    if (!planned.defined() || t.impl() == planned.impl() || !t.impl()->storage->borrowed()) return;
+    std::memcpy(planned.impl()->storage->data(), t.impl()->storage->data(), planned.impl()->storage->bytes());
+    t = planned;
+  }
+
   /// Writes every effect's value into its input. A value that is itself another effect's
   /// target (a swap) is copied first, so each write sees the values from before the call.
-  void apply_effects(std::span<const TensorBase> inputs, std::vector<TensorBase>& env) const {
+  void apply_effects(std::span<const TensorBase> inputs, Workspace& ws) const {
     const auto& effects = m_graph->effects;
-    std::vector<TensorBase> sources;
+    auto& sources = ws.effect_sources;
+    sources.clear();
     for (const auto& e : effects) {
-      TensorBase src = env[static_cast<std::size_t>(e.value->id)];
+      TensorBase src = ws.env[static_cast<std::size_t>(e.value->id)];
       for (const auto& other : effects)
         if (&other != &e && inputs[other.input].impl()->storage == src.impl()->storage) {
           src = copy_of(src);
@@ -83,6 +190,7 @@ class Program {
       sources.push_back(src);
     }
     for (std::size_t i = 0; i < effects.size(); ++i) write_into(inputs[effects[i].input], sources[i]);
+    sources.clear();
   }
 
   static TensorBase copy_of(const TensorBase& t) {
@@ -100,7 +208,10 @@ class Program {
   }
 
   std::shared_ptr<const ir::Graph> m_graph;
+  ProgramOptions m_options;
   std::vector<std::vector<int>> m_release;  // per node: the values no later node reads
+  std::optional<MemoryPlan> m_plan;
+  std::unique_ptr<Pool> m_pool;
 };
 
 }  // namespace xgrad::backend

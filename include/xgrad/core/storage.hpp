@@ -95,7 +95,13 @@ class Storage {
     }
     if (!m_data) throw std::bad_alloc();
   }
+  /// Memory owned elsewhere (a compiled graph's arena); this Storage never frees it.
+  struct Borrowed {};
+  Storage(Borrowed, void* data, std::size_t bytes, Device device = Device::cpu)
+      : m_data(data), m_bytes(bytes), m_device(device), m_serial(next_serial()), m_borrowed(true) {}
+
   ~Storage() {
+    if (m_borrowed) return;
     if (m_capacity < detail::BufferCache::kMinBytes || !detail::BufferCache::instance().give(m_data, m_capacity))
       std::free(m_data);
   }
@@ -106,6 +112,7 @@ class Storage {
   const void* data() const { return m_data; }
   std::size_t bytes() const { return m_bytes; }
   Device device() const { return m_device; }
+  bool borrowed() const { return m_borrowed; }
 
   std::uint64_t version() const { return m_version; }
   void bump_version() { ++m_version; }
@@ -125,6 +132,7 @@ class Storage {
   Device m_device = Device::cpu;
   std::uint64_t m_version = 0;
   std::uint64_t m_serial = 0;
+  bool m_borrowed = false;
 };
 
 }  // namespace xgrad

@@ -63,6 +63,9 @@ struct Node {
   std::vector<std::shared_ptr<const Graph>> subgraphs;
   Kernel kernel;
   TensorBase constant;  // the value of a Const node
+  // A fused group: per output, the inputs whose buffer it may take when this node reads them
+  // last (every element read before the same element is written).
+  std::vector<std::vector<int>> in_place;
 };
 
 struct Graph {

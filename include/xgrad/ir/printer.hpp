@@ -2,6 +2,7 @@
 // Graphviz dot.
 #pragma once
 
+#include <functional>
 #include <sstream>
 #include <string>
 #include <unordered_map>
@@ -101,8 +102,11 @@ struct FailedNode {
   std::string scope;
 };
 
+/// Extra text after a node's line (the memory plan's decisions).
+using NodeNote = std::function<std::string(const Node&)>;
+
 /// The graph as text, subgraphs after it; `failed` is marked where tracing stopped.
-inline std::string to_text(const Graph& graph, const FailedNode* failed = nullptr) {
+inline std::string to_text(const Graph& graph, const FailedNode* failed = nullptr, const NodeNote& note = {}) {
   std::ostringstream out;
   out << "graph " << graph.name << "(\n";
   for (std::size_t i = 0; i < graph.inputs.size(); ++i) {
@@ -112,7 +116,7 @@ inline std::string to_text(const Graph& graph, const FailedNode* failed = nullpt
     out << "\n";
   }
   out << ") {\n";
-  for (const auto& node : graph.nodes) out << "  " << node_str(*node) << "\n";
+  for (const auto& node : graph.nodes) out << "  " << node_str(*node) << (note ? note(*node) : "") << "\n";
   if (failed) {
     out << "#------------------------> failed here\n  " << failed->op << "(" << detail::operand_list(failed->inputs)
         << ")";

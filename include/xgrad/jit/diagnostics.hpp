@@ -84,7 +84,7 @@ inline std::string file_stem(const std::string& name) {
 }
 
 /// With save level 2: the graph as text and dot after `stage`, numbered in the order written.
-inline void save_stage(const ir::Graph& graph, const std::string& stage) {
+inline void save_stage(const ir::Graph& graph, const std::string& stage, const ir::NodeNote& note = {}) {
   std::string dir;
   {
     std::lock_guard lock(settings().mutex);
@@ -94,7 +94,7 @@ inline void save_stage(const ir::Graph& graph, const std::string& stage) {
   static std::atomic<int> counter{0};
   auto stem = std::filesystem::path(dir) /
               xgrad::detail::concat(file_stem(graph.name), "_", counter.fetch_add(1), "_", file_stem(stage));
-  write_file(stem.string() + ".ir", ir::to_text(graph));
+  write_file(stem.string() + ".ir", ir::to_text(graph, nullptr, note));
   write_file(stem.string() + ".dot", ir::to_dot(graph));
 }
 

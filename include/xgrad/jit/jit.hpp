@@ -32,8 +32,12 @@ struct JitConfig {
   /// Keep every floating-point operation as eager mode does it, so results are bitwise equal
   /// to eager: passes skip rewrites that can change rounding (x + 0, exp(log x)).
   bool strict = false;
-  /// Passes to skip, by name ("simplify", "fold", "cse", "dce"), for debugging and tests.
+  /// Passes to skip, by name ("simplify", "fold", "cse", "dce", "fuse", "plan_memory"), for
+  /// debugging and tests.
   std::vector<std::string> disabled_passes = {};
+  /// Debugging: fill each arena buffer with 0xFF bytes when the memory plan frees it, so a
+  /// read after the planned last use gives NaNs rather than plausible stale values.
+  bool poison_freed_buffers = false;
 };
 
 /// Scope guard: a jitted function that traces while one is alive throws RetraceError, so a
@@ -50,17 +54,31 @@ class expect_cache_hit {
   }
 };
 
-/// A traced graph: its text (ir()), Graphviz dot (dot()) and size.
+/// A compiled graph: its text (ir(), with fused groups as subgraphs and, at O2, where each
+/// intermediate lives in the arena), Graphviz dot (dot()), size and memory plan.
 class Lowered {
  public:
-  explicit Lowered(std::shared_ptr<const ir::Graph> graph) : m_graph(std::move(graph)) {}
-  std::string ir() const { return ir::to_text(*m_graph); }
-  std::string dot() const { return ir::to_dot(*m_graph); }
-  std::size_t num_nodes() const { return m_graph->nodes.size(); }
-  const ir::Graph& graph() const { return *m_graph; }
+  explicit Lowered(std::shared_ptr<const backend::Program> program) : m_program(std::move(program)) {}
+  std::string ir() const {
+    const backend::MemoryPlan* plan = m_program->memory_plan();
+    if (!plan) return ir::to_text(graph());
+    return "# memory plan: " + plan->summary() + "\n" +
+           ir::to_text(graph(), nullptr, [plan](const ir::Node& node) { return plan->note(node); });
+  }
+  std::string dot() const { return ir::to_dot(graph()); }
+  std::size_t num_nodes() const { return graph().nodes.size(); }
+  const ir::Graph& graph() const { return m_program->graph(); }
+  /// Bytes of the arena one call uses for intermediates (0 when memory is not planned).
+  std::size_t peak_arena_bytes() const {
+    const backend::MemoryPlan* plan = m_program->memory_plan();
+    return plan ? plan->arena_bytes : 0;
+  }
+  /// The memory plan (null below O2 or with "plan_memory" disabled): per value its arena
+  /// offset, which outputs are written in place of an input, which reuse a freed buffer.
+  const backend::MemoryPlan* memory_plan() const { return m_program->memory_plan(); }
 
  private:
-  std::shared_ptr<const ir::Graph> m_graph;
+  std::shared_ptr<const backend::Program> m_program;
 };
 
 namespace tracing::detail {
@@ -91,7 +109,7 @@ class Cache;
 /// One compiled signature.
 struct Entry {
   Signature signature;
-  backend::Program program;
+  std::shared_ptr<const backend::Program> program;
   std::vector<TensorBase> captures;          // bound to the inputs after the arguments
   std::vector<std::int64_t> output_statics;  // container sizes of the result
   // Per output: whether autodiff can reach it from the arguments, and from the captured
@@ -162,7 +180,7 @@ class Cache {
   Cache(JitConfig config, SourceLoc loc)
       : m_config(std::move(config)),
         m_loc(loc),
-        m_passes(passes::pipeline(static_cast<int>(m_config.level), m_config.disabled_passes)) {
+        m_pipeline(passes::pipeline(static_cast<int>(m_config.level), m_config.disabled_passes)) {
     if (m_config.name.empty()) m_config.name = "jit@" + loc.str();
   }
 
@@ -202,7 +220,7 @@ class Cache {
     }
     std::vector<TensorBase> inputs = args;
     inputs.insert(inputs.end(), entry->captures.begin(), entry->captures.end());
-    return entry->program.run(inputs);
+    return entry->program->run(inputs);
   }
 
   /// Traces `body` for a signature not in the cache yet. `relabel` flattens the call again
@@ -218,13 +236,23 @@ class Cache {
     std::shared_ptr<ir::Graph> graph = tracer.finish(result.outputs);
     ir::verify(*graph);
     save_stage(*graph, "trace");
-    passes::optimize(*graph, m_passes, {.strict = m_config.strict}, [&](std::string_view pass) {
+    passes::optimize(*graph, m_pipeline.rewrites, {.strict = m_config.strict}, [&](std::string_view pass) {
       ir::verify(*graph);
       save_stage(*graph, std::string(pass));
     });
+    if (m_pipeline.fuse && passes::fuse(*graph, {.strict = m_config.strict})) {
+      passes::renumber(*graph);
+      ir::verify(*graph);
+      save_stage(*graph, "fuse");
+    }
+    auto program = std::make_shared<const backend::Program>(
+        graph, backend::ProgramOptions{.plan_memory = m_pipeline.plan_memory,
+                                       .poison_freed_buffers = m_config.poison_freed_buffers});
+    if (const backend::MemoryPlan* plan = program->memory_plan())
+      save_stage(*graph, "plan_memory", [plan](const ir::Node& node) { return plan->note(node); });
     auto entry = std::make_shared<Entry>();
     entry->signature = std::move(signature);
-    entry->program = backend::Program(graph);
+    entry->program = std::move(program);
     entry->captures = tracer.captures();
     entry->output_statics = std::move(result.statics);
     entry->from_arguments = reached_from_arguments(*graph);
@@ -262,7 +290,7 @@ class Cache {
 
   JitConfig m_config;
   SourceLoc m_loc;
-  std::vector<passes::Pass> m_passes;
+  passes::Pipeline m_pipeline;
   mutable std::shared_mutex m_mutex;
   std::vector<std::shared_ptr<const Entry>> m_entries;
 };
@@ -289,7 +317,7 @@ template <class F> class Jitted {
     const std::size_t num_args = flat.tensors.size();
     std::vector<TensorBase> inputs = std::move(flat.tensors);
     inputs.insert(inputs.end(), entry->captures.begin(), entry->captures.end());
-    std::vector<TensorBase> outputs = entry->program.run(inputs);
+    std::vector<TensorBase> outputs = entry->program->run(inputs);
     if constexpr (!std::is_void_v<Out>) {
       if (is_grad_enabled()) record<Args...>(entry, inputs, num_args, outputs, flat.statics);
       tracing::detail::Reader reader{outputs, entry->output_statics};
@@ -301,7 +329,7 @@ template <class F> class Jitted {
   template <class... Args> Lowered lower(const Args&... args) const {
     tracing::detail::Flat flat;
     (tracing::detail::flatten(args, flat, std::string()), ...);
-    return Lowered(entry_for(flat, args...)->program.graph_ptr());
+    return Lowered(entry_for(flat, args...)->program);
   }
 
   /// How many signatures have been compiled.
@@ -381,7 +409,7 @@ template <class F> class Jitted {
       flatten(std::apply(f, typed), out, std::string());
       return out.tensors;
     };
-    const std::size_t num_outputs = entry.program.graph().outputs.size();
+    const std::size_t num_outputs = entry.program->graph().outputs.size();
     FlatFn pullback = [&](std::span<const TensorBase> args_and_g) {
       std::vector<TensorBase> cots(num_outputs);
       cots[k] = args_and_g.back();

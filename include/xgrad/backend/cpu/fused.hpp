@@ -1,0 +1,190 @@
+// The kernel of a fused group of elementwise ops (passes/fuse.hpp): the output range is cut
+// into blocks small enough that every intermediate stays in L1; per block each input is read
+// once (a broadcast one gathered into a scratch block), each op runs its own block kernel (the
+// xsimd code eager mode runs), and each live output is written once.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <vector>
+
+#include "xgrad/backend/cpu/elementwise.hpp"
+#include "xgrad/core/tensor.hpp"
+#include "xgrad/ir/graph.hpp"
+
+namespace xgrad::cpu {
+
+class FusedKernel {
+ public:
+  /// Elements per block: with a few live intermediates of 8-byte elements it stays within L1.
+  static constexpr std::int64_t kBlock = 512;
+  /// At most this many values (inputs and step results) in one group.
+  static constexpr std::size_t kMaxSlots = 64;
+
+  /// One op of the group. Slots number the group's inputs first, then each step's result.
+  struct Step {
+    BlockKernel kernel;
+    std::vector<int> args;  // slots
+    DType dtype;            // of the result
+  };
+
+  /// `inputs`: the group's inputs; `steps` in order; `outputs`: the slots written out.
+  FusedKernel(Shape shape, const std::vector<std::pair<DType, Shape>>& inputs, std::vector<Step> steps,
+              std::vector<int> outputs)
+      : m_shape(std::move(shape)), m_numel(m_shape.numel()), m_steps(std::move(steps)), m_outputs(std::move(outputs)) {
+    if (inputs.size() + m_steps.size() > kMaxSlots)
+      throw std::logic_error("xgrad internal error: fused group too large");
+    const int num_inputs = static_cast<int>(inputs.size());
+    const int num_slots = num_inputs + static_cast<int>(m_steps.size());
+    m_slots.resize(static_cast<std::size_t>(num_slots));
+    for (int i = 0; i < num_inputs; ++i) {
+      Slot& s = m_slots[static_cast<std::size_t>(i)];
+      const auto& [dtype, in_shape] = inputs[static_cast<std::size_t>(i)];
+      s.elem_size = dtype_size(dtype);
+      s.source = in_shape == m_shape ? Source::input : in_shape.numel() == 1 ? Source::scalar : Source::gather;
+      if (s.source == Source::gather) s.gather.emplace(m_shape, std::array<const Shape*, 1>{&in_shape});
+    }
+    for (std::size_t k = 0; k < m_steps.size(); ++k) {
+      Slot& s = m_slots[static_cast<std::size_t>(num_inputs) + k];
+      s.elem_size = dtype_size(m_steps[k].dtype);
+      s.source = Source::scratch;
+    }
+    for (std::size_t j = 0; j < m_outputs.size(); ++j) {
+      m_slots[static_cast<std::size_t>(m_outputs[j])].source = Source::output;
+      m_slots[static_cast<std::size_t>(m_outputs[j])].output = static_cast<int>(j);
+    }
+    assign_scratch(num_inputs);
+  }
+
+  /// The kernel of the fused node: outputs already defined (planned buffers) are written into.
+  void operator()(std::span<const TensorBase> in, std::span<TensorBase> out) const {
+    for (std::size_t j = 0; j < out.size(); ++j)
+      if (!out[j].defined()) {
+        const Step& step = m_steps[static_cast<std::size_t>(m_outputs[j]) - in.size()];
+        out[j] = TensorBase(TensorImpl::allocate(m_shape, step.dtype));
+      }
+    const std::int64_t blocks = (m_numel + kBlock - 1) / kBlock;
+    parallel_for(0, blocks, std::max<std::int64_t>(1, kElementwiseGrain / kBlock),
+                 [&](std::int64_t lo, std::int64_t hi) {
+                   for (std::int64_t b = lo; b < hi; ++b) run_block(in, out, b * kBlock);
+                 });
+  }
+
+ private:
+  enum class Source { input, scalar, gather, scratch, output };
+  struct Slot {
+    std::size_t elem_size = 0;
+    Source source = Source::input;
+    std::optional<BroadcastPlan<1>> gather;  // Source::gather: how the input maps to the output
+    int scratch = -1;                        // Source::gather / scratch: its block buffer
+    int output = -1;                         // Source::output
+  };
+
+  /// Gives each gathered input and each intermediate a scratch block, reusing the block of a
+  /// value no later step reads.
+  void assign_scratch(int num_inputs) {
+    std::vector<int> last_read(m_slots.size(), -1);
+    for (std::size_t k = 0; k < m_steps.size(); ++k)
+      for (int a : m_steps[k].args) last_read[static_cast<std::size_t>(a)] = static_cast<int>(k);
+    std::vector<int> free;
+    auto take = [&] {
+      if (free.empty()) return m_num_scratch++;
+      int s = free.back();
+      free.pop_back();
+      return s;
+    };
+    for (int i = 0; i < num_inputs; ++i)
+      if (m_slots[static_cast<std::size_t>(i)].source == Source::gather)
+        m_slots[static_cast<std::size_t>(i)].scratch = take();
+    for (std::size_t k = 0; k < m_steps.size(); ++k) {
+      Slot& result = m_slots[static_cast<std::size_t>(num_inputs) + k];
+      if (result.source == Source::scratch) result.scratch = take();
+      for (int a : m_steps[k].args) {
+        Slot& s = m_slots[static_cast<std::size_t>(a)];
+        if (s.scratch >= 0 && last_read[static_cast<std::size_t>(a)] == static_cast<int>(k) &&
+            std::count(free.begin(), free.end(), s.scratch) == 0)
+          free.push_back(s.scratch);
+      }
+    }
+  }
+
+  /// Copies elements [lo, lo + n) of the broadcast input into `to`.
+  static void gather(const BroadcastPlan<1>& plan, const std::byte* from, std::size_t elem_size, std::int64_t lo,
+                     std::int64_t n, std::byte* to) {
+    const std::int64_t inner = plan.inner(), stride = plan.inner_stride(0);
+    std::int64_t row = lo / inner, col = lo % inner;
+    while (n > 0) {
+      const std::int64_t count = std::min(n, inner - col);
+      const std::byte* src = from + static_cast<std::size_t>(plan.row_offset(0, row) + col * stride) * elem_size;
+      if (stride == 1) {
+        std::memcpy(to, src, static_cast<std::size_t>(count) * elem_size);
+      } else {
+        for (std::int64_t i = 0; i < count; ++i)
+          std::memcpy(to + static_cast<std::size_t>(i) * elem_size, src, elem_size);
+      }
+      to += static_cast<std::size_t>(count) * elem_size;
+      n -= count;
+      ++row;
+      col = 0;
+    }
+  }
+
+  void run_block(std::span<const TensorBase> in, std::span<TensorBase> out, std::int64_t lo) const {
+    const std::int64_t n = std::min(kBlock, m_numel - lo);
+    // Per thread, reused across calls: no allocation once it has grown.
+    thread_local std::vector<double> scratch;
+    const std::size_t block_doubles = static_cast<std::size_t>(kBlock);
+    if (scratch.size() < static_cast<std::size_t>(m_num_scratch) * block_doubles)
+      scratch.resize(static_cast<std::size_t>(m_num_scratch) * block_doubles);
+    auto scratch_block = [&](int s) {
+      return reinterpret_cast<std::byte*>(scratch.data() + static_cast<std::size_t>(s) * block_doubles);
+    };
+
+    std::byte* ptr[kMaxSlots];
+    for (std::size_t i = 0; i < in.size(); ++i) {
+      const Slot& s = m_slots[i];
+      auto* base = static_cast<std::byte*>(const_cast<void*>(in[i].impl()->storage->data()));
+      switch (s.source) {
+        case Source::scalar:
+          ptr[i] = base;
+          break;
+        case Source::gather:
+          ptr[i] = scratch_block(s.scratch);
+          gather(*s.gather, base, s.elem_size, lo, n, ptr[i]);
+          break;
+        default:
+          ptr[i] = base + static_cast<std::size_t>(lo) * s.elem_size;
+      }
+    }
+    const void* args[3];
+    std::int64_t strides[3];
+    for (std::size_t k = 0; k < m_steps.size(); ++k) {
+      const Step& step = m_steps[k];
+      const std::size_t slot = in.size() + k;
+      const Slot& s = m_slots[slot];
+      ptr[slot] = s.source == Source::output
+                      ? static_cast<std::byte*>(out[static_cast<std::size_t>(s.output)].impl()->storage->data()) +
+                            static_cast<std::size_t>(lo) * s.elem_size
+                      : scratch_block(s.scratch);
+      for (std::size_t a = 0; a < step.args.size(); ++a) {
+        const auto arg = static_cast<std::size_t>(step.args[a]);
+        args[a] = ptr[arg];
+        strides[a] = m_slots[arg].source == Source::scalar ? 0 : 1;
+      }
+      step.kernel(args, strides, ptr[slot], n);
+    }
+  }
+
+  Shape m_shape;
+  std::int64_t m_numel;
+  std::vector<Step> m_steps;
+  std::vector<int> m_outputs;
+  std::vector<Slot> m_slots;
+  int m_num_scratch = 0;
+};
+
+}  // namespace xgrad::cpu

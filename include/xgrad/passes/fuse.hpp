@@ -1,0 +1,247 @@
+// Elementwise fusion: chains and trees of elementwise ops of one output shape become one Fused
+// node, whose body (a subgraph, printed after the graph) runs block by block
+// (backend/cpu/fused.hpp): each input read once, intermediates kept in L1, each value read
+// outside the group written once. Broadcast inputs are gathered per block.
+//
+// A group never becomes a cycle: it stays convex (no outside node on a path between two of its
+// nodes). The fused nodes and the rest are then put in an order where every value is made
+// before it is read, keeping the original order where it can.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <queue>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "xgrad/backend/cpu/fused.hpp"
+#include "xgrad/passes/rewrite.hpp"
+
+namespace xgrad::passes {
+
+namespace detail {
+
+inline bool fusible(const ir::Node& node) {
+  return node.traits.block && !node.has_effect && node.subgraphs.empty() && node.outputs.size() == 1;
+}
+
+/// The Fused node standing for `members` (indices into g.nodes, in order). `read_outside`
+/// holds the values read by other nodes, returned or written by an effect.
+inline std::unique_ptr<ir::Node> make_fused(const ir::Graph& g, const std::vector<std::size_t>& members,
+                                            const std::unordered_set<const ir::Value*>& read_outside, int number) {
+  auto body = std::make_shared<ir::Graph>();
+  body->name = g.name + ".fused" + std::to_string(number);
+  std::unordered_set<const ir::Value*> made;
+  for (std::size_t i : members) made.insert(g.nodes[i]->outputs[0]);
+  std::unordered_map<const ir::Value*, ir::Value*> inner;
+  auto fused = std::make_unique<ir::Node>();
+  fused->op = "Fused";
+  std::vector<std::pair<DType, Shape>> input_types;
+  for (std::size_t i : members)
+    for (ir::Value* v : g.nodes[i]->inputs)
+      if (!made.count(v) && !inner.count(v)) {
+        inner[v] = body->new_value(v->dtype, v->shape, nullptr);
+        body->inputs.push_back(inner[v]);
+        fused->inputs.push_back(v);
+        input_types.emplace_back(v->dtype, v->shape);
+      }
+  body->num_args = body->inputs.size();
+  const Shape& shape = g.nodes[members.front()]->outputs[0]->shape;
+  std::vector<cpu::FusedKernel::Step> steps;
+  std::vector<int> output_slots;
+  std::string ops;
+  for (std::size_t i : members) {
+    const ir::Node& node = *g.nodes[i];
+    auto copy = std::make_unique<ir::Node>();
+    copy->op = node.op;
+    copy->attrs = node.attrs;
+    copy->loc = node.loc;
+    copy->scope = node.scope;
+    copy->traits = node.traits;
+    copy->kernel = node.kernel;
+    cpu::FusedKernel::Step step{node.traits.block, {}, node.outputs[0]->dtype};
+    for (ir::Value* v : node.inputs) {
+      copy->inputs.push_back(inner.at(v));
+      step.args.push_back(inner.at(v)->id);
+    }
+    ir::Value* out = body->new_value(node.outputs[0]->dtype, node.outputs[0]->shape, copy.get());
+    copy->outputs.push_back(out);
+    inner[node.outputs[0]] = out;
+    if (read_outside.count(node.outputs[0])) {
+      fused->outputs.push_back(node.outputs[0]);
+      body->outputs.push_back(out);
+      output_slots.push_back(out->id);
+    }
+    ops += (ops.empty() ? "" : ", ") + node.op;
+    steps.push_back(std::move(step));
+    body->append(std::move(copy));
+  }
+  // In place: output j may take input i's buffer when i has the output's shape and element
+  // size and no step after the one writing j reads i.
+  const int num_inputs = static_cast<int>(body->inputs.size());
+  std::vector<int> last_read(static_cast<std::size_t>(num_inputs), -1);
+  for (std::size_t k = 0; k < steps.size(); ++k)
+    for (int a : steps[k].args)
+      if (a < num_inputs) last_read[static_cast<std::size_t>(a)] = static_cast<int>(k);
+  for (int slot : output_slots) {
+    const int written = slot - num_inputs;
+    std::vector<int> candidates;
+    for (int i = 0; i < num_inputs; ++i) {
+      const ir::Value& in = *body->inputs[static_cast<std::size_t>(i)];
+      if (in.shape == shape && dtype_size(in.dtype) == dtype_size(steps[static_cast<std::size_t>(written)].dtype) &&
+          last_read[static_cast<std::size_t>(i)] <= written)
+        candidates.push_back(i);
+    }
+    fused->in_place.push_back(std::move(candidates));
+  }
+  const ir::Node& last = *g.nodes[members.back()];
+  fused->loc = last.loc;
+  fused->scope = last.scope;
+  fused->traits.elementwise = true;
+  fused->attrs.push_back({"body", body->name});
+  fused->attrs.push_back({"ops", "\"" + ops + "\""});
+  auto kernel = std::make_shared<const cpu::FusedKernel>(shape, input_types, std::move(steps), std::move(output_slots));
+  fused->kernel = [kernel](std::span<const TensorBase> in, std::span<TensorBase> out) { (*kernel)(in, out); };
+  fused->subgraphs.push_back(std::move(body));
+  for (ir::Value* v : fused->outputs) v->producer = fused.get();
+  return fused;
+}
+
+}  // namespace detail
+
+inline bool fuse(ir::Graph& g, const PassContext&) {
+  const std::size_t n = g.nodes.size();
+  std::unordered_map<const ir::Node*, std::size_t> index;
+  for (std::size_t i = 0; i < n; ++i) index[g.nodes[i].get()] = i;
+
+  // Bitsets over nodes; ancestors(i): every node that node i depends on.
+  const std::size_t words = (n + 63) / 64;
+  std::vector<std::uint64_t> ancestor_bits(n * words, 0);
+  auto ancestors = [&](std::size_t i) { return ancestor_bits.data() + i * words; };
+  auto bit = [](const std::uint64_t* set, std::size_t j) { return ((set[j / 64] >> (j % 64)) & 1) != 0; };
+
+  // A set of nodes can run as one kernel when no node outside it lies on a path between two
+  // of its nodes; such a node comes after the set's first node and depends on one of it.
+  auto convex = [&](const std::vector<std::size_t>& set) {
+    std::vector<std::uint64_t> inside(words, 0), above(words, 0);
+    for (std::size_t m : set) {
+      inside[m / 64] |= std::uint64_t{1} << (m % 64);
+      for (std::size_t w = 0; w < words; ++w) above[w] |= ancestors(m)[w];
+    }
+    const std::size_t first = *std::min_element(set.begin(), set.end());
+    for (std::size_t x = first + 1; x < n; ++x) {
+      if (!bit(above.data(), x) || bit(inside.data(), x)) continue;
+      for (std::size_t w = 0; w < words; ++w)
+        if (ancestors(x)[w] & inside[w]) return false;
+    }
+    return true;
+  };
+
+  // Groups in program order: a fusible node joins (and so merges) the groups of the
+  // producers of its inputs that have its shape, as far as the union stays convex.
+  std::vector<int> group(n, -1);
+  std::vector<std::vector<std::size_t>> members;
+  std::vector<std::size_t> slots;  // per group, an upper bound on its FusedKernel slots
+  for (std::size_t i = 0; i < n; ++i) {
+    const ir::Node& node = *g.nodes[i];
+    for (const ir::Value* v : node.inputs)
+      if (v->producer) {
+        const std::size_t p = index.at(v->producer);
+        for (std::size_t w = 0; w < words; ++w) ancestors(i)[w] |= ancestors(p)[w];
+        ancestors(i)[p / 64] |= std::uint64_t{1} << (p % 64);
+      }
+    if (!detail::fusible(node)) continue;
+    std::vector<std::size_t> set{i};
+    std::size_t set_slots = 1 + node.inputs.size();
+    int chosen = -1;
+    for (const ir::Value* v : node.inputs) {
+      if (!v->producer || !(v->shape == node.outputs[0]->shape)) continue;
+      const int G = group[index.at(v->producer)];
+      if (G < 0 || G == chosen) continue;
+      const auto& more = members[static_cast<std::size_t>(G)];
+      if (set_slots + slots[static_cast<std::size_t>(G)] > cpu::FusedKernel::kMaxSlots) continue;
+      std::vector<std::size_t> trial = set;
+      trial.insert(trial.end(), more.begin(), more.end());
+      if (!convex(trial)) continue;
+      set = std::move(trial);
+      set_slots += slots[static_cast<std::size_t>(G)];
+      if (chosen < 0) {
+        chosen = G;
+        continue;
+      }
+      for (std::size_t m : more) group[m] = chosen;  // G merges into the chosen group
+      auto& into = members[static_cast<std::size_t>(chosen)];
+      into.insert(into.end(), more.begin(), more.end());
+      members[static_cast<std::size_t>(G)].clear();
+      slots[static_cast<std::size_t>(G)] = 0;
+    }
+    if (chosen < 0) {
+      chosen = static_cast<int>(members.size());
+      members.emplace_back();
+      slots.push_back(0);
+    }
+    group[i] = chosen;
+    auto& mine = members[static_cast<std::size_t>(chosen)];
+    mine.push_back(i);
+    std::sort(mine.begin(), mine.end());
+    slots[static_cast<std::size_t>(chosen)] = set_slots;
+  }
+
+  std::unordered_set<const ir::Value*> read_outside(g.outputs.begin(), g.outputs.end());
+  for (const auto& e : g.effects) read_outside.insert(e.value);
+  for (std::size_t i = 0; i < n; ++i)
+    for (const ir::Value* v : g.nodes[i]->inputs)
+      if (v->producer && group[index.at(v->producer)] != group[i]) read_outside.insert(v);
+
+  // The new nodes: every node outside a group of two or more, and one Fused node per group.
+  // key: where it goes when nothing forces it later (its first member's position).
+  std::vector<std::unique_ptr<ir::Node>> items;
+  std::vector<std::size_t> key;
+  int fused_count = 0;
+  std::vector<bool> fused_group(members.size(), false);
+  for (std::size_t G = 0; G < members.size(); ++G)
+    if (members[G].size() >= 2) {
+      items.push_back(detail::make_fused(g, members[G], read_outside, fused_count++));
+      key.push_back(members[G].front());
+      fused_group[G] = true;
+    }
+  if (fused_count == 0) return false;
+  for (std::size_t i = 0; i < n; ++i)
+    if (group[i] < 0 || !fused_group[static_cast<std::size_t>(group[i])]) {
+      items.push_back(std::move(g.nodes[i]));
+      key.push_back(i);
+    }
+
+  // Kahn's algorithm, taking the ready item that came first.
+  std::unordered_map<const ir::Node*, std::size_t> item_of;
+  for (std::size_t k = 0; k < items.size(); ++k) item_of[items[k].get()] = k;
+  std::vector<std::vector<std::size_t>> readers(items.size());
+  std::vector<std::size_t> waiting(items.size(), 0);
+  for (std::size_t k = 0; k < items.size(); ++k) {
+    std::unordered_set<std::size_t> from;
+    for (const ir::Value* v : items[k]->inputs)
+      if (v->producer) from.insert(item_of.at(v->producer));
+    for (std::size_t p : from) readers[p].push_back(k);
+    waiting[k] = from.size();
+  }
+  using Ready = std::pair<std::size_t, std::size_t>;  // (key, item)
+  std::priority_queue<Ready, std::vector<Ready>, std::greater<>> ready;
+  for (std::size_t k = 0; k < items.size(); ++k)
+    if (waiting[k] == 0) ready.emplace(key[k], k);
+  std::vector<std::unique_ptr<ir::Node>> ordered;
+  while (!ready.empty()) {
+    const std::size_t k = ready.top().second;
+    ready.pop();
+    for (std::size_t r : readers[k])
+      if (--waiting[r] == 0) ready.emplace(key[r], r);
+    ordered.push_back(std::move(items[k]));
+  }
+  if (ordered.size() != items.size()) throw std::logic_error("xgrad internal error: fusion made a cycle");
+  g.nodes = std::move(ordered);
+  return true;
+}
+
+}  // namespace xgrad::passes
