@@ -109,9 +109,21 @@ void binary_run(const A* a, std::int64_t sa, const B* b, std::int64_t sb, R* out
   if constexpr (std::is_same_v<A, B> && std::is_same_v<A, R> && SimdBody2<Op, A>) {
     using V = xsimd::batch<A>;
     constexpr auto w = static_cast<std::int64_t>(V::size);
-    auto load = [](const A* p, std::int64_t stride) { return stride ? V::load_unaligned(p) : V(p[0]); };
     std::int64_t i = 0;
-    for (; i + w <= n; i += w) Op::apply(load(a + i * sa, sa), load(b + i * sb, sb)).store_unaligned(out + i);
+    // One loop per stride pattern, so no load tests a stride.
+    auto batches = [&](auto load_a, auto load_b) {
+      for (; i + w <= n; i += w) Op::apply(load_a(i), load_b(i)).store_unaligned(out + i);
+    };
+    auto contiguous = [](const A* p) { return [p](std::int64_t k) { return V::load_unaligned(p + k); }; };
+    auto broadcast = [](const A* p) { return [v = V(p[0])](std::int64_t) { return v; }; };
+    if (sa && sb)
+      batches(contiguous(a), contiguous(b));
+    else if (sa)
+      batches(contiguous(a), broadcast(b));
+    else if (sb)
+      batches(broadcast(a), contiguous(b));
+    else
+      batches(broadcast(a), broadcast(b));
     if (i < n) {  // the tail through the same batch code (see unary_run)
       alignas(V::arch_type::alignment()) A la[V::size] = {}, lb[V::size] = {};
       for (std::int64_t j = i; j < n; ++j) {

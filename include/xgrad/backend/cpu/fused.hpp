@@ -135,13 +135,17 @@ class FusedKernel {
 
   void run_block(std::span<const TensorBase> in, std::span<TensorBase> out, std::int64_t lo) const {
     const std::int64_t n = std::min(kBlock, m_numel - lo);
-    // Per thread, reused across calls: no allocation once it has grown.
+    // Per thread, reused across calls: no allocation once it has grown. Blocks start on cache
+    // lines (a batch load must not straddle two), 128 bytes more than 4 KiB apart: at exactly
+    // 4 KiB a step's loads would wait on the previous step's stores to the same page offset.
     thread_local std::vector<double> scratch;
-    const std::size_t block_doubles = static_cast<std::size_t>(kBlock);
-    if (scratch.size() < static_cast<std::size_t>(m_num_scratch) * block_doubles)
-      scratch.resize(static_cast<std::size_t>(m_num_scratch) * block_doubles);
+    constexpr std::size_t block_doubles = static_cast<std::size_t>(kBlock) + 16, line_doubles = 8;
+    const std::size_t needed = static_cast<std::size_t>(m_num_scratch) * block_doubles + line_doubles;
+    if (scratch.size() < needed) scratch.resize(needed);
+    const std::size_t misalignment = reinterpret_cast<std::uintptr_t>(scratch.data()) % 64 / sizeof(double);
+    double* first_block = scratch.data() + (misalignment ? line_doubles - misalignment : 0);
     auto scratch_block = [&](int s) {
-      return reinterpret_cast<std::byte*>(scratch.data() + static_cast<std::size_t>(s) * block_doubles);
+      return reinterpret_cast<std::byte*>(first_block + static_cast<std::size_t>(s) * block_doubles);
     };
 
     std::byte* ptr[kMaxSlots];
