@@ -354,19 +354,25 @@ void chain_hand_fused(benchmark::State& state) {
   set_elementwise_counters(state, kChainSize, 2);
 }
 
+/// The timed loop of a chain row: one call per iteration, its result kept alive, and the
+/// allocations the calls make reported.
+template <class Call> void timed_calls(benchmark::State& state, Call&& call) {
+  AllocationCounter allocs;
+  for (auto _ : state) {
+    auto y = call();
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  allocs.report(state);
+}
+
 void chain_eager(benchmark::State& state) {
   ThreadScope threads(1);
   auto x = chain_input();
   chain(x);  // warm-up: fills xgrad's cache of large buffers
   FaultCounter faults;
   LoopClock clock;
-  AllocationCounter allocs;
-  for (auto _ : state) {
-    auto y = chain(x);
-    benchmark::DoNotOptimize(y.data());
-    benchmark::ClobberMemory();
-  }
-  allocs.report(state);
+  timed_calls(state, [&] { return chain(x); });
   const double ns = clock.ns_per_iteration(state);
   record_eager(state, clock, "chain/eager");
   report_ratio(state, ns, "chain/hand", "x_hand");
@@ -387,13 +393,7 @@ void chain_jit(benchmark::State& state, xg::JitLevel level) {
   LoopClock clock;
   {
     xg::expect_cache_hit guard;
-    AllocationCounter allocs;
-    for (auto _ : state) {
-      auto y = f(x);
-      benchmark::DoNotOptimize(y.data());
-      benchmark::ClobberMemory();
-    }
-    allocs.report(state);
+    timed_calls(state, [&] { return f(x); });
   }
   const double ns = clock.ns_per_iteration(state);
   const double x_hand = report_ratio(state, ns, "chain/hand", "x_hand");

@@ -47,7 +47,6 @@ class Program {
   }
 
   const ir::Graph& graph() const { return *m_graph; }
-  const std::shared_ptr<const ir::Graph>& graph_ptr() const { return m_graph; }
   /// The memory plan, when the program runs from one.
   const MemoryPlan* memory_plan() const { return m_plan ? &*m_plan : nullptr; }
 

@@ -187,8 +187,14 @@ inline MemoryPlan plan_memory(const ir::Graph& g) {
       for (int i : detail::in_place_candidates(node, j)) {
         const ir::Value* in = node.inputs[static_cast<std::size_t>(i)];
         const std::size_t r = root[id(in)];
+        // The buffer must reach the node through this input alone: a fused group may read
+        // another view of it after the step that writes the output.
+        const auto readers =
+            std::count_if(node.inputs.begin(), node.inputs.end(), [&](const ir::Value* u) { return root[id(u)] == r; });
+        const auto copies = std::count(node.inputs.begin(), node.inputs.end(), in);
         if (plan.offset[r] != MemoryPlan::kNotPlanned && last_use[r] == static_cast<std::ptrdiff_t>(k) &&
-            detail::value_bytes(*g.values[r]) == bytes && std::find(taken.begin(), taken.end(), r) == taken.end()) {
+            readers == copies && detail::value_bytes(*g.values[r]) == bytes &&
+            std::find(taken.begin(), taken.end(), r) == taken.end()) {
           donor = in;
           break;
         }
