@@ -62,9 +62,8 @@ class Program {
       const ir::Node& node = *g.nodes[k];
       ws.in.clear();
       for (const ir::Value* v : node.inputs) ws.in.push_back(env[static_cast<std::size_t>(v->id)]);
-      ws.out.assign(node.outputs.size(), TensorBase());
-      for (std::size_t j = 0; j < node.outputs.size(); ++j)
-        ws.out[j] = ws.planned[static_cast<std::size_t>(node.outputs[j]->id)];
+      ws.out.clear();  // each output's planned buffer, or undefined: the kernel makes its own
+      for (const ir::Value* v : node.outputs) ws.out.push_back(ws.planned[static_cast<std::size_t>(v->id)]);
       node.kernel(ws.in, ws.out);
       for (std::size_t j = 0; j < ws.out.size(); ++j) {
         const ir::Value& v = *node.outputs[j];

@@ -37,8 +37,6 @@ struct MemoryPlan {
   std::size_t unplanned_bytes = 0;  // what the planned values would take without any reuse
   int num_planned = 0, num_in_place = 0, num_reused = 0;
 
-  bool planned(const ir::Value& v) const { return offset[static_cast<std::size_t>(v.id)] != kNotPlanned; }
-
   /// "arena 1.5 MiB for 24 buffers (4.2 MiB without reuse); 5 in place, 12 reuse a dead buffer"
   std::string summary() const {
     return xgrad::detail::concat("arena ", bytes_text(arena_bytes), " for ", num_planned, " buffers (",
