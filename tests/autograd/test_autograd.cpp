@@ -345,6 +345,39 @@ TEST_CASE("autograd: grad of grad: mixed and pure second derivatives of a two-in
   check_close(dxy, {54, 12});
 }
 
+TEST_CASE("autograd: grad of grad: softmax_cross_entropy's one-op gradient is differentiable too") {
+  // h(logits, u) = sum(w * d/dlogits sum(u * losses(logits))): its gradient runs through the
+  // gradient op's own rule, w.r.t. the logits and w.r.t. the incoming gradient u.
+  auto labels = xg::tensor<std::int32_t>({2, 0, 1});
+  auto w = xg::reshape(xg::tensor<double>({0.3, -1.2, 0.7, 2.0, -0.4, 0.9, 1.1, -0.6, 0.2, 0.5, -1.5, 0.8}), {3, 4});
+  auto inner = [&](xg::Tensor<double> logits, xg::Tensor<double> u) {
+    return xg::sum(u * xg::softmax_cross_entropy(logits, labels, xg::Reduction::none));
+  };
+  auto h = [&](xg::Tensor<double> logits, xg::Tensor<double> u) { return xg::sum(w * xg::grad(inner)(logits, u)); };
+  std::vector<double> l0 = {0.1, 1.3, -0.7, 0.4, 2.2, -1.0, 0.0, 0.6, -0.3, 0.8, 1.7, -2.1}, u0 = {0.5, -1.5, 2.0};
+  auto tensors = [](const std::vector<double>& l, const std::vector<double>& u) {
+    return std::pair{xg::reshape(xg::tensor<double>(l), {3, 4}), xg::tensor<double>(u)};
+  };
+  auto [logits, u] = tensors(l0, u0);
+  auto [dl, du] = xg::grad(h, xg::argnums<0, 1>)(logits, u);
+  // Central difference of h in element i of the logits (of_logits) or of u.
+  auto numeric = [&](bool of_logits, std::size_t i) {
+    const double step = 1e-6;
+    auto at = [&](double delta) {
+      auto l = l0, v = u0;
+      (of_logits ? l : v)[i] += delta;
+      auto [lt, vt] = tensors(l, v);
+      return h(lt, vt).item();
+    };
+    return (at(step) - at(-step)) / (2 * step);
+  };
+  std::vector<double> want_dl, want_du;
+  for (std::size_t i = 0; i < l0.size(); ++i) want_dl.push_back(numeric(true, i));
+  for (std::size_t i = 0; i < u0.size(); ++i) want_du.push_back(numeric(false, i));
+  check_close(dl, want_dl, 1e-6);
+  check_close(du, want_du, 1e-6);
+}
+
 TEST_CASE("autograd: custom_vjp: a straight-through estimator uses the custom gradient") {
   // sign() has a zero gradient; the straight-through estimator passes the incoming one on.
   auto ste =

@@ -120,6 +120,39 @@ TEST_CASE("passes: an elementwise op reads a broadcast's input directly when it 
   CHECK(optimized(g, only("simplify"), xg::ones<float>({3}), b).find("Mul(%0, %2)") != std::string::npos);
 }
 
+TEST_CASE("passes: simplify makes the sum of a broadcast one multiply, outside strict") {
+  auto f = [](xg::Tensor<float> v) {
+    auto wide = xg::broadcast_to(v, xg::Shape{4, 3});
+    return xg::sum(wide, {0});
+  };
+  auto v = xg::tensor<float>({1, 2, 3});
+  CHECK(optimized(f, xg::JitConfig{.level = xg::JitLevel::O1}, v) ==
+        "  %1 : f32[1, 3] = Reshape(%0) {shape=[1, 3]}\n"
+        "  %2 : f32[] = Const() {value=4}\n"
+        "  %3 : f32[1, 3] = Mul(%1, %2)\n"
+        "  %4 : f32[3] = Reshape(%3) {shape=[3]}\n"
+        "  return %4\n");
+  CHECK(xg::jit(f)(v).to_vector() == std::vector<float>{4, 8, 12});
+  CHECK(optimized(f, xg::JitConfig{.level = xg::JitLevel::O1, .strict = true}, v).find("SumTo") != std::string::npos);
+  // Not when a summed axis holds different values: that sum is real work.
+  auto g = [](xg::Tensor<float> m) {
+    auto wide = xg::broadcast_to(m, xg::Shape{2, 4, 3});
+    return xg::sum(wide, {0, 1});
+  };
+  auto m = xg::reshape(xg::tensor<float>({1, 2, 3, 4, 5, 6}), {2, 1, 3});
+  CHECK(optimized(g, xg::JitConfig{.level = xg::JitLevel::O1}, m).find("SumTo") != std::string::npos);
+  // Where it comes from: a bias's gradient under a mean loss sums a broadcast scalar.
+  auto loss = [](xg::Tensor<float> x, xg::Tensor<float> b) { return xg::mean(x + b); };
+  auto db = [&](xg::Tensor<float> x, xg::Tensor<float> b) { return xg::grad(loss, xg::argnums<1>)(x, b); };
+  auto x = xg::ones<float>({8, 3});
+  auto b = xg::tensor<float>({0.5, -1, 2});
+  CHECK(optimized(db, xg::JitConfig{.level = xg::JitLevel::O1}, x, b).find("SumTo") == std::string::npos);
+  auto want = db(x, b).to_vector();
+  auto got = xg::jit(db)(x, b).to_vector();
+  REQUIRE(got.size() == 3);
+  for (std::size_t i = 0; i < 3; ++i) CHECK(got[i] == doctest::Approx(want[i]).epsilon(1e-6));
+}
+
 TEST_CASE("passes: optimized graphs compute what eager computes; bad pass names are refused") {
   auto f = [](xg::Tensor<double> v, xg::Tensor<double> w) {
     auto h = xg::tanh(xg::matmul(v, w) * 1.0) + xg::tanh(xg::matmul(v, w) * 1.0);

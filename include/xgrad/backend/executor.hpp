@@ -53,6 +53,14 @@ class Program {
   /// Runs the graph on `inputs` (one per graph input, of its dtype and shape), applies its
   /// effects to those inputs and returns its outputs.
   std::vector<TensorBase> run(std::span<const TensorBase> inputs) const {
+    std::vector<TensorBase> results;
+    run(inputs, results);
+    return results;
+  }
+
+  /// As run(inputs), the outputs put in `results` (emptied first): a caller that keeps the
+  /// vector from call to call allocates nothing for it.
+  void run(std::span<const TensorBase> inputs, std::vector<TensorBase>& results) const {
     const ir::Graph& g = *m_graph;
     Lease lease(*m_pool, [&] { return make_workspace(); });
     Workspace& ws = lease.workspace();
@@ -77,7 +85,7 @@ class Program {
           std::memset(ws.arena.get() + region.offset, 0xFF, region.bytes);
     }
     apply_effects(inputs, ws);
-    std::vector<TensorBase> results;
+    results.clear();
     results.reserve(g.outputs.size());
     for (const ir::Value* v : g.outputs) {
       const TensorBase& t = env[static_cast<std::size_t>(v->id)];
@@ -87,7 +95,6 @@ class Program {
       results.push_back(shared ? copy_of(t) : t);
     }
     for (auto& t : env) t = TensorBase();
-    return results;
   }
 
  private:

@@ -104,6 +104,46 @@ struct Signature {
   }
 };
 
+/// The vectors one call of a jitted function fills (its flattened arguments, its outputs),
+/// taken from a per-thread pool and given back emptied, so that a warm call allocates nothing
+/// but its outputs. A pool, not one set: a call can run inside another.
+class CallVectors {
+ public:
+  struct Vectors {
+    Flat flat;
+    std::vector<TensorBase> outputs;
+  };
+
+  CallVectors() {
+    auto& idle = pool();
+    if (idle.empty()) {
+      m_vectors = std::make_unique<Vectors>();
+    } else {
+      m_vectors = std::move(idle.back());
+      idle.pop_back();
+    }
+  }
+  ~CallVectors() {
+    // Emptied, so the pool keeps capacity but no tensor alive.
+    m_vectors->flat.tensors.clear();
+    m_vectors->flat.statics.clear();
+    m_vectors->outputs.clear();
+    pool().push_back(std::move(m_vectors));
+  }
+  CallVectors(const CallVectors&) = delete;
+  CallVectors& operator=(const CallVectors&) = delete;
+
+  Vectors* operator->() const { return m_vectors.get(); }
+
+ private:
+  static std::vector<std::unique_ptr<Vectors>>& pool() {
+    thread_local std::vector<std::unique_ptr<Vectors>> idle;
+    return idle;
+  }
+
+  std::unique_ptr<Vectors> m_vectors;
+};
+
 class Cache;
 
 /// One compiled signature.
@@ -311,13 +351,15 @@ template <class F> class Jitted {
   template <class... Args> auto operator()(const Args&... args) const {
     using Out = std::invoke_result_t<const F&, tracing::detail::traced_t<Args>...>;
     if (tracing::Tracer::active()) return std::invoke(*m_f, tracing::detail::as_traced(args)...);
-    tracing::detail::Flat flat;
+    tracing::detail::CallVectors call;
+    tracing::detail::Flat& flat = call->flat;
     (tracing::detail::flatten(args, flat, std::string()), ...);
     auto entry = entry_for(flat, args...);
     const std::size_t num_args = flat.tensors.size();
-    std::vector<TensorBase> inputs = std::move(flat.tensors);
+    std::vector<TensorBase>& inputs = flat.tensors;
     inputs.insert(inputs.end(), entry->captures.begin(), entry->captures.end());
-    std::vector<TensorBase> outputs = entry->program->run(inputs);
+    std::vector<TensorBase>& outputs = call->outputs;
+    entry->program->run(inputs, outputs);
     if constexpr (!std::is_void_v<Out>) {
       if (is_grad_enabled()) record<Args...>(entry, inputs, num_args, outputs, flat.statics);
       tracing::detail::Reader reader{outputs, entry->output_statics};

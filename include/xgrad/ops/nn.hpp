@@ -9,6 +9,7 @@
 #include "xgrad/backend/cpu/conv.hpp"
 #include "xgrad/backend/cpu/pool.hpp"
 #include "xgrad/backend/cpu/resize.hpp"
+#include "xgrad/backend/cpu/softmax_xent.hpp"
 #include "xgrad/ops/elementwise.hpp"
 #include "xgrad/ops/manipulation.hpp"
 #include "xgrad/ops/reduce.hpp"
@@ -428,8 +429,73 @@ Tensor<T> one_hot(const Tensor<std::int32_t>& labels, std::int64_t num_classes, 
       }));
 }
 
+namespace detail {
+
+inline void check_labels(std::string_view op, const TensorBase& labels, std::int64_t classes, SourceLoc loc) {
+  const std::int32_t* l = Tensor<std::int32_t>(labels).data();
+  if (std::int64_t i = cpu::first_bad_label(l, labels.numel(), classes); i >= 0)
+    throw_value_error(op, loc, "label ", l[i], " at index ", i, " is outside [0, ", classes, ")");
+}
+
+template <FloatingPoint T> Tensor<T> softmax_xent_grad(const Tensor<T>& logits, const Tensor<std::int32_t>& labels,
+                                                       const Tensor<T>& g, SourceLoc loc);
+
+/// Per-sample losses [N] of logits [N, C] against labels [N]: one op, whose gradient is one op.
+template <FloatingPoint T>
+Tensor<T> softmax_xent_losses(const Tensor<T>& logits, const Tensor<std::int32_t>& labels, SourceLoc loc) {
+  const std::int64_t rows = logits.shape()[0], classes = logits.shape()[1];
+  Tensor<T> losses(primitive("SoftmaxCrossEntropy", loc, {logits, labels}, dtype_of<T>(), Shape{rows},
+                             [rows, classes, loc](std::span<const TensorBase> in, const TensorBase& dest) {
+                               // Checked when the op runs: under jit the labels are known only then.
+                               check_labels("SoftmaxCrossEntropyWithLogits", in[1], classes, loc);
+                               auto out = detail::output<T>(dest, Shape{rows});
+                               cpu::softmax_xent_forward(Tensor<T>(in[0]).data(), Tensor<std::int32_t>(in[1]).data(),
+                                                         rows, classes, out.data());
+                               return TensorBase(out);
+                             }));
+  if (should_record(logits)) {
+    record(losses, "SoftmaxCrossEntropy", loc, {logits, labels}, {logits, labels}, false,
+           [logits, labels, loc](const TensorBase&, const TensorBase& g) {
+             return autograd::Grads{softmax_xent_grad(logits, labels, Tensor<T>(g), loc), TensorBase()};
+           });
+  }
+  return losses;
+}
+
+/// g[:, None] * (softmax(logits) - one_hot(labels)): the losses' gradient w.r.t. the logits.
+template <FloatingPoint T> Tensor<T> softmax_xent_grad(const Tensor<T>& logits, const Tensor<std::int32_t>& labels,
+                                                       const Tensor<T>& g, SourceLoc loc) {
+  const Shape shape = logits.shape();
+  Tensor<T> gx(primitive("SoftmaxCrossEntropyGrad", loc, {logits, labels, g}, dtype_of<T>(), shape,
+                         [shape, loc](std::span<const TensorBase> in, const TensorBase& dest) {
+                           check_labels("SoftmaxCrossEntropyGrad", in[1], shape[1], loc);
+                           auto out = detail::output<T>(dest, shape);
+                           cpu::softmax_xent_backward(Tensor<T>(in[0]).data(), Tensor<std::int32_t>(in[1]).data(),
+                                                      Tensor<T>(in[2]).data(), shape[0], shape[1], out.data());
+                           return TensorBase(out);
+                         }));
+  if (should_record(logits, g)) {
+    // Second derivatives, from composite ops: with p = softmax(logits) and u the incoming
+    // gradient, d/dg = sum(u * (p - onehot)) and d/dlogits = g * (p u - p sum(p u)).
+    record(
+        gx, "SoftmaxCrossEntropyGrad", loc, {logits, labels, g}, {logits, labels, g}, false,
+        [logits, labels, g, loc](const TensorBase&, const TensorBase& upstream) {
+          Tensor<T> u(upstream);
+          auto dg = sum(mul(u, softmax_xent_grad(logits, labels, ones_like(g), loc), loc), {1}, false, loc);
+          auto p = softmax(logits, -1, loc);
+          auto pu = mul(p, u, loc);
+          auto dlogits = mul(reshape(g, {g.numel(), 1}, loc), sub(pu, mul(p, sum(pu, {1}, true, loc), loc), loc), loc);
+          return autograd::Grads{dlogits, TensorBase(), dg};
+        });
+  }
+  return gx;
+}
+
+}  // namespace detail
+
 /// Cross-entropy of logits [N, C] against int32 class labels [N] (sparse, as MindSpore's
-/// SoftmaxCrossEntropyWithLogits(sparse=True)); per-sample losses folded by `reduction`.
+/// SoftmaxCrossEntropyWithLogits(sparse=True)); per-sample losses folded by `reduction`. One
+/// op, and its gradient one op: no softmax or one-hot tensor is made.
 template <FloatingPoint T> Tensor<T> softmax_cross_entropy(const Tensor<T>& logits, const Tensor<std::int32_t>& labels,
                                                            Reduction reduction = Reduction::mean,
                                                            SourceLoc loc = SourceLoc::current()) {
@@ -437,8 +503,7 @@ template <FloatingPoint T> Tensor<T> softmax_cross_entropy(const Tensor<T>& logi
   if (logits.ndim() != 2 || labels.ndim() != 1 || labels.shape()[0] != logits.shape()[0])
     throw_shape_error("SoftmaxCrossEntropyWithLogits", loc, "logits must be [N, C] and labels [N] (inputs ",
                       detail::describe_inputs({{"logits", &logits}, {"labels", &labels}}), ")");
-  auto picked = mul(one_hot<T>(labels, logits.shape()[1], loc), log_softmax(logits, -1, loc), loc);
-  auto losses = neg(sum(picked, {1}, false, loc), loc);
+  auto losses = detail::softmax_xent_losses(logits, labels, loc);
   switch (reduction) {
     case Reduction::none:
       return losses;

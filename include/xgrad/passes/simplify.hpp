@@ -5,7 +5,9 @@
 
 #include <vector>
 
+#include "xgrad/ops/manipulation.hpp"
 #include "xgrad/passes/rewrite.hpp"
+#include "xgrad/passes/splice.hpp"
 
 namespace xgrad::passes {
 
@@ -89,12 +91,60 @@ inline bool absorb_broadcasts(ir::Node& node) {
   return changed;
 }
 
+/// sum_to(broadcast_to(x, S), T) where every summed axis is one the broadcast made: each sum
+/// adds k copies of one element of x, so the result is x, shaped as T, times k. One rounding
+/// instead of k additions: not under strict. Null when the pattern does not apply.
+inline ir::Value* sum_of_broadcast(ir::Graph& g, std::size_t at, const PassContext& ctx) {
+  const ir::Node& node = *g.nodes[at];
+  if (ctx.strict || node.op != "SumTo") return nullptr;
+  const ir::Node* p = node.inputs[0]->producer;
+  if (!p || p->op != "BroadcastTo") return nullptr;
+  ir::Value* x = p->inputs[0];
+  const Shape &from = x->shape, &wide = node.inputs[0]->shape, &to = node.outputs[0]->shape;
+  if (x->dtype != DType::float32 && x->dtype != DType::float64) return nullptr;
+  // Dimension i of a shape aligned to the right of `wide`; 1 where it has none.
+  auto dim = [&](const Shape& s, int i) {
+    const int j = i - (wide.ndim() - s.ndim());
+    return j < 0 ? std::int64_t{1} : s[j];
+  };
+  std::int64_t copies = 1;
+  for (int i = 0; i < wide.ndim(); ++i) {
+    if (dim(to, i) != 1 || wide[i] == 1) continue;  // not summed
+    if (dim(from, i) != 1) return nullptr;          // summed, but not made by the broadcast
+    copies *= wide[i];
+  }
+  // x takes T's shape by a reshape (same size), else by dropping leading 1s and broadcasting.
+  const bool same_size = from.numel() == to.numel();
+  std::vector<std::int64_t> trimmed = from.to_vector();
+  while (static_cast<int>(trimmed.size()) > to.ndim() && trimmed.front() == 1) trimmed.erase(trimmed.begin());
+  Shape check;
+  if (!same_size && (!try_broadcast(Shape(trimmed), to, check) || !(check == to))) return nullptr;
+  auto scaled = [&]<class T>(std::type_identity<T>) {
+    return splice(g, at, {x}, node, [&](std::span<const TensorBase> in) {
+      Tensor<T> v(in[0]);
+      Tensor<T> shaped = same_size ? reshape(v, to.to_vector()) : broadcast_to(reshape(v, trimmed), to);
+      return TensorBase(shaped * static_cast<T>(copies));
+    });
+  };
+  return x->dtype == DType::float32 ? scaled(std::type_identity<float>{}) : scaled(std::type_identity<double>{});
+}
+
 }  // namespace detail
 
 inline bool simplify(ir::Graph& g, const PassContext& ctx) {
   bool changed = false;
   std::unordered_set<const ir::Value*> outputs(g.outputs.begin(), g.outputs.end());
-  for (auto& node : g.nodes) {
+  for (std::size_t k = 0; k < g.nodes.size(); ++k) {
+    const std::size_t size_before = g.nodes.size();
+    ir::Value* sum_out = g.nodes[k]->outputs.empty() ? nullptr : g.nodes[k]->outputs[0];
+    if (ir::Value* scaled = detail::sum_of_broadcast(g, k, ctx)) {
+      replace_uses(g, sum_out, scaled);
+      // Past the nodes spliced in before the sum, and the sum, which DCE removes.
+      k += g.nodes.size() - size_before;
+      changed = true;
+      continue;
+    }
+    auto& node = g.nodes[k];
     changed = detail::absorb_broadcasts(*node) || changed;
     // reshape(reshape(x)): the outer one reads x directly (a reshape's kernel depends only on
     // its output shape).

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstring>
 #include <optional>
@@ -58,6 +59,16 @@ class FusedKernel {
       m_slots[static_cast<std::size_t>(m_outputs[j])].output = static_cast<int>(j);
     }
     assign_scratch(num_inputs);
+    for (const Step& step : m_steps) {
+      if (step.args.size() > 3) throw std::logic_error("xgrad internal error: fused step with more than 3 inputs");
+      StepArgs& a = m_step_args.emplace_back();
+      a.count = static_cast<int>(step.args.size());
+      for (int j = 0; j < a.count; ++j) {
+        a.slot[static_cast<std::size_t>(j)] = step.args[static_cast<std::size_t>(j)];
+        a.stride[static_cast<std::size_t>(j)] =
+            m_slots[static_cast<std::size_t>(step.args[static_cast<std::size_t>(j)])].source == Source::scalar ? 0 : 1;
+      }
+    }
   }
 
   /// The kernel of the fused node: outputs already defined (planned buffers) are written into.
@@ -69,9 +80,7 @@ class FusedKernel {
       }
     const std::int64_t blocks = (m_numel + kBlock - 1) / kBlock;
     parallel_for(0, blocks, std::max<std::int64_t>(1, kElementwiseGrain / kBlock),
-                 [&](std::int64_t lo, std::int64_t hi) {
-                   for (std::int64_t b = lo; b < hi; ++b) run_block(in, out, b * kBlock);
-                 });
+                 [&](std::int64_t lo, std::int64_t hi) { run_blocks(in, out, lo, hi); });
   }
 
  private:
@@ -133,8 +142,10 @@ class FusedKernel {
     }
   }
 
-  void run_block(std::span<const TensorBase> in, std::span<TensorBase> out, std::int64_t lo) const {
-    const std::int64_t n = std::min(kBlock, m_numel - lo);
+  /// Runs blocks [first, last): each value's pointer is worked out once, then moved on by a
+  /// block per block (inputs and outputs) or left in place (scalars and scratch blocks).
+  void run_blocks(std::span<const TensorBase> in, std::span<TensorBase> out, std::int64_t first,
+                  std::int64_t last) const {
     // Per thread, reused across calls: no allocation once it has grown. Blocks start on cache
     // lines (a batch load must not straddle two), 128 bytes more than 4 KiB apart: at exactly
     // 4 KiB a step's loads would wait on the previous step's stores to the same page offset.
@@ -144,48 +155,52 @@ class FusedKernel {
     if (scratch.size() < needed) scratch.resize(needed);
     const std::size_t misalignment = reinterpret_cast<std::uintptr_t>(scratch.data()) % 64 / sizeof(double);
     double* first_block = scratch.data() + (misalignment ? line_doubles - misalignment : 0);
-    auto scratch_block = [&](int s) {
-      return reinterpret_cast<std::byte*>(first_block + static_cast<std::size_t>(s) * block_doubles);
-    };
 
-    std::byte* ptr[kMaxSlots];
-    for (std::size_t i = 0; i < in.size(); ++i) {
+    std::byte* ptr[kMaxSlots];       // each slot's data in the current block
+    std::size_t advance[kMaxSlots];  // bytes per block: nonzero for inputs and outputs read in place
+    for (std::size_t i = 0; i < m_slots.size(); ++i) {
       const Slot& s = m_slots[i];
-      auto* base = static_cast<std::byte*>(const_cast<void*>(in[i].impl()->storage->data()));
-      switch (s.source) {
-        case Source::scalar:
-          ptr[i] = base;
-          break;
-        case Source::gather:
-          ptr[i] = scratch_block(s.scratch);
-          gather(*s.gather, base, s.elem_size, lo, n, ptr[i]);
-          break;
-        default:
-          ptr[i] = base + static_cast<std::size_t>(lo) * s.elem_size;
+      advance[i] = 0;
+      if (s.scratch >= 0) {
+        ptr[i] = reinterpret_cast<std::byte*>(first_block + static_cast<std::size_t>(s.scratch) * block_doubles);
+        continue;
+      }
+      const TensorBase& t = i < in.size() ? in[i] : out[static_cast<std::size_t>(s.output)];
+      ptr[i] = static_cast<std::byte*>(const_cast<void*>(t.impl()->storage->data()));
+      if (s.source == Source::input || s.source == Source::output) {
+        advance[i] = static_cast<std::size_t>(kBlock) * s.elem_size;
+        ptr[i] += static_cast<std::size_t>(first) * advance[i];
       }
     }
     const void* args[3];
-    std::int64_t strides[3];
-    for (std::size_t k = 0; k < m_steps.size(); ++k) {
-      const Step& step = m_steps[k];
-      const std::size_t slot = in.size() + k;
-      const Slot& s = m_slots[slot];
-      ptr[slot] = s.source == Source::output
-                      ? static_cast<std::byte*>(out[static_cast<std::size_t>(s.output)].impl()->storage->data()) +
-                            static_cast<std::size_t>(lo) * s.elem_size
-                      : scratch_block(s.scratch);
-      for (std::size_t a = 0; a < step.args.size(); ++a) {
-        const auto arg = static_cast<std::size_t>(step.args[a]);
-        args[a] = ptr[arg];
-        strides[a] = m_slots[arg].source == Source::scalar ? 0 : 1;
+    for (std::int64_t b = first; b < last; ++b) {
+      const std::int64_t lo = b * kBlock, n = std::min(kBlock, m_numel - lo);
+      for (std::size_t i = 0; i < in.size(); ++i)
+        if (m_slots[i].source == Source::gather) {
+          const std::byte* from = static_cast<const std::byte*>(in[i].impl()->storage->data());
+          gather(*m_slots[i].gather, from, m_slots[i].elem_size, lo, n, ptr[i]);
+        }
+      for (std::size_t k = 0; k < m_steps.size(); ++k) {
+        const Step& step = m_steps[k];
+        const StepArgs& a = m_step_args[k];
+        for (int j = 0; j < a.count; ++j) args[j] = ptr[a.slot[j]];
+        step.kernel(args, a.stride.data(), ptr[in.size() + k], n);
       }
-      step.kernel(args, strides, ptr[slot], n);
+      for (std::size_t i = 0; i < m_slots.size(); ++i) ptr[i] += advance[i];
     }
   }
+
+  /// A step's argument slots and their strides (0 for a scalar), laid out for the block loop.
+  struct StepArgs {
+    std::array<int, 3> slot{};
+    std::array<std::int64_t, 3> stride{};
+    int count = 0;
+  };
 
   Shape m_shape;
   std::int64_t m_numel;
   std::vector<Step> m_steps;
+  std::vector<StepArgs> m_step_args;
   std::vector<int> m_outputs;
   std::vector<Slot> m_slots;
   int m_num_scratch = 0;
