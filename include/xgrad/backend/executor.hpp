@@ -159,6 +159,15 @@ class Program {
       ws->planned[static_cast<std::size_t>(v->id)] =
           TensorBase(std::make_shared<TensorImpl>(v->shape, v->dtype, std::move(storage)));
     }
+    // A view of a planned buffer gets its handle now too, so that a warm call makes none.
+    for (const auto& node : g.nodes) {
+      if (!node->traits.view) continue;
+      const TensorBase& base = ws->planned[static_cast<std::size_t>(node->inputs[0]->id)];
+      const ir::Value& v = *node->outputs[0];
+      if (base.defined())
+        ws->planned[static_cast<std::size_t>(v.id)] =
+            TensorBase(std::make_shared<TensorImpl>(v.shape, v.dtype, base.impl()->storage));
+    }
     return ws;
   }
 
@@ -174,7 +183,7 @@ class Program {
   /// planned buffer, since the plan may give the arena buffer away.
   static void keep_in_plan(const Workspace& ws, const ir::Value& v, TensorBase& t) {
     const TensorBase& planned = ws.planned[static_cast<std::size_t>(v.id)];
-    if (!planned.defined() || t.impl() == planned.impl() || !t.impl()->storage->borrowed()) return;
+    if (!planned.defined() || t.impl()->storage == planned.impl()->storage || !t.impl()->storage->borrowed()) return;
     std::memcpy(planned.impl()->storage->data(), t.impl()->storage->data(), planned.impl()->storage->bytes());
     t = planned;
   }

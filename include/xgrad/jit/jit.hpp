@@ -416,9 +416,10 @@ template <class F> class Jitted {
     for (std::size_t i = 0; i < inputs.size(); ++i)
       (i < num_args ? args_need : captures_need) |= inputs[i].requires_grad();
     if (!args_need && !captures_need) return;
-    std::vector<std::reference_wrapper<const TensorBase>> refs(inputs.begin(), inputs.end());
+    std::vector<std::reference_wrapper<const TensorBase>> refs;  // made only if an output is recorded
     for (std::size_t k = 0; k < outputs.size(); ++k) {
       if (!(args_need && entry->from_arguments[k]) && !(captures_need && entry->from_captures[k])) continue;
+      if (refs.empty()) refs.assign(inputs.begin(), inputs.end());
       xgrad::detail::record_range(
           outputs[k], "Jit", m_cache->loc(), refs.begin(), refs.end(), {}, false,
           [f = m_f, cache = m_cache, entry, k, inputs, num_args, statics](const TensorBase&, const TensorBase& g) {
