@@ -81,6 +81,16 @@ TEST_CASE("passes: fold computes constant subgraphs once, with the eager kernels
         std::vector<xg::Tensor<float>>{v, xg::broadcast_to(xg::full<float>({}, 1.0f), xg::Shape{100, 100})});
   };
   CHECK(optimized(g, only("fold"), xg::ones<float>({100, 100})).find("BroadcastTo") != std::string::npos);
+  // Nor into one of more than 64 elements (a mean's gradient, 1/n spread over the input):
+  // fusion runs the broadcast from the scalar, so no [16, 16] constant is stored or read.
+  auto h = [](xg::Tensor<float> v) {
+    auto spread = xg::broadcast_to(xg::full<float>({}, 0.5f), xg::Shape{16, 16});
+    return v * (spread * 3.0f);
+  };
+  auto v = xg::ones<float>({16, 16});
+  CHECK(optimized(h, xg::JitConfig{.level = xg::JitLevel::O1}, v).find("f32[16, 16] = Const") == std::string::npos);
+  CHECK(optimized(h, {}, v).find("ops=\"BroadcastTo, Mul, Mul\"") != std::string::npos);
+  CHECK(xg::jit(h)(v).to_vector() == h(v).to_vector());
 }
 
 TEST_CASE("passes: simplify removes identities; strict keeps those that change bits") {
@@ -246,6 +256,84 @@ TEST_CASE("passes: fuse never makes a cycle, and writes each value read outside 
         "  return %5\n");
   auto jitted = xg::jit(f)(x).to_vector(), eager = f(x).to_vector();
   CHECK(std::memcmp(jitted.data(), eager.data(), jitted.size() * sizeof(float)) == 0);
+}
+
+TEST_CASE("passes: fuse runs elementwise work as a MatMul's epilogue, on each block as it is finished") {
+  auto f = [](xg::Tensor<float> x, xg::Tensor<float> w, xg::Tensor<float> b) {
+    auto y = xg::matmul(x, w);
+    auto z = xg::bias_add(y, b);
+    return xg::relu(z);
+  };
+  auto x = xg::randn<float>({6, 5}, 1), w = xg::randn<float>({5, 4}, 2), b = xg::randn<float>({4}, 3);
+  auto config = only("fuse");
+  config.name = "dense";
+  // The MatMul's result is the fused node's last output: the buffer the GEMM writes into.
+  CHECK(all_of(xg::jit(f, config).lower(x, w, b).ir()) ==
+        "graph dense(\n"
+        "    %0 : f32[6, 5]\n"
+        "    %1 : f32[5, 4]\n"
+        "    %2 : f32[4]\n"
+        ") {\n"
+        "  %3 : f32[4] = Reshape(%2) {shape=[4]}\n"
+        "  (%4 : f32[6, 4], %5 : f32[6, 4]) = Fused(%0, %1, %3) {body=dense.fused0, ops=\"MatMul, Add, ReLU\"}\n"
+        "  return %4\n"
+        "}\n"
+        "\n"
+        "graph dense.fused0(\n"
+        "    %0 : f32[6, 5]\n"
+        "    %1 : f32[5, 4]\n"
+        "    %2 : f32[4]\n"
+        ") {\n"
+        "  %3 : f32[6, 4] = MatMul(%0, %1) {transpose_a=false, transpose_b=false}\n"
+        "  %4 : f32[6, 4] = Add(%3, %2)\n"
+        "  %5 : f32[6, 4] = ReLU(%4)\n"
+        "  return %5, %3\n"
+        "}\n");
+  // Bitwise as eager: small, large enough that the GEMM splits across threads and blocks, batched
+  // (each matrix's rows are rows of the output), transposed.
+  auto check_same = [](auto g, const auto&... args) {
+    auto jitted = xg::jit(g)(args...).to_vector(), eager = g(args...).to_vector();
+    REQUIRE(jitted.size() == eager.size());
+    CHECK(std::memcmp(jitted.data(), eager.data(), jitted.size() * sizeof(float)) == 0);
+  };
+  check_same(f, x, w, b);
+  check_same(f, xg::randn<float>({300, 700}, 4), xg::randn<float>({700, 530}, 5), xg::randn<float>({530}, 6));
+  auto batched = [](xg::Tensor<float> u, xg::Tensor<float> v) {
+    auto y = xg::matmul(u, v, true, false);
+    return xg::tanh(y) * 2.0f;
+  };
+  check_same(batched, xg::randn<float>({3, 40, 30}, 7), xg::randn<float>({40, 20}, 8));
+  // The group reads one of the GEMM's inputs too.
+  auto reread = [](xg::Tensor<float> u, xg::Tensor<float> v) {
+    auto y = xg::matmul(u, v);
+    return xg::tanh(y) * u;
+  };
+  auto square = xg::randn<float>({4, 4}, 9);
+  CHECK(all_of(xg::jit(reread, only("fuse")).lower(square, square).ir()).find("ops=\"MatMul, Tanh, Mul") !=
+        std::string::npos);
+  check_same(reread, square, xg::randn<float>({4, 4}, 10));
+  // Not taken in when another node reads the MatMul's result.
+  auto shared = [](xg::Tensor<float> u, xg::Tensor<float> v) {
+    auto y = xg::matmul(u, v);
+    auto r = xg::relu(y);
+    return r + xg::sum(y);
+  };
+  CHECK(all_of(xg::jit(shared, only("fuse")).lower(x, w).ir()).find("ops=\"MatMul") == std::string::npos);
+  // A value made before the MatMul and read after it: its op stays out of the group (a group
+  // must not hold both ends of a path through an outside node), the MatMul and the Add fuse.
+  auto around = [](xg::Tensor<float> u, xg::Tensor<float> v) {
+    auto a = u * 2.0f;
+    auto m = xg::matmul(a, v);
+    return m + a;
+  };
+  auto named = only("fuse");
+  named.name = "around";
+  CHECK(body(xg::jit(around, named).lower(square, square).ir()) ==
+        "  %2 : f32[] = Const() {value=2}\n"
+        "  %3 : f32[4, 4] = Mul(%0, %2)\n"
+        "  (%4 : f32[4, 4], %5 : f32[4, 4]) = Fused(%3, %1) {body=around.fused0, ops=\"MatMul, Add\"}\n"
+        "  return %4\n");
+  check_same(around, square, square);
 }
 
 TEST_CASE("plan_memory: buffers reused and written in place, shown before running; calls allocate only results") {

@@ -51,6 +51,16 @@ struct Attr {
 /// Runs a node on concrete tensors: reads `in`, sets every element of `out`.
 using Kernel = std::function<void(std::span<const TensorBase> in, std::span<TensorBase> out)>;
 
+/// Told that rows [row, row + rows) and columns [col, col + cols) of an output, seen as a
+/// matrix of its last axis by all the others, are final.
+using BlockDone = std::function<void(std::int64_t row, std::int64_t rows, std::int64_t col, std::int64_t cols)>;
+
+/// A kernel that writes its one output into `dest` (defined) and calls `done` on each part of
+/// it as it is finished, while the part is still in cache: what lets fusion run elementwise
+/// work as a GEMM's epilogue.
+using EpilogueKernel =
+    std::function<void(std::span<const TensorBase> in, const TensorBase& dest, const BlockDone& done)>;
+
 struct Node {
   std::string op;
   std::vector<Value*> inputs;
@@ -62,7 +72,8 @@ struct Node {
   bool has_effect = false;  // must run even when no output is used (print)
   std::vector<std::shared_ptr<const Graph>> subgraphs;
   Kernel kernel;
-  TensorBase constant;  // the value of a Const node
+  EpilogueKernel epilogue_kernel;  // ops whose output can be finished part by part (MatMul)
+  TensorBase constant;             // the value of a Const node
   // A fused group: per output, the inputs whose buffer it may take when this node reads them
   // last (every element read before the same element is written).
   std::vector<std::vector<int>> in_place;

@@ -83,6 +83,23 @@ TensorBase primitive(std::string_view op, SourceLoc loc, std::initializer_list<T
                    std::move(compute), std::move(make_attrs), traits);
 }
 
+/// As primitive(), for an op whose kernel can say when parts of its output are final:
+/// `compute(inputs, dest, done)`, `done` null when nothing listens. While tracing, the node
+/// also gets that form as its epilogue kernel, which fusion uses to run elementwise work on
+/// each finished part while it is in cache.
+template <class Compute, class MakeAttrs>
+TensorBase primitive_with_epilogue(std::string_view op, SourceLoc loc, std::initializer_list<TensorBase> inputs,
+                                   DType dtype, const Shape& shape, Compute compute, MakeAttrs make_attrs) {
+  auto plain = [compute](std::span<const TensorBase> in, const TensorBase& dest) { return compute(in, dest, nullptr); };
+  TensorBase out = primitive(op, loc, inputs, dtype, shape, plain, std::move(make_attrs));
+  if (auto* tracer = tracing::Tracer::active())
+    tracer->graph().nodes.back()->epilogue_kernel =  // the node primitive() just appended
+        [compute](std::span<const TensorBase> in, const TensorBase& dest, const ir::BlockDone& done) {
+          compute(in, dest, &done);
+        };
+  return out;
+}
+
 /// "x: Float32[3, 32], y: Float32[4]": what every shape error lists.
 inline std::string describe_inputs(std::initializer_list<std::pair<std::string_view, const TensorBase*>> inputs) {
   std::string out;

@@ -33,9 +33,9 @@ template <FloatingPoint T> Tensor<T> matmul(const Tensor<T>& a, const Tensor<T>&
   Shape shape = batch;
   shape.push_back(m);
   shape.push_back(n);
-  Tensor<T> out(detail::primitive(
+  Tensor<T> out(detail::primitive_with_epilogue(
       "MatMul", loc, {a, b}, dtype_of<T>(), shape,
-      [=](std::span<const TensorBase> in, const TensorBase& dest) {
+      [=](std::span<const TensorBase> in, const TensorBase& dest, const ir::BlockDone* done) {
         Tensor<T> x(in[0]), y(in[1]);
         auto out = detail::output<T>(dest, shape);
         const std::int64_t count = batch.numel();
@@ -52,8 +52,18 @@ template <FloatingPoint T> Tensor<T> matmul(const Tensor<T>& a, const Tensor<T>&
             // plan walks batch indices; its strides count matrices, not elements.
             std::int64_t ia = plan.row_offset(0, i / plan.inner()) + (i % plan.inner()) * plan.inner_stride(0);
             std::int64_t ib = plan.row_offset(1, i / plan.inner()) + (i % plan.inner()) * plan.inner_stride(1);
+            // Matrix i's rows are rows i * m... of the output seen as one matrix; the callback
+            // only points at this frame, so it needs no heap.
+            struct Shift {
+              const ir::BlockDone* done;
+              std::int64_t rows_before;
+            } shift{done, i * m};
+            const cpu::GemmBlockDone shifted = [s = &shift](std::int64_t r, std::int64_t rs, std::int64_t c,
+                                                            std::int64_t cs) {
+              (*s->done)(s->rows_before + r, rs, c, cs);
+            };
             cpu::gemm<T>(m, n, k, T(1), pa + ia * m * k, a_rs, a_cs, pb + ib * k * n, b_rs, b_cs, T(0), pc + i * m * n,
-                         n);
+                         n, done ? &shifted : nullptr);
           }
         };
         // Many small products: one per thread. Few large ones: gemm spreads each over the threads.

@@ -131,7 +131,8 @@ template <Element T> Tensor<T> broadcast_to(const Tensor<T>& x, const Shape& sha
       },
       [shape] {
         return std::vector<ir::Attr>{{"shape", shape.str()}};
-      }));
+      },
+      OpTraits{.block = cpu::copy_block<T>}));  // fusion gathers broadcast inputs per block
   if constexpr (FloatingPoint<T>) {
     if (detail::should_record(x)) {
       Shape in_shape = x.shape();

@@ -24,8 +24,9 @@ inline bool fold(ir::Graph& g, const PassContext&) {
     }
     if (in.size() != node.inputs.size()) continue;
     for (const ir::Value* v : node.outputs) out_numel += v->shape.numel();
-    // Folding must not turn a small constant into a large one (a broadcast of a scalar).
-    if (out_numel > std::max<std::int64_t>(in_numel, 4096)) continue;
+    // Folding must not turn a small constant into a larger one: a broadcast of a scalar stays
+    // a broadcast, which elementwise readers then skip (simplify), reading the scalar itself.
+    if (out_numel > std::max<std::int64_t>(in_numel, 64)) continue;
     std::vector<TensorBase> out(node.outputs.size());
     node.kernel(in, out);
     // The node becomes a Const per output; each output value keeps its id and readers.

@@ -1,7 +1,9 @@
 // Elementwise fusion: chains and trees of elementwise ops of one output shape become one Fused
 // node, whose body (a subgraph, printed after the graph) runs block by block
 // (backend/cpu/fused.hpp): each input read once, intermediates kept in L1, each value read
-// outside the group written once. Broadcast inputs are gathered per block.
+// outside the group written once. Broadcast inputs are gathered per block. A group may also
+// take in the MatMul making one of its inputs, and then runs as its epilogue (on each block of
+// the product as the GEMM finishes it).
 //
 // A group never becomes a cycle: it stays convex (no outside node on a path between two of its
 // nodes). The fused nodes and the rest are then put in an order where every value is made
@@ -28,40 +30,67 @@ inline bool fusible(const ir::Node& node) {
   return node.traits.block && !node.has_effect && node.subgraphs.empty() && node.outputs.size() == 1;
 }
 
-/// The Fused node standing for `members` (indices into g.nodes, in order). `read_outside`
-/// holds the values read by other nodes, returned or written by an effect.
+/// A copy of `node` for a fused node's body, reading `inputs`.
+inline std::unique_ptr<ir::Node> body_copy(const ir::Node& node, std::vector<ir::Value*> inputs) {
+  auto copy = std::make_unique<ir::Node>();
+  copy->op = node.op;
+  copy->attrs = node.attrs;
+  copy->loc = node.loc;
+  copy->scope = node.scope;
+  copy->traits = node.traits;
+  copy->kernel = node.kernel;
+  copy->inputs = std::move(inputs);
+  return copy;
+}
+
+/// The Fused node standing for `members` (indices into g.nodes, in order) and, when given,
+/// the `anchor` node whose output only they read: the group then runs as the anchor's
+/// epilogue. `read_outside` holds the values read by other nodes, returned or written by an
+/// effect.
 inline std::unique_ptr<ir::Node> make_fused(const ir::Graph& g, const std::vector<std::size_t>& members,
+                                            const ir::Node* anchor,
                                             const std::unordered_set<const ir::Value*>& read_outside, int number) {
   auto body = std::make_shared<ir::Graph>();
   body->name = g.name + ".fused" + std::to_string(number);
   std::unordered_set<const ir::Value*> made;
   for (std::size_t i : members) made.insert(g.nodes[i]->outputs[0]);
+  if (anchor) made.insert(anchor->outputs[0]);
   std::unordered_map<const ir::Value*, ir::Value*> inner;
   auto fused = std::make_unique<ir::Node>();
   fused->op = "Fused";
   std::vector<std::pair<DType, Shape>> input_types;
+  auto add_input = [&](ir::Value* v) {
+    if (made.count(v) || inner.count(v)) return;
+    inner[v] = body->new_value(v->dtype, v->shape, nullptr);
+    body->inputs.push_back(inner[v]);
+    fused->inputs.push_back(v);
+    input_types.emplace_back(v->dtype, v->shape);
+  };
+  // An anchor's inputs come first, then the group's; the anchor's result is the last slot.
+  if (anchor)
+    for (ir::Value* v : anchor->inputs) add_input(v);
+  const int anchor_inputs = static_cast<int>(body->inputs.size());
   for (std::size_t i : members)
-    for (ir::Value* v : g.nodes[i]->inputs)
-      if (!made.count(v) && !inner.count(v)) {
-        inner[v] = body->new_value(v->dtype, v->shape, nullptr);
-        body->inputs.push_back(inner[v]);
-        fused->inputs.push_back(v);
-        input_types.emplace_back(v->dtype, v->shape);
-      }
+    for (ir::Value* v : g.nodes[i]->inputs) add_input(v);
   body->num_args = body->inputs.size();
+  std::string ops;
+  if (anchor) {
+    std::vector<ir::Value*> reads;
+    for (ir::Value* v : anchor->inputs) reads.push_back(inner.at(v));
+    auto copy = body_copy(*anchor, std::move(reads));
+    ir::Value* result = anchor->outputs[0];
+    inner[result] = body->new_value(result->dtype, result->shape, copy.get());
+    copy->outputs.push_back(inner[result]);
+    input_types.emplace_back(result->dtype, result->shape);
+    ops = anchor->op;
+    body->append(std::move(copy));
+  }
   const Shape& shape = g.nodes[members.front()]->outputs[0]->shape;
   std::vector<cpu::FusedKernel::Step> steps;
   std::vector<int> output_slots;
-  std::string ops;
   for (std::size_t i : members) {
     const ir::Node& node = *g.nodes[i];
-    auto copy = std::make_unique<ir::Node>();
-    copy->op = node.op;
-    copy->attrs = node.attrs;
-    copy->loc = node.loc;
-    copy->scope = node.scope;
-    copy->traits = node.traits;
-    copy->kernel = node.kernel;
+    auto copy = body_copy(node, {});
     cpu::FusedKernel::Step step{node.traits.block, {}, node.outputs[0]->dtype};
     for (ir::Value* v : node.inputs) {
       copy->inputs.push_back(inner.at(v));
@@ -80,8 +109,10 @@ inline std::unique_ptr<ir::Node> make_fused(const ir::Graph& g, const std::vecto
     body->append(std::move(copy));
   }
   // In place: output j may take input i's buffer when i has the output's shape and element
-  // size and no step after the one writing j reads i.
-  const int num_inputs = static_cast<int>(body->inputs.size());
+  // size and no step after the one writing j reads i. Not an anchor's input: the anchor may
+  // still be reading it while the group writes its first parts.
+  const int num_inputs = static_cast<int>(input_types.size());
+  const int num_node_inputs = static_cast<int>(body->inputs.size());
   std::vector<int> last_read(static_cast<std::size_t>(num_inputs), -1);
   for (std::size_t k = 0; k < steps.size(); ++k)
     for (int a : steps[k].args)
@@ -89,7 +120,7 @@ inline std::unique_ptr<ir::Node> make_fused(const ir::Graph& g, const std::vecto
   for (int slot : output_slots) {
     const int written = slot - num_inputs;
     std::vector<int> candidates;
-    for (int i = 0; i < num_inputs; ++i) {
+    for (int i = anchor_inputs; i < num_node_inputs; ++i) {
       const ir::Value& in = *body->inputs[static_cast<std::size_t>(i)];
       if (in.shape == shape && dtype_size(in.dtype) == dtype_size(steps[static_cast<std::size_t>(written)].dtype) &&
           last_read[static_cast<std::size_t>(i)] <= written)
@@ -97,13 +128,22 @@ inline std::unique_ptr<ir::Node> make_fused(const ir::Graph& g, const std::vecto
     }
     fused->in_place.push_back(std::move(candidates));
   }
+  cpu::FusedKernel::Anchor epilogue_of;
+  if (anchor) {
+    // The anchor's result is the node's last output: the buffer the anchor writes into.
+    fused->outputs.push_back(anchor->outputs[0]);
+    body->outputs.push_back(inner.at(anchor->outputs[0]));
+    fused->in_place.emplace_back();
+    epilogue_of = {anchor->epilogue_kernel, anchor_inputs};
+  }
   const ir::Node& last = *g.nodes[members.back()];
   fused->loc = last.loc;
   fused->scope = last.scope;
-  fused->traits.elementwise = true;
+  fused->traits.elementwise = !anchor;
   fused->attrs.push_back({"body", body->name});
   fused->attrs.push_back({"ops", "\"" + ops + "\""});
-  auto kernel = std::make_shared<const cpu::FusedKernel>(shape, input_types, std::move(steps), std::move(output_slots));
+  auto kernel = std::make_shared<const cpu::FusedKernel>(shape, input_types, std::move(steps), std::move(output_slots),
+                                                         std::move(epilogue_of));
   fused->kernel = [kernel](std::span<const TensorBase> in, std::span<TensorBase> out) { (*kernel)(in, out); };
   fused->subgraphs.push_back(std::move(body));
   for (ir::Value* v : fused->outputs) v->producer = fused.get();
@@ -196,21 +236,59 @@ inline bool fuse(ir::Graph& g, const PassContext&) {
     for (const ir::Value* v : g.nodes[i]->inputs)
       if (v->producer && group[index.at(v->producer)] != group[i]) read_outside.insert(v);
 
-  // The new nodes: every node outside a group of two or more, and one Fused node per group.
-  // key: where it goes when nothing forces it later (its first member's position).
+  // A group takes in the op making one of its inputs (a MatMul: an op with an epilogue
+  // kernel) when only the group reads that value and the union stays convex: the group then
+  // runs on each block of the op's output as the op finishes it, while it is in cache.
+  std::unordered_map<const ir::Value*, int> reader_group;  // the one group reading a value; -2: others too
+  for (std::size_t i = 0; i < n; ++i)
+    for (const ir::Value* v : g.nodes[i]->inputs) {
+      auto [it, fresh] = reader_group.try_emplace(v, group[i]);
+      if (group[i] < 0 || (!fresh && it->second != group[i])) it->second = -2;
+    }
+  for (const ir::Value* v : read_outside)
+    if (!v->producer || std::find(g.outputs.begin(), g.outputs.end(), v) != g.outputs.end() ||
+        std::any_of(g.effects.begin(), g.effects.end(), [&](const auto& e) { return e.value == v; }))
+      reader_group[v] = -2;
+  std::vector<const ir::Node*> anchor(members.size(), nullptr);
+  std::vector<bool> anchored(n, false);
+  for (std::size_t G = 0; G < members.size(); ++G) {
+    if (members[G].empty()) continue;
+    const Shape& shape = g.nodes[members[G].front()]->outputs[0]->shape;
+    for (std::size_t m : members[G])
+      for (const ir::Value* v : g.nodes[m]->inputs) {
+        const ir::Node* p = v->producer;
+        if (anchor[G] || !p || !p->epilogue_kernel || p->outputs.size() != 1 || !(v->shape == shape)) continue;
+        const std::size_t pi = index.at(p);
+        if (anchored[pi] || reader_group.at(v) != static_cast<int>(G) ||
+            slots[G] + p->inputs.size() + 1 > cpu::FusedKernel::kMaxSlots)
+          continue;
+        // No member may feed the anchor: the fused node would read its own output.
+        if (std::any_of(members[G].begin(), members[G].end(), [&](std::size_t k) { return bit(ancestors(pi), k); }))
+          continue;
+        std::vector<std::size_t> trial = members[G];
+        trial.push_back(pi);
+        if (!convex(trial)) continue;
+        anchor[G] = p;
+        anchored[pi] = true;
+      }
+  }
+
+  // The new nodes: every node outside a group of two or more (or one with an anchor), and one
+  // Fused node per such group. key: where it goes when nothing forces it later (its first
+  // member's position).
   std::vector<std::unique_ptr<ir::Node>> items;
   std::vector<std::size_t> key;
   int fused_count = 0;
   std::vector<bool> fused_group(members.size(), false);
   for (std::size_t G = 0; G < members.size(); ++G)
-    if (members[G].size() >= 2) {
-      items.push_back(detail::make_fused(g, members[G], read_outside, fused_count++));
-      key.push_back(members[G].front());
+    if (members[G].size() >= 2 || anchor[G]) {
+      items.push_back(detail::make_fused(g, members[G], anchor[G], read_outside, fused_count++));
+      key.push_back(anchor[G] ? std::min(index.at(anchor[G]), members[G].front()) : members[G].front());
       fused_group[G] = true;
     }
   if (fused_count == 0) return false;
   for (std::size_t i = 0; i < n; ++i)
-    if (group[i] < 0 || !fused_group[static_cast<std::size_t>(group[i])]) {
+    if (!anchored[i] && (group[i] < 0 || !fused_group[static_cast<std::size_t>(group[i])])) {
       items.push_back(std::move(g.nodes[i]));
       key.push_back(i);
     }

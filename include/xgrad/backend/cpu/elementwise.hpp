@@ -199,6 +199,17 @@ void binary_block(const void* const* in, const std::int64_t* stride, void* out, 
                          static_cast<R*>(out), n);
 }
 
+/// A broadcast's block kernel: in a fused group its input is already laid out for the block
+/// (gathered, or a scalar at stride 0), so it copies.
+template <class T> void copy_block(const void* const* in, const std::int64_t* stride, void* out, std::int64_t n) {
+  const T* x = static_cast<const T*>(in[0]);
+  T* y = static_cast<T*>(out);
+  if (stride[0] == 0)
+    std::fill_n(y, n, *x);
+  else
+    std::copy_n(x, n, y);
+}
+
 template <class Op, class C, class T>
 void ternary_block(const void* const* in, const std::int64_t* stride, void* out, std::int64_t n) {
   detail::ternary_run<Op>(static_cast<const C*>(in[0]), stride[0], static_cast<const T*>(in[1]), stride[1],

@@ -1,7 +1,9 @@
 // The kernel of a fused group of elementwise ops (passes/fuse.hpp): the output range is cut
 // into blocks small enough that every intermediate stays in L1; per block each input is read
 // once (a broadcast one gathered into a scratch block), each op runs its own block kernel (the
-// xsimd code eager mode runs), and each live output is written once.
+// xsimd code eager mode runs), and each live output is written once. With an anchor (a GEMM
+// whose product only the group reads) the blocks are the parts of the product the anchor
+// reports finished, while they are still in cache.
 #pragma once
 
 #include <algorithm>
@@ -33,24 +35,54 @@ class FusedKernel {
     DType dtype;            // of the result
   };
 
-  /// `inputs`: the group's inputs; `steps` in order; `outputs`: the slots written out.
+  /// A kernel the group runs as an epilogue of (a GEMM): it reads the node's first `num_inputs`
+  /// inputs, writes the node's last output, and the group runs on each part of that output as
+  /// soon as it is final. The group reads it as its last input slot.
+  struct Anchor {
+    ir::EpilogueKernel kernel;
+    int num_inputs;  // no default member initializer: `Anchor anchor = {}` below needs none
+  };
+
+  /// `inputs`: the types of the group's input slots (with an anchor: the node's inputs, then
+  /// the anchor's result); `steps` in order; `outputs`: the slots written out.
   FusedKernel(Shape shape, const std::vector<std::pair<DType, Shape>>& inputs, std::vector<Step> steps,
-              std::vector<int> outputs)
-      : m_shape(std::move(shape)), m_numel(m_shape.numel()), m_steps(std::move(steps)), m_outputs(std::move(outputs)) {
+              std::vector<int> outputs, Anchor anchor = {})
+      : m_shape(std::move(shape)),
+        m_numel(m_shape.numel()),
+        m_row_length(m_shape.ndim() == 0 ? 1 : m_shape[m_shape.ndim() - 1]),
+        m_num_inputs(static_cast<int>(inputs.size())),
+        m_steps(std::move(steps)),
+        m_outputs(std::move(outputs)),
+        m_anchor(std::move(anchor)) {
     if (inputs.size() + m_steps.size() > kMaxSlots)
       throw std::logic_error("xgrad internal error: fused group too large");
-    const int num_inputs = static_cast<int>(inputs.size());
-    const int num_slots = num_inputs + static_cast<int>(m_steps.size());
+    const int num_slots = m_num_inputs + static_cast<int>(m_steps.size());
     m_slots.resize(static_cast<std::size_t>(num_slots));
-    for (int i = 0; i < num_inputs; ++i) {
+    for (int i = 0; i < m_num_inputs; ++i) {
       Slot& s = m_slots[static_cast<std::size_t>(i)];
       const auto& [dtype, in_shape] = inputs[static_cast<std::size_t>(i)];
       s.elem_size = dtype_size(dtype);
       s.source = in_shape == m_shape ? Source::input : in_shape.numel() == 1 ? Source::scalar : Source::gather;
       if (s.source == Source::gather) s.gather.emplace(m_shape, std::array<const Shape*, 1>{&in_shape});
     }
+    if (m_anchor.kernel) {
+      // The anchor's inputs that no step reads as well (x in tanh(x @ w) * x is read by both).
+      std::vector<bool> read(static_cast<std::size_t>(m_num_inputs), false);
+      for (const Step& step : m_steps)
+        for (int a : step.args)
+          if (a < m_num_inputs) read[static_cast<std::size_t>(a)] = true;
+      for (int i = 0; i < m_anchor.num_inputs; ++i)
+        if (!read[static_cast<std::size_t>(i)]) {
+          m_slots[static_cast<std::size_t>(i)].source = Source::unused;
+          m_slots[static_cast<std::size_t>(i)].gather.reset();
+        }
+      Slot& result = m_slots[static_cast<std::size_t>(m_num_inputs - 1)];
+      m_anchor_result_dtype = inputs.back().first;
+      result.source = Source::input;
+      result.output = static_cast<int>(m_outputs.size());  // after the group's own outputs
+    }
     for (std::size_t k = 0; k < m_steps.size(); ++k) {
-      Slot& s = m_slots[static_cast<std::size_t>(num_inputs) + k];
+      Slot& s = m_slots[static_cast<std::size_t>(m_num_inputs) + k];
       s.elem_size = dtype_size(m_steps[k].dtype);
       s.source = Source::scratch;
     }
@@ -58,7 +90,7 @@ class FusedKernel {
       m_slots[static_cast<std::size_t>(m_outputs[j])].source = Source::output;
       m_slots[static_cast<std::size_t>(m_outputs[j])].output = static_cast<int>(j);
     }
-    assign_scratch(num_inputs);
+    assign_scratch(m_num_inputs);
     for (const Step& step : m_steps) {
       if (step.args.size() > 3) throw std::logic_error("xgrad internal error: fused step with more than 3 inputs");
       StepArgs& a = m_step_args.emplace_back();
@@ -75,22 +107,46 @@ class FusedKernel {
   void operator()(std::span<const TensorBase> in, std::span<TensorBase> out) const {
     for (std::size_t j = 0; j < out.size(); ++j)
       if (!out[j].defined()) {
-        const Step& step = m_steps[static_cast<std::size_t>(m_outputs[j]) - in.size()];
-        out[j] = TensorBase(TensorImpl::allocate(m_shape, step.dtype));
+        // The last output of an anchored group is the anchor's result, its last input slot.
+        const DType dtype = j < m_outputs.size() ? m_steps[static_cast<std::size_t>(m_outputs[j] - m_num_inputs)].dtype
+                                                 : m_anchor_result_dtype;
+        out[j] = TensorBase(TensorImpl::allocate(m_shape, dtype));
       }
+    if (m_anchor.kernel) {
+      // Each finished part of the anchor's result: its rows, or a column range of each.
+      // The callback holds one pointer, which std::function keeps without a heap allocation.
+      struct Call {
+        const FusedKernel* kernel;
+        std::span<const TensorBase> in;
+        std::span<TensorBase> out;
+      } call{this, in, out};
+      const ir::BlockDone done = [c = &call](std::int64_t row, std::int64_t rows, std::int64_t col, std::int64_t cols) {
+        const std::int64_t length = c->kernel->m_row_length;
+        if (col == 0 && cols == length) {
+          c->kernel->run_range(c->in, c->out, row * length, (row + rows) * length);
+          return;
+        }
+        for (std::int64_t r = row; r < row + rows; ++r)
+          c->kernel->run_range(c->in, c->out, r * length + col, r * length + col + cols);
+      };
+      m_anchor.kernel(in.first(static_cast<std::size_t>(m_anchor.num_inputs)), out.back(), done);
+      return;
+    }
     const std::int64_t blocks = (m_numel + kBlock - 1) / kBlock;
-    parallel_for(0, blocks, std::max<std::int64_t>(1, kElementwiseGrain / kBlock),
-                 [&](std::int64_t lo, std::int64_t hi) { run_blocks(in, out, lo, hi); });
+    parallel_for(
+        0, blocks, std::max<std::int64_t>(1, kElementwiseGrain / kBlock),
+        [&](std::int64_t lo, std::int64_t hi) { run_range(in, out, lo * kBlock, std::min(hi * kBlock, m_numel)); });
   }
 
  private:
-  enum class Source { input, scalar, gather, scratch, output };
+  // unused: an anchor's input, which only the anchor reads.
+  enum class Source { input, scalar, gather, scratch, output, unused };
   struct Slot {
     std::size_t elem_size = 0;
     Source source = Source::input;
     std::optional<BroadcastPlan<1>> gather;  // Source::gather: how the input maps to the output
     int scratch = -1;                        // Source::gather / scratch: its block buffer
-    int output = -1;                         // Source::output
+    int output = -1;                         // Source::output, and an anchor's result: which output
   };
 
   /// Gives each gathered input and each intermediate a scratch block, reusing the block of a
@@ -142,10 +198,9 @@ class FusedKernel {
     }
   }
 
-  /// Runs blocks [first, last): each value's pointer is worked out once, then moved on by a
-  /// block per block (inputs and outputs) or left in place (scalars and scratch blocks).
-  void run_blocks(std::span<const TensorBase> in, std::span<TensorBase> out, std::int64_t first,
-                  std::int64_t last) const {
+  /// Runs elements [lo, hi) block by block: each value's pointer is worked out once, then moved
+  /// on by a block per block (inputs and outputs) or left in place (scalars, scratch blocks).
+  void run_range(std::span<const TensorBase> in, std::span<TensorBase> out, std::int64_t lo, std::int64_t hi) const {
     // Per thread, reused across calls: no allocation once it has grown. Blocks start on cache
     // lines (a batch load must not straddle two), 128 bytes more than 4 KiB apart: at exactly
     // 4 KiB a step's loads would wait on the previous step's stores to the same page offset.
@@ -161,30 +216,32 @@ class FusedKernel {
     for (std::size_t i = 0; i < m_slots.size(); ++i) {
       const Slot& s = m_slots[i];
       advance[i] = 0;
+      ptr[i] = nullptr;
+      if (s.source == Source::unused) continue;
       if (s.scratch >= 0) {
         ptr[i] = reinterpret_cast<std::byte*>(first_block + static_cast<std::size_t>(s.scratch) * block_doubles);
         continue;
       }
-      const TensorBase& t = i < in.size() ? in[i] : out[static_cast<std::size_t>(s.output)];
+      const TensorBase& t = s.output >= 0 ? out[static_cast<std::size_t>(s.output)] : in[i];
       ptr[i] = static_cast<std::byte*>(const_cast<void*>(t.impl()->storage->data()));
       if (s.source == Source::input || s.source == Source::output) {
         advance[i] = static_cast<std::size_t>(kBlock) * s.elem_size;
-        ptr[i] += static_cast<std::size_t>(first) * advance[i];
+        ptr[i] += static_cast<std::size_t>(lo) * s.elem_size;
       }
     }
     const void* args[3];
-    for (std::int64_t b = first; b < last; ++b) {
-      const std::int64_t lo = b * kBlock, n = std::min(kBlock, m_numel - lo);
-      for (std::size_t i = 0; i < in.size(); ++i)
+    for (std::int64_t start = lo; start < hi; start += kBlock) {
+      const std::int64_t n = std::min(kBlock, hi - start);
+      for (std::size_t i = 0; i < static_cast<std::size_t>(m_num_inputs); ++i)
         if (m_slots[i].source == Source::gather) {
           const std::byte* from = static_cast<const std::byte*>(in[i].impl()->storage->data());
-          gather(*m_slots[i].gather, from, m_slots[i].elem_size, lo, n, ptr[i]);
+          gather(*m_slots[i].gather, from, m_slots[i].elem_size, start, n, ptr[i]);
         }
       for (std::size_t k = 0; k < m_steps.size(); ++k) {
         const Step& step = m_steps[k];
         const StepArgs& a = m_step_args[k];
         for (int j = 0; j < a.count; ++j) args[j] = ptr[a.slot[j]];
-        step.kernel(args, a.stride.data(), ptr[in.size() + k], n);
+        step.kernel(args, a.stride.data(), ptr[static_cast<std::size_t>(m_num_inputs) + k], n);
       }
       for (std::size_t i = 0; i < m_slots.size(); ++i) ptr[i] += advance[i];
     }
@@ -199,11 +256,15 @@ class FusedKernel {
 
   Shape m_shape;
   std::int64_t m_numel;
+  std::int64_t m_row_length;  // elements per row of the last axis: how an anchor's parts map
+  int m_num_inputs;           // input slots
   std::vector<Step> m_steps;
   std::vector<StepArgs> m_step_args;
   std::vector<int> m_outputs;
   std::vector<Slot> m_slots;
   int m_num_scratch = 0;
+  Anchor m_anchor;
+  DType m_anchor_result_dtype = DType::float32;
 };
 
 }  // namespace xgrad::cpu

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
 #include <new>
 #include <type_traits>
 #include <utility>
@@ -20,6 +21,9 @@
 #include "xgrad/backend/cpu/thread_pool.hpp"
 
 namespace xgrad::cpu {
+
+/// Told that rows [row, row + rows) and columns [col, col + cols) of C are final.
+using GemmBlockDone = std::function<void(int64_t row, int64_t rows, int64_t col, int64_t cols)>;
 
 namespace detail {
 
@@ -331,9 +335,12 @@ template <class T> void scale_c(int64_t m, int64_t n, T beta, T* c, int64_t ldc)
   }
 }
 
-/// Single-threaded blocked GEMM on the calling thread (m, n, k > 0).
+/// Single-threaded blocked GEMM on the calling thread (m, n, k > 0). `done`, when given, is
+/// called on each block of C once its last k-block is added, with C's rows and columns
+/// counted from (row0, col0).
 template <class T> void gemm_serial(int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t ars, int64_t acs,
-                                    const T* b, int64_t brs, int64_t bcs, T beta, T* c, int64_t ldc) {
+                                    const T* b, int64_t brs, int64_t bcs, T beta, T* c, int64_t ldc,
+                                    const GemmBlockDone* done = nullptr, int64_t row0 = 0, int64_t col0 = 0) {
   using cfg = GemmConfig<T>;
   constexpr int MR = cfg::mr;
   constexpr int NB = cfg::nb;
@@ -375,6 +382,7 @@ template <class T> void gemm_serial(int64_t m, int64_t n, int64_t k, T alpha, co
             }
           }
         }
+        if (done && pc + kc == k) (*done)(row0 + ic, mc, col0 + jc, nc);
       }
     }
   }
@@ -385,14 +393,17 @@ template <class T> void gemm_serial(int64_t m, int64_t n, int64_t k, T alpha, co
 /// C[m x n] = alpha * A[m x k] * B[k x n] + beta * C, with A(i,p) = a[i*a_row_stride +
 /// p*a_col_stride], B(p,j) = b[p*b_row_stride + j*b_col_stride] and C row-major with leading
 /// dimension ldc. beta == 0 overwrites C without reading it; alpha == 0 or k == 0 only scales C.
-/// Large products are split across the thread pool.
+/// Large products are split across the thread pool. `done`, when given, is called on each
+/// block of C as it is finished (from the thread that finished it), so a caller can work on
+/// the block while it is in cache; together the blocks cover C once.
 template <class T> void gemm(int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t a_row_stride,
                              int64_t a_col_stride, const T* b, int64_t b_row_stride, int64_t b_col_stride, T beta, T* c,
-                             int64_t ldc) {
+                             int64_t ldc, const GemmBlockDone* done = nullptr) {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "gemm supports float and double");
   if (m <= 0 || n <= 0) return;
   if (k <= 0 || alpha == T(0)) {
     detail::scale_c(m, n, beta, c, ldc);
+    if (done) (*done)(0, m, 0, n);
     return;
   }
 
@@ -401,7 +412,8 @@ template <class T> void gemm(int64_t m, int64_t n, int64_t k, T alpha, const T* 
   constexpr double parallel_threshold = 64.0 * 64.0 * 64.0;
   const double work = static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
   if (num_threads() <= 1 || work <= parallel_threshold || detail::t_in_parallel) {
-    detail::gemm_serial(m, n, k, alpha, a, a_row_stride, a_col_stride, b, b_row_stride, b_col_stride, beta, c, ldc);
+    detail::gemm_serial(m, n, k, alpha, a, a_row_stride, a_col_stride, b, b_row_stride, b_col_stride, beta, c, ldc,
+                        done);
     return;
   }
 
@@ -426,10 +438,10 @@ template <class T> void gemm(int64_t m, int64_t n, int64_t k, T alpha, const T* 
       const int64_t hi = std::min(split_n ? n : m, lo + block_tiles * tile);
       if (split_n) {
         detail::gemm_serial(m, hi - lo, k, alpha, a, a_row_stride, a_col_stride, b + lo * b_col_stride, b_row_stride,
-                            b_col_stride, beta, c + lo, ldc);
+                            b_col_stride, beta, c + lo, ldc, done, 0, lo);
       } else {
         detail::gemm_serial(hi - lo, n, k, alpha, a + lo * a_row_stride, a_row_stride, a_col_stride, b, b_row_stride,
-                            b_col_stride, beta, c + lo * ldc, ldc);
+                            b_col_stride, beta, c + lo * ldc, ldc, done, lo, 0);
       }
     }
   });
