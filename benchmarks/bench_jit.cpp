@@ -7,16 +7,22 @@
 //       same step run eagerly;
 //   (d) BM_ChainHandFused / BM_ChainEager / BM_ChainJit/O0..O2: an elementwise chain with
 //       transcendentals on 1e7 floats, by hand in one xsimd pass, eagerly, and jitted at each
-//       optimization level.
+//       optimization level;
+//   (e) BM_ChainInCache/hand / steps / jit_O2, BM_BlockKernel/<op>: the same chain over one
+//       in-cache block of 512 floats: the hand loop, the seven block kernels the O2 fused kernel
+//       runs for it (one after another, as that kernel does), each of those kernels alone, and
+//       the jitted chain; and the hand loop and the jit at 65536 floats (in L2), in ns/element.
 // Every row runs on one xgrad thread. The jit rows report `x_eager`: their CPU time per call
 // divided by that of their eager row (BM_EagerMul1, BM_EagerMlpStep of the same size,
 // BM_ChainEager), which is registered, and so run, just before them; below 1 the jit is faster.
-// The chain's eager and jit rows also report `x_hand`, their time divided by BM_ChainHandFused's.
+// The chain's eager and jit rows also report `x_hand`, their time divided by BM_ChainHandFused's
+// (BM_ChainInCache/hand of the same size for the (e) rows).
 // A ratio is absent when its reference row was filtered out. The MLP and chain rows count heap
 // allocations per call ("allocs/call", "buffers/call": AllocationCounter, bench_support.hpp).
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <ctime>
@@ -328,7 +334,7 @@ std::string disagreement(const xg::Tensor<float>& got, const xg::Tensor<float>& 
   return {};
 }
 
-xg::Tensor<float> chain_input() { return xg::randn<float>(xg::Shape{kChainSize}, 7); }
+xg::Tensor<float> chain_input(std::int64_t n = kChainSize) { return xg::randn<float>(xg::Shape{n}, 7); }
 
 /// One hand-written pass over xsimd batches into a preallocated output; one thread.
 void chain_hand_fused(benchmark::State& state) {
@@ -411,6 +417,183 @@ void chain_jit(benchmark::State& state, xg::JitLevel level) {
   }
 }
 
+// ---- (e) the chain over one in-cache block: the fused kernel's steps against the hand loop ----
+// At O2 the chain is one fused node whose kernel runs, per block of 512 elements, one block
+// kernel per op over L1 scratch blocks. Timed over a single in-cache block, the sum of those
+// kernels bounds that design from below: no per-block overhead removed can take it under the
+// sum. The rows time the hand loop, the seven steps as the kernel runs them, each kernel alone
+// and the jitted chain, and report ns per element ("ns/elem", CPU time).
+
+constexpr std::int64_t kInCacheSize = xg::cpu::FusedKernel::kBlock;  // one block: 2 KiB of floats
+constexpr std::int64_t kInL2Size = 65536;  // 128 blocks: enough to amortize a call; x and y (256 KiB each) in L2
+
+/// Buffers of n floats laid out as FusedKernel lays out its scratch blocks: each starts on a
+/// cache line, and consecutive ones are a multiple of 4 KiB plus 128 bytes apart, so a kernel's
+/// loads never wait on its stores to the same page offset. Every in-cache row reads and writes
+/// these, so the rows differ by the code they run, not by where malloc put their buffers.
+class BlockBuffers {
+ public:
+  BlockBuffers(std::int64_t n, int count)
+      : m_stride(((static_cast<std::size_t>(n) * sizeof(float) + 4095) / 4096 * 4096 + 128) / sizeof(float)),
+        m_storage(m_stride * static_cast<std::size_t>(count) + kLineFloats) {
+    const std::size_t misalignment = reinterpret_cast<std::uintptr_t>(m_storage.data()) % 64 / sizeof(float);
+    m_first = m_storage.data() + (misalignment ? kLineFloats - misalignment : 0);
+  }
+  float* operator[](int i) { return m_first + static_cast<std::size_t>(i) * m_stride; }
+
+ private:
+  static constexpr std::size_t kLineFloats = 64 / sizeof(float);
+  std::size_t m_stride;  // floats from one buffer to the next
+  std::vector<float> m_storage;
+  float* m_first = nullptr;
+};
+
+/// The chain's O2 fused body, step by step: the ops in the order `lower(x).ir()` prints them
+/// (x*x, sigmoid(x), x*1.5, +0.25, tanh, *, +), each through the block kernel the fused kernel
+/// calls (unary_run / binary_run, as unary_block / binary_block do), each result in the scratch
+/// block FusedKernel::assign_scratch gives it (tanh and the product reuse freed ones), the
+/// scalars as 1-element arrays read with stride 0, and the last step writing y.
+void chain_steps(const float* x, float* y, std::int64_t n, const std::array<float*, 4>& scratch) {
+  using xgrad::cpu::detail::binary_run;
+  using xgrad::cpu::detail::unary_run;
+  namespace op = xgrad::op;
+  const float scale[1] = {1.5f}, shift[1] = {0.25f};
+  float *square = scratch[0], *sigmoid = scratch[1], *scaled = scratch[2], *shifted = scratch[3];
+  binary_run<op::Mul>(x, 1, x, 1, square, n);
+  unary_run<op::Sigmoid>(x, sigmoid, n);
+  binary_run<op::Mul>(x, 1, scale, 0, scaled, n);
+  binary_run<op::Add>(scaled, 1, shift, 0, shifted, n);
+  float* tanh = scaled;  // free after the Add
+  unary_run<op::Tanh>(shifted, tanh, n);
+  float* product = shifted;  // free after the Tanh
+  binary_run<op::Mul>(tanh, 1, sigmoid, 1, product, n);
+  binary_run<op::Add>(product, 1, square, 1, y, n);
+}
+
+/// Sets "ns/elem" (CPU ns per iteration / n) and returns the ns per iteration.
+double report_ns_per_element(benchmark::State& state, const LoopClock& clock, std::int64_t n) {
+  const double ns = clock.ns_per_iteration(state);
+  state.counters["ns/elem"] = ns / static_cast<double>(n);
+  return ns;
+}
+
+std::string in_cache_key(std::int64_t n) { return "chain/in_cache/" + std::to_string(n); }
+
+/// x in buffer 0, y in buffer 1, then scratch: the chain's input copied in, its size kept opaque
+/// to the compiler (the fused kernel's block length is a runtime value too).
+struct InCacheChain {
+  std::int64_t n;
+  BlockBuffers buffers;
+  xg::Tensor<float> x;  // the same values, as a tensor, for the checks
+  explicit InCacheChain(std::int64_t size, int scratch_buffers = 0)
+      : n(size), buffers(size, 2 + scratch_buffers), x(chain_input(size)) {
+    std::copy_n(x.data(), n, buffers[0]);
+    benchmark::DoNotOptimize(n);
+  }
+  /// Scratch buffer i (after x and y).
+  float* scratch(int i) { return buffers[2 + i]; }
+  /// The output as a tensor, to compare with eager or jitted results.
+  xg::Tensor<float> y() { return xg::tensor<float>(std::vector<float>(buffers[1], buffers[1] + n)); }
+};
+
+/// The hand-written loop (chain_hand) over n floats, repeated: the reference of the (e) rows.
+void chain_in_cache_hand(benchmark::State& state, std::int64_t size) {
+  ThreadScope threads(1);
+  InCacheChain c(size);
+  const float* x = c.buffers[0];
+  float* y = c.buffers[1];
+  chain_hand(x, y, c.n);  // warm-up: the buffers into cache
+  if (auto why = disagreement(c.y(), chain(c.x), 1e-6); !why.empty()) {
+    state.SkipWithError(("hand-fused chain disagrees with eager xgrad: " + why).c_str());
+    return;
+  }
+  LoopClock clock;
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(x);
+    chain_hand(x, y, c.n);
+    benchmark::DoNotOptimize(y);
+    benchmark::ClobberMemory();
+  }
+  record_eager(state, clock, in_cache_key(size));
+  report_ns_per_element(state, clock, size);
+}
+
+/// The seven block kernels of the fused kernel, one after another over one in-cache block;
+/// checked bit for bit against the jitted chain, whose single block runs the same kernels.
+void chain_in_cache_steps(benchmark::State& state) {
+  ThreadScope threads(1);
+  InCacheChain c(kInCacheSize, 4);
+  const float* x = c.buffers[0];
+  float* y = c.buffers[1];
+  const std::array<float*, 4> scratch{c.scratch(0), c.scratch(1), c.scratch(2), c.scratch(3)};
+  chain_steps(x, y, c.n, scratch);
+  auto jitted = xg::jit([](const xg::Tensor<float>& t) { return chain(t); }, {.level = xg::JitLevel::O2});
+  if (auto why = disagreement(c.y(), jitted(c.x), 0.0); !why.empty()) {
+    state.SkipWithError(("the steps disagree with the jitted chain: " + why).c_str());
+    return;
+  }
+  LoopClock clock;
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(x);
+    chain_steps(x, y, c.n, scratch);
+    benchmark::DoNotOptimize(y);
+    benchmark::ClobberMemory();
+  }
+  const double ns = report_ns_per_element(state, clock, kInCacheSize);
+  report_ratio(state, ns, in_cache_key(kInCacheSize), "x_hand");
+}
+
+/// One block kernel: out = op(a) or op(a, b), both operands full blocks.
+using BlockKernelFn = void (*)(const float* a, const float* b, float* out, std::int64_t n);
+template <class Op> void unary_kernel(const float* a, const float*, float* out, std::int64_t n) {
+  xgrad::cpu::detail::unary_run<Op>(a, out, n);
+}
+template <class Op> void binary_kernel(const float* a, const float* b, float* out, std::int64_t n) {
+  xgrad::cpu::detail::binary_run<Op>(a, 1, b, 1, out, n);
+}
+
+/// One block kernel alone over one in-cache block, repeated: a term of the steps' sum.
+void block_kernel(benchmark::State& state, BlockKernelFn kernel) {
+  ThreadScope threads(1);
+  InCacheChain c(kInCacheSize, 1);
+  const auto other = xg::randn<float>(xg::Shape{kInCacheSize}, 8);  // b of the binary kernels
+  std::copy_n(other.data(), kInCacheSize, c.scratch(0));
+  const float *a = c.buffers[0], *b = c.scratch(0);
+  float* out = c.buffers[1];
+  kernel(a, b, out, c.n);  // warm-up
+  LoopClock clock;
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(a);
+    benchmark::DoNotOptimize(b);
+    kernel(a, b, out, c.n);
+    benchmark::DoNotOptimize(out);
+    benchmark::ClobberMemory();
+  }
+  report_ns_per_element(state, clock, kInCacheSize);
+}
+
+/// The jitted chain (O2) on an n-element tensor: each call adds its fixed cost (argument checks,
+/// cache lookup, the result's allocation) to the n elements' work, which 512 elements do not
+/// amortize and 65536 do.
+void chain_in_cache_jit(benchmark::State& state, std::int64_t size) {
+  ThreadScope threads(1);
+  auto x = chain_input(size);
+  auto f = xg::jit([](const xg::Tensor<float>& t) { return chain(t); }, {.level = xg::JitLevel::O2, .name = "chain"});
+  if (auto why = disagreement(f(x), chain(x), 1e-6); !why.empty()) {  // the one trace
+    state.SkipWithError(("jitted chain disagrees with eager: " + why).c_str());
+    return;
+  }
+  FaultCounter faults;
+  LoopClock clock;
+  {
+    xg::expect_cache_hit guard;
+    timed_calls(state, [&] { return f(x); });
+  }
+  const double ns = report_ns_per_element(state, clock, size);
+  report_ratio(state, ns, in_cache_key(size), "x_hand");
+  faults.report(state);
+}
+
 const bool kRegistered = [] {
   benchmark::RegisterBenchmark("BM_EagerMul1", eager_mul1);
   benchmark::RegisterBenchmark("BM_JitCallMul1", jit_call_mul1);
@@ -428,6 +611,20 @@ const bool kRegistered = [] {
        {std::pair{"O0", xg::JitLevel::O0}, std::pair{"O1", xg::JitLevel::O1}, std::pair{"O2", xg::JitLevel::O2}})
     benchmark::RegisterBenchmark((std::string("BM_ChainJit/") + name).c_str(), chain_jit, level)
         ->Unit(benchmark::kMillisecond);
+
+  // Each reference (hand) row first: the rows after it divide by its time.
+  benchmark::RegisterBenchmark("BM_ChainInCache/hand", chain_in_cache_hand, kInCacheSize);
+  benchmark::RegisterBenchmark("BM_ChainInCache/steps", chain_in_cache_steps);
+  namespace op = xgrad::op;
+  for (const auto& [name, kernel] :
+       {std::pair{"Tanh", &unary_kernel<op::Tanh>}, std::pair{"Sigmoid", &unary_kernel<op::Sigmoid>},
+        std::pair{"Mul", &binary_kernel<op::Mul>}, std::pair{"Add", &binary_kernel<op::Add>}})
+    benchmark::RegisterBenchmark((std::string("BM_BlockKernel/") + name).c_str(), block_kernel, kernel);
+  benchmark::RegisterBenchmark("BM_ChainInCache/jit_O2", chain_in_cache_jit, kInCacheSize);
+  benchmark::RegisterBenchmark("BM_ChainInCache/hand/65536", chain_in_cache_hand, kInL2Size)
+      ->Unit(benchmark::kMicrosecond);
+  benchmark::RegisterBenchmark("BM_ChainInCache/jit_O2/65536", chain_in_cache_jit, kInL2Size)
+      ->Unit(benchmark::kMicrosecond);
   return true;
 }();
 
