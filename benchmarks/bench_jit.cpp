@@ -9,7 +9,7 @@
 //       transcendentals on 1e7 floats, by hand in one xsimd pass, eagerly, and jitted at each
 //       optimization level;
 //   (e) BM_ChainInCache/hand / steps / jit_O2, BM_BlockKernel/<op>: the same chain over one
-//       in-cache block of 512 floats: the hand loop, the seven block kernels the O2 fused kernel
+//       in-cache block of 512 floats: the hand loop, the five block kernels the O2 fused kernel
 //       runs for it (one after another, as that kernel does), each of those kernels alone, and
 //       the jitted chain; and the hand loop and the jit at 65536 floats (in L2), in ns/element.
 // Every row runs on one xgrad thread. The jit rows report `x_eager`: their CPU time per call
@@ -421,7 +421,7 @@ void chain_jit(benchmark::State& state, xg::JitLevel level) {
 // At O2 the chain is one fused node whose kernel runs, per block of 512 elements, one block
 // kernel per op over L1 scratch blocks. Timed over a single in-cache block, the sum of those
 // kernels bounds that design from below: no per-block overhead removed can take it under the
-// sum. The rows time the hand loop, the seven steps as the kernel runs them, each kernel alone
+// sum. The rows time the hand loop, the five steps as the kernel runs them, each kernel alone
 // and the jitted chain, and report ns per element ("ns/elem", CPU time).
 
 constexpr std::int64_t kInCacheSize = xg::cpu::FusedKernel::kBlock;  // one block: 2 KiB of floats
@@ -449,25 +449,23 @@ class BlockBuffers {
 };
 
 /// The chain's O2 fused body, step by step: the ops in the order `lower(x).ir()` prints them
-/// (x*x, sigmoid(x), x*1.5, +0.25, tanh, *, +), each through the block kernel the fused kernel
-/// calls (unary_run / binary_run, as unary_block / binary_block do), each result in the scratch
-/// block FusedKernel::assign_scratch gives it (tanh and the product reuse freed ones), the
-/// scalars as 1-element arrays read with stride 0, and the last step writing y.
+/// (x*x, sigmoid(x), fma(x, 1.5, 0.25), tanh, fma(tanh, sigmoid, x*x): simplify makes each
+/// multiply feeding only an add one fma), each through the block kernel the fused kernel calls
+/// (unary_run / binary_run / ternary_run), each result in the scratch block
+/// FusedKernel::assign_scratch gives it, the scalars as 1-element arrays read with stride 0,
+/// and the last step writing y.
 void chain_steps(const float* x, float* y, std::int64_t n, const std::array<float*, 4>& scratch) {
   using xgrad::cpu::detail::binary_run;
+  using xgrad::cpu::detail::ternary_run;
   using xgrad::cpu::detail::unary_run;
   namespace op = xgrad::op;
   const float scale[1] = {1.5f}, shift[1] = {0.25f};
-  float *square = scratch[0], *sigmoid = scratch[1], *scaled = scratch[2], *shifted = scratch[3];
+  float *square = scratch[0], *sigmoid = scratch[1], *shifted = scratch[2], *tanh = scratch[3];
   binary_run<op::Mul>(x, 1, x, 1, square, n);
   unary_run<op::Sigmoid>(x, sigmoid, n);
-  binary_run<op::Mul>(x, 1, scale, 0, scaled, n);
-  binary_run<op::Add>(scaled, 1, shift, 0, shifted, n);
-  float* tanh = scaled;  // free after the Add
+  ternary_run<op::Fma>(x, 1, scale, 0, shift, 0, shifted, n);
   unary_run<op::Tanh>(shifted, tanh, n);
-  float* product = shifted;  // free after the Tanh
-  binary_run<op::Mul>(tanh, 1, sigmoid, 1, product, n);
-  binary_run<op::Add>(product, 1, square, 1, y, n);
+  ternary_run<op::Fma>(tanh, 1, sigmoid, 1, square, 1, y, n);
 }
 
 /// Sets "ns/elem" (CPU ns per iteration / n) and returns the ns per iteration.
@@ -518,7 +516,7 @@ void chain_in_cache_hand(benchmark::State& state, std::int64_t size) {
   report_ns_per_element(state, clock, size);
 }
 
-/// The seven block kernels of the fused kernel, one after another over one in-cache block;
+/// The five block kernels of the fused kernel, one after another over one in-cache block;
 /// checked bit for bit against the jitted chain, whose single block runs the same kernels.
 void chain_in_cache_steps(benchmark::State& state) {
   ThreadScope threads(1);
@@ -543,13 +541,16 @@ void chain_in_cache_steps(benchmark::State& state) {
   report_ratio(state, ns, in_cache_key(kInCacheSize), "x_hand");
 }
 
-/// One block kernel: out = op(a) or op(a, b), both operands full blocks.
+/// One block kernel: out = op(a), op(a, b) or op(a, b, a), all operands full blocks.
 using BlockKernelFn = void (*)(const float* a, const float* b, float* out, std::int64_t n);
 template <class Op> void unary_kernel(const float* a, const float*, float* out, std::int64_t n) {
   xgrad::cpu::detail::unary_run<Op>(a, out, n);
 }
 template <class Op> void binary_kernel(const float* a, const float* b, float* out, std::int64_t n) {
   xgrad::cpu::detail::binary_run<Op>(a, 1, b, 1, out, n);
+}
+template <class Op> void ternary_kernel(const float* a, const float* b, float* out, std::int64_t n) {
+  xgrad::cpu::detail::ternary_run<Op>(a, 1, b, 1, a, 1, out, n);
 }
 
 /// One block kernel alone over one in-cache block, repeated: a term of the steps' sum.
@@ -618,7 +619,8 @@ const bool kRegistered = [] {
   namespace op = xgrad::op;
   for (const auto& [name, kernel] :
        {std::pair{"Tanh", &unary_kernel<op::Tanh>}, std::pair{"Sigmoid", &unary_kernel<op::Sigmoid>},
-        std::pair{"Mul", &binary_kernel<op::Mul>}, std::pair{"Add", &binary_kernel<op::Add>}})
+        std::pair{"Mul", &binary_kernel<op::Mul>}, std::pair{"Add", &binary_kernel<op::Add>},
+        std::pair{"Fma", &ternary_kernel<op::Fma>}})
     benchmark::RegisterBenchmark((std::string("BM_BlockKernel/") + name).c_str(), block_kernel, kernel);
   benchmark::RegisterBenchmark("BM_ChainInCache/jit_O2", chain_in_cache_jit, kInCacheSize);
   benchmark::RegisterBenchmark("BM_ChainInCache/hand/65536", chain_in_cache_hand, kInL2Size)

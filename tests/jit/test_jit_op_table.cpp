@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 #include <type_traits>
 
 #include "ops/op_table.hpp"
@@ -149,11 +150,14 @@ template <class T> void check_same_numbers(const xg::Tensor<T>& got, const xg::T
     if (std::isfinite(v)) scale = std::max(scale, std::abs(static_cast<double>(v)));
   const double tolerance = (std::is_same_v<T, float> ? 1e-5 : 1e-12) * scale;
   std::size_t mismatches = 0;
+  std::string first;
   for (std::size_t i = 0; i < g.size(); ++i) {
     const bool same = g[i] == e[i] || (std::isnan(g[i]) && std::isnan(e[i])) ||
                       std::abs(static_cast<double>(g[i]) - static_cast<double>(e[i])) <= tolerance;
-    mismatches += !same;
+    if (!same && mismatches++ == 0)
+      first = "element " + std::to_string(i) + ": " + std::to_string(g[i]) + " against " + std::to_string(e[i]);
   }
+  INFO("first mismatch: " << first);
   CHECK(mismatches == 0);
 }
 

@@ -274,6 +274,9 @@ std::vector<OpCase> build_table() {
                         elementwise([](const std::vector<double>& a) { return a[0] > 0 ? a[1] : a[2]; }),
                         {D::away_from_zero, D::any, D::any}));
   t.push_back(make_case(
+      "fma", Shapes{{3, 4}, {4}, {3, 1}}, [](const auto& in) { return fma(in[0], in[1], in[2]); },
+      elementwise([](const std::vector<double>& a) { return a[0] * a[1] + a[2]; })));
+  t.push_back(make_case(
       "clip", Shapes{{4, 5}}, [](const auto& in) { return clip(in[0], -0.5f, 0.5f); },
       elementwise([](const std::vector<double>& a) { return std::clamp(a[0], -0.5, 0.5); })));
 

@@ -89,6 +89,7 @@ TEST_CASE("op errors: matmul, conv2d, pooling, reductions and shape ops") {
   CHECK_THROWS_AS(xg::concat(std::vector<xg::Tensor<float>>{m23, xg::ones<float>({3, 3})}, 1), xg::ShapeError);
   CHECK_THROWS_AS(xg::stack(std::vector<xg::Tensor<float>>{m23, xg::ones<float>({3, 2})}), xg::ShapeError);
   CHECK_THROWS_AS(xg::where(xg::ones<float>({2}) > 0.0f, m23, m23), xg::ShapeError);
+  CHECK_THROWS_AS(xg::fma(m23, xg::ones<float>({4}), m23), xg::ShapeError);
 }
 
 TEST_CASE("op errors: losses and value errors") {

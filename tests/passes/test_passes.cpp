@@ -3,7 +3,9 @@
 #include <doctest/doctest.h>
 
 #include <cstring>
+#include <limits>
 #include <sstream>
+#include <tuple>
 
 #include <xgrad/xgrad.hpp>
 
@@ -151,6 +153,13 @@ TEST_CASE("passes: simplify makes the sum of a broadcast one multiply, outside s
   };
   auto m = xg::reshape(xg::tensor<float>({1, 2, 3, 4, 5, 6}), {2, 1, 3});
   CHECK(optimized(g, xg::JitConfig{.level = xg::JitLevel::O1}, m).find("SumTo") != std::string::npos);
+  // A sum of no copies is 0, even of a NaN: not NaN * 0.
+  auto none = [](xg::Tensor<float> s) {
+    auto wide = xg::broadcast_to(s, xg::Shape{0, 3});
+    return xg::sum(wide, {0});
+  };
+  auto nan = xg::full<float>({3}, std::numeric_limits<float>::quiet_NaN());
+  CHECK(xg::jit(none)(nan).to_vector() == std::vector<float>{0, 0, 0});
   // Where it comes from: a bias's gradient under a mean loss sums a broadcast scalar.
   auto loss = [](xg::Tensor<float> x, xg::Tensor<float> b) { return xg::mean(x + b); };
   auto db = [&](xg::Tensor<float> x, xg::Tensor<float> b) { return xg::grad(loss, xg::argnums<1>)(x, b); };
@@ -161,6 +170,36 @@ TEST_CASE("passes: simplify makes the sum of a broadcast one multiply, outside s
   auto got = xg::jit(db)(x, b).to_vector();
   REQUIRE(got.size() == 3);
   for (std::size_t i = 0; i < 3; ++i) CHECK(got[i] == doctest::Approx(want[i]).epsilon(1e-6));
+}
+
+TEST_CASE("passes: simplify makes a multiply feeding only an add one fma, outside strict") {
+  auto f = [](xg::Tensor<float> v, xg::Tensor<float> w) {
+    auto p = v * w;
+    return p + 0.5f;
+  };
+  auto v = xg::tensor<float>({1, 2, 3}), w = xg::tensor<float>({4, 5, 6});
+  CHECK(optimized(f, xg::JitConfig{.level = xg::JitLevel::O1}, v, w) ==
+        "  %2 : f32[] = Const() {value=0.5}\n"
+        "  %3 : f32[3] = Fma(%0, %1, %2)\n"
+        "  return %3\n");
+  CHECK(optimized(f, xg::JitConfig{.level = xg::JitLevel::O1, .strict = true}, v, w).find("Fma") == std::string::npos);
+  CHECK(xg::jit(f)(v, w).to_vector() == std::vector<float>{4.5f, 10.5f, 18.5f});
+  // One rounding: 1 - 2^-26 is not a float, so (1 + 2^-13)(1 - 2^-13) - 1 is 0 unfused and
+  // -2^-26 as an fma, jitted or called directly.
+  const float e = 1.0f / 8192;
+  auto near = [](xg::Tensor<float> a, xg::Tensor<float> b) {
+    auto p = a * b;
+    return p - 1.0f;
+  };
+  auto a = xg::full<float>({20}, 1 + e), b = xg::full<float>({20}, 1 - e);
+  CHECK(near(a, b).to_vector() == std::vector<float>(20, 0.0f));
+  CHECK(xg::fma(a, b, xg::full<float>({}, -1.0f)).to_vector() == std::vector<float>(20, -e * e));
+  // Not when the product is read again: the fma would not save its pass.
+  auto twice = [](xg::Tensor<float> p, xg::Tensor<float> q) {
+    auto m = p * q;
+    return m + m;
+  };
+  CHECK(optimized(twice, xg::JitConfig{.level = xg::JitLevel::O1}, v, w).find("Fma") == std::string::npos);
 }
 
 TEST_CASE("passes: optimized graphs compute what eager computes; bad pass names are refused") {
@@ -254,8 +293,25 @@ TEST_CASE("passes: fuse never makes a cycle, and writes each value read outside 
         "  %4 : f32[] = Reshape(%3) {shape=[]}\n"
         "  %5 : f32[5, 7] = Fused(%2, %4, %0) {body=f.fused1, ops=\"Mul, Add\"}\n"
         "  return %5\n");
-  auto jitted = xg::jit(f)(x).to_vector(), eager = f(x).to_vector();
+  auto jitted = xg::jit(f, {.strict = true})(x).to_vector(), eager = f(x).to_vector();
   CHECK(std::memcmp(jitted.data(), eager.data(), jitted.size() * sizeof(float)) == 0);
+
+  // Two groups, each convex, that need each other through reductions (exp(x) -> sum -> the
+  // second group; sin(y) -> sum -> the first): one of them is given up, not a cycle made.
+  auto crossed = [](xg::Tensor<float> u, xg::Tensor<float> v) {
+    auto a = xg::exp(u);
+    auto b = xg::sin(v);
+    auto a_scaled = a * xg::sum(b);
+    auto b_scaled = b * xg::sum(a);
+    return std::make_tuple(a_scaled, b_scaled);
+  };
+  auto y = xg::randn<float>({5, 7}, 4);
+  const std::string ir = all_of(xg::jit(crossed, only("fuse")).lower(x, y).ir());
+  CHECK(ir.find("Fused(") != std::string::npos);
+  auto [ja, jb] = xg::jit(crossed, {.strict = true})(x, y);
+  auto [ea, eb] = crossed(x, y);
+  CHECK(ja.to_vector() == ea.to_vector());
+  CHECK(jb.to_vector() == eb.to_vector());
 }
 
 TEST_CASE("passes: fuse runs elementwise work as a MatMul's epilogue, on each block as it is finished") {

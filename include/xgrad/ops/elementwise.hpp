@@ -7,6 +7,9 @@
 #include <utility>
 
 #include <xsimd/xsimd.hpp>
+#if defined(__AVX512F__) || defined(__FMA__)
+#include <immintrin.h>
+#endif
 
 #include "xgrad/core/factory.hpp"
 #include "xgrad/ops/dispatch.hpp"
@@ -252,6 +255,38 @@ struct Where {
   template <class V> static V apply(bool c, const V& a, const V& b) { return c ? a : b; }
 };
 
+/// a * b + c rounded once, on batches and on scalars alike, so both agree bit for bit.
+/// xsimd 8's fma is a multiply then an add on AVX-512, so the batch form calls the
+/// instructions itself, or std::fma per lane where there are none.
+struct Fma {
+  static constexpr std::string_view name = "Fma";
+  static constexpr OpTraits traits{.elementwise = true};
+  template <class V> static V apply(const V& a, const V& b, const V& c) {
+    if constexpr (detail::is_batch<V>) {
+      using T = typename V::value_type;
+      constexpr bool f32 = std::is_same_v<T, float>;
+#if defined(__AVX512F__)
+      if constexpr (sizeof(V) == 64 && f32) return V(_mm512_fmadd_ps(a, b, c));
+      if constexpr (sizeof(V) == 64 && !f32) return V(_mm512_fmadd_pd(a, b, c));
+#endif
+#if defined(__FMA__)
+      if constexpr (sizeof(V) == 32 && f32) return V(_mm256_fmadd_ps(a, b, c));
+      if constexpr (sizeof(V) == 32 && !f32) return V(_mm256_fmadd_pd(a, b, c));
+      if constexpr (sizeof(V) == 16 && f32) return V(_mm_fmadd_ps(a, b, c));
+      if constexpr (sizeof(V) == 16 && !f32) return V(_mm_fmadd_pd(a, b, c));
+#endif
+      alignas(V::arch_type::alignment()) T x[V::size], y[V::size], z[V::size];
+      a.store_aligned(x);
+      b.store_aligned(y);
+      c.store_aligned(z);
+      for (std::size_t i = 0; i < V::size; ++i) x[i] = std::fma(x[i], y[i], z[i]);
+      return V::load_aligned(x);
+    } else {
+      return std::fma(a, b, c);
+    }
+  }
+};
+
 }  // namespace op
 
 // ---- Free functions users call --------------------------------------------------------
@@ -336,6 +371,35 @@ template <Element T> Tensor<T> where(const Tensor<bool>& cond, const Tensor<T>& 
   }
   return out;
 }
+/// a * b + c with one rounding (a fused multiply-add), broadcasting over all three. Outside
+/// strict mode the jit's simplify pass turns a multiply that only feeds an add into this.
+template <FloatingPoint T>
+Tensor<T> fma(const Tensor<T>& a, const Tensor<T>& b, const Tensor<T>& c, SourceLoc loc = SourceLoc::current()) {
+  detail::OpScope scope(op::Fma::name, loc, {a, b, c});
+  Shape ab;
+  Shape shape;
+  if (!try_broadcast(a.shape(), b.shape(), ab) || !try_broadcast(ab, c.shape(), shape))
+    throw_shape_error(op::Fma::name, loc, "shapes cannot be broadcast together (inputs ",
+                      detail::describe_inputs({{"a", &a}, {"b", &b}, {"c", &c}}), ")");
+  Tensor<T> out(detail::primitive(
+      op::Fma::name, loc, {a, b, c}, dtype_of<T>(), shape,
+      [shape](std::span<const TensorBase> in, const TensorBase& dest) {
+        Tensor<T> x(in[0]), y(in[1]), z(in[2]);
+        auto out = detail::output<T>(dest, shape);
+        cpu::map_ternary<op::Fma>(cpu::BroadcastPlan<3>(shape, {&x.shape(), &y.shape(), &z.shape()}), x.data(),
+                                  y.data(), z.data(), out.data());
+        return TensorBase(out);
+      },
+      detail::NoAttrs{}, detail::with_block<op::Fma>(&cpu::ternary_block<op::Fma, T, T>)));
+  if (detail::should_record(a, b, c)) {
+    detail::record(out, op::Fma::name, loc, {a, b, c}, {a, b}, false, [a, b](const TensorBase&, const TensorBase& g) {
+      Tensor<T> grad(g);
+      return autograd::Grads{mul(grad, b), mul(grad, a), grad};  // the engine sums each to its input's shape
+    });
+  }
+  return out;
+}
+
 template <Element T> Tensor<T> where(const Tensor<bool>& cond, const Tensor<T>& a, std::type_identity_t<T> b,
                                      SourceLoc loc = SourceLoc::current()) {
   return where(cond, a, scalar_like(a, b), loc);

@@ -273,51 +273,94 @@ inline bool fuse(ir::Graph& g, const PassContext&) {
       }
   }
 
-  // The new nodes: every node outside a group of two or more (or one with an anchor), and one
-  // Fused node per such group. key: where it goes when nothing forces it later (its first
-  // member's position).
-  std::vector<std::unique_ptr<ir::Node>> items;
-  std::vector<std::size_t> key;
-  int fused_count = 0;
-  std::vector<bool> fused_group(members.size(), false);
+  // The new graph's items: one per fused group (two or more nodes, or one with an anchor), one
+  // per other node; key: where an item goes when nothing forces it later (its first node's
+  // position). Each group is convex, but two groups can still need each other (a1 -> b2 and
+  // b1 -> a2): then a group in the way first gives up its anchor, else is dissolved, until an
+  // order exists (with no group at all, the original order is one).
+  std::vector<bool> dissolved(members.size(), false);
+  std::vector<int> anchor_group(n, -1);
   for (std::size_t G = 0; G < members.size(); ++G)
-    if (members[G].size() >= 2 || anchor[G]) {
-      items.push_back(detail::make_fused(g, members[G], anchor[G], read_outside, fused_count++));
-      key.push_back(anchor[G] ? std::min(index.at(anchor[G]), members[G].front()) : members[G].front());
-      fused_group[G] = true;
-    }
-  if (fused_count == 0) return false;
-  for (std::size_t i = 0; i < n; ++i)
-    if (!anchored[i] && (group[i] < 0 || !fused_group[static_cast<std::size_t>(group[i])])) {
-      items.push_back(std::move(g.nodes[i]));
+    if (anchor[G]) anchor_group[index.at(anchor[G])] = static_cast<int>(G);
+  auto fused = [&](std::size_t G) { return !dissolved[G] && (members[G].size() >= 2 || anchor[G]); };
+  std::vector<int> group_of_item;  // per item: its group, or -1 for a plain node
+  std::vector<std::size_t> node_of_item, key, order;
+  for (;;) {
+    group_of_item.clear();
+    node_of_item.clear();
+    key.clear();
+    std::vector<std::size_t> item_of_group(members.size()), item_of_node(n);
+    for (std::size_t G = 0; G < members.size(); ++G)
+      if (fused(G)) {
+        item_of_group[G] = group_of_item.size();
+        group_of_item.push_back(static_cast<int>(G));
+        node_of_item.push_back(0);
+        key.push_back(anchor[G] ? std::min(index.at(anchor[G]), members[G].front()) : members[G].front());
+      }
+    for (std::size_t i = 0; i < n; ++i) {
+      const int G = anchored[i] ? anchor_group[i] : group[i];
+      if (G >= 0 && fused(static_cast<std::size_t>(G))) {
+        item_of_node[i] = item_of_group[static_cast<std::size_t>(G)];
+        continue;
+      }
+      item_of_node[i] = group_of_item.size();
+      group_of_item.push_back(-1);
+      node_of_item.push_back(i);
       key.push_back(i);
     }
+    // Kahn's algorithm, taking the ready item that came first.
+    const std::size_t items = group_of_item.size();
+    std::vector<std::vector<std::size_t>> readers(items);
+    std::vector<std::size_t> waiting(items, 0);
+    std::vector<std::unordered_set<std::size_t>> from(items);
+    for (std::size_t i = 0; i < n; ++i)
+      for (const ir::Value* v : g.nodes[i]->inputs)
+        if (v->producer) {
+          const std::size_t a = item_of_node[index.at(v->producer)], b = item_of_node[i];
+          if (a != b && from[b].insert(a).second) {
+            readers[a].push_back(b);
+            ++waiting[b];
+          }
+        }
+    using Ready = std::pair<std::size_t, std::size_t>;  // (key, item)
+    std::priority_queue<Ready, std::vector<Ready>, std::greater<>> ready;
+    for (std::size_t k = 0; k < items; ++k)
+      if (waiting[k] == 0) ready.emplace(key[k], k);
+    order.clear();
+    while (!ready.empty()) {
+      const std::size_t k = ready.top().second;
+      ready.pop();
+      for (std::size_t r : readers[k])
+        if (--waiting[r] == 0) ready.emplace(key[r], r);
+      order.push_back(k);
+    }
+    if (order.size() == items) break;
+    // The first group left waiting loses its anchor, or its fusion.
+    std::size_t stuck = items;
+    for (std::size_t k = 0; k < items; ++k)
+      if (waiting[k] > 0 && group_of_item[k] >= 0 && (stuck == items || key[k] < key[stuck])) stuck = k;
+    if (stuck == items) throw std::logic_error("xgrad internal error: fusion made a cycle");
+    const auto G = static_cast<std::size_t>(group_of_item[stuck]);
+    if (anchor[G]) {
+      anchored[index.at(anchor[G])] = false;
+      anchor_group[index.at(anchor[G])] = -1;
+      anchor[G] = nullptr;
+    } else {
+      dissolved[G] = true;
+    }
+  }
 
-  // Kahn's algorithm, taking the ready item that came first.
-  std::unordered_map<const ir::Node*, std::size_t> item_of;
-  for (std::size_t k = 0; k < items.size(); ++k) item_of[items[k].get()] = k;
-  std::vector<std::vector<std::size_t>> readers(items.size());
-  std::vector<std::size_t> waiting(items.size(), 0);
-  for (std::size_t k = 0; k < items.size(); ++k) {
-    std::unordered_set<std::size_t> from;
-    for (const ir::Value* v : items[k]->inputs)
-      if (v->producer) from.insert(item_of.at(v->producer));
-    for (std::size_t p : from) readers[p].push_back(k);
-    waiting[k] = from.size();
-  }
-  using Ready = std::pair<std::size_t, std::size_t>;  // (key, item)
-  std::priority_queue<Ready, std::vector<Ready>, std::greater<>> ready;
-  for (std::size_t k = 0; k < items.size(); ++k)
-    if (waiting[k] == 0) ready.emplace(key[k], k);
+  if (std::none_of(group_of_item.begin(), group_of_item.end(), [](int G) { return G >= 0; })) return false;
+  int fused_count = 0;
   std::vector<std::unique_ptr<ir::Node>> ordered;
-  while (!ready.empty()) {
-    const std::size_t k = ready.top().second;
-    ready.pop();
-    for (std::size_t r : readers[k])
-      if (--waiting[r] == 0) ready.emplace(key[r], r);
-    ordered.push_back(std::move(items[k]));
+  for (std::size_t k : order) {
+    if (group_of_item[k] < 0) {
+      ordered.push_back(std::move(g.nodes[node_of_item[k]]));
+      continue;
+    }
+    const auto G = static_cast<std::size_t>(group_of_item[k]);
+    ordered.push_back(detail::make_fused(g, members[G], anchor[G], read_outside, fused_count++));
   }
-  if (ordered.size() != items.size()) throw std::logic_error("xgrad internal error: fusion made a cycle");
   g.nodes = std::move(ordered);
   return true;
 }

@@ -81,6 +81,10 @@ template <class Op, class T>
 concept SimdBody2 = simd_type<T> && requires(xsimd::batch<T> v) {
   { Op::apply(v, v) } -> std::same_as<xsimd::batch<T>>;
 };
+template <class Op, class T>
+concept SimdBody3 = simd_type<T> && requires(xsimd::batch<T> v) {
+  { Op::apply(v, v, v) } -> std::same_as<xsimd::batch<T>>;
+};
 
 /// One contiguous run of a unary op.
 template <class Op, class T, class R> void unary_run(const T* x, R* y, std::int64_t n) {
@@ -138,11 +142,32 @@ void binary_run(const A* a, std::int64_t sa, const B* b, std::int64_t sb, R* out
   }
 }
 
-/// One run of a ternary op (where); each input's stride is 0 or 1.
+/// One run of a ternary op (where, fma); each input's stride is 0 or 1.
 template <class Op, class C, class A, class B, class R> void ternary_run(const C* c, std::int64_t sc, const A* a,
                                                                          std::int64_t sa, const B* b, std::int64_t sb,
                                                                          R* out, std::int64_t n) {
-  for (std::int64_t i = 0; i < n; ++i) out[i] = Op::apply(c[i * sc], a[i * sa], b[i * sb]);
+  if constexpr (std::is_same_v<C, A> && std::is_same_v<A, B> && std::is_same_v<A, R> && SimdBody3<Op, A>) {
+    using V = xsimd::batch<A>;
+    constexpr auto w = static_cast<std::int64_t>(V::size);
+    // A stride-0 input is one value for every lane; the test is the same every batch.
+    auto load = [](const A* p, std::int64_t stride, std::int64_t i) {
+      return stride ? V::load_unaligned(p + i) : V(*p);
+    };
+    std::int64_t i = 0;
+    for (; i + w <= n; i += w) Op::apply(load(c, sc, i), load(a, sa, i), load(b, sb, i)).store_unaligned(out + i);
+    if (i < n) {  // the tail through the same batch code (see unary_run)
+      alignas(V::arch_type::alignment()) A lc[V::size] = {}, la[V::size] = {}, lb[V::size] = {};
+      for (std::int64_t j = i; j < n; ++j) {
+        lc[j - i] = c[j * sc];
+        la[j - i] = a[j * sa];
+        lb[j - i] = b[j * sb];
+      }
+      Op::apply(V::load_aligned(lc), V::load_aligned(la), V::load_aligned(lb)).store_aligned(lc);
+      std::copy(lc, lc + (n - i), out + i);
+    }
+  } else {
+    for (std::int64_t i = 0; i < n; ++i) out[i] = Op::apply(c[i * sc], a[i * sa], b[i * sb]);
+  }
 }
 
 }  // namespace detail
@@ -172,7 +197,7 @@ void map_binary(const BroadcastPlan<2>& plan, const A* a, const B* b, R* out) {
   });
 }
 
-/// out = Op::apply(c, a, b) with broadcasting (where); scalar loop, the op is not hot.
+/// out = Op::apply(c, a, b) with broadcasting (where, fma).
 template <class Op, class C, class A, class B, class R>
 void map_ternary(const BroadcastPlan<3>& plan, const C* c, const A* a, const B* b, R* out) {
   const std::int64_t inner = plan.inner(), outer = plan.outer();
