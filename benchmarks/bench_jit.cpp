@@ -386,14 +386,15 @@ void chain_eager(benchmark::State& state) {
   set_elementwise_counters(state, kChainSize, 2);
 }
 
-void chain_jit(benchmark::State& state, xg::JitLevel level) {
-  ThreadScope threads(1);
-  auto x = chain_input();
+/// Jits the chain at `level` for n floats, checks it against eager once (the one trace), then
+/// times cache-hit calls; reports page faults and the node count. Returns CPU ns per call, or
+/// 0 when the check failed (the row is then skipped).
+double time_jitted_chain(benchmark::State& state, std::int64_t n, xg::JitLevel level) {
+  auto x = chain_input(n);
   auto f = xg::jit([](const xg::Tensor<float>& t) { return chain(t); }, {.level = level, .name = "chain"});
-  // The one trace, outside the timing; its result checked against eager.
   if (auto why = disagreement(f(x), chain(x), 1e-6); !why.empty()) {
     state.SkipWithError(("jitted chain disagrees with eager: " + why).c_str());
-    return;
+    return 0;
   }
   FaultCounter faults;
   LoopClock clock;
@@ -401,11 +402,17 @@ void chain_jit(benchmark::State& state, xg::JitLevel level) {
     xg::expect_cache_hit guard;
     timed_calls(state, [&] { return f(x); });
   }
-  const double ns = clock.ns_per_iteration(state);
-  const double x_hand = report_ratio(state, ns, "chain/hand", "x_hand");
-  const double x_eager = report_ratio(state, ns, "chain/eager", "x_eager");
   faults.report(state);
   state.counters["nodes"] = static_cast<double>(f.lower(x).num_nodes());
+  return clock.ns_per_iteration(state);
+}
+
+void chain_jit(benchmark::State& state, xg::JitLevel level) {
+  ThreadScope threads(1);
+  const double ns = time_jitted_chain(state, kChainSize, level);
+  if (ns == 0) return;
+  const double x_hand = report_ratio(state, ns, "chain/hand", "x_hand");
+  const double x_eager = report_ratio(state, ns, "chain/eager", "x_eager");
   set_elementwise_counters(state, kChainSize, 2);
   if (level == xg::JitLevel::O2) {
     std::string label;
@@ -578,21 +585,10 @@ void block_kernel(benchmark::State& state, BlockKernelFn kernel) {
 /// amortize and 65536 do.
 void chain_in_cache_jit(benchmark::State& state, std::int64_t size) {
   ThreadScope threads(1);
-  auto x = chain_input(size);
-  auto f = xg::jit([](const xg::Tensor<float>& t) { return chain(t); }, {.level = xg::JitLevel::O2, .name = "chain"});
-  if (auto why = disagreement(f(x), chain(x), 1e-6); !why.empty()) {  // the one trace
-    state.SkipWithError(("jitted chain disagrees with eager: " + why).c_str());
-    return;
-  }
-  FaultCounter faults;
-  LoopClock clock;
-  {
-    xg::expect_cache_hit guard;
-    timed_calls(state, [&] { return f(x); });
-  }
-  const double ns = report_ns_per_element(state, clock, size);
+  const double ns = time_jitted_chain(state, size, xg::JitLevel::O2);
+  if (ns == 0) return;
+  state.counters["ns/elem"] = ns / static_cast<double>(size);
   report_ratio(state, ns, in_cache_key(size), "x_hand");
-  faults.report(state);
 }
 
 const bool kRegistered = [] {
