@@ -368,6 +368,21 @@ TEST_CASE("passes: fuse runs elementwise work as a MatMul's epilogue, on each bl
   CHECK(all_of(xg::jit(reread, only("fuse")).lower(square, square).ir()).find("ops=\"MatMul, Tanh, Mul") !=
         std::string::npos);
   check_same(reread, square, xg::randn<float>({4, 4}, 10));
+  // A convolution reports finished ranges too: one image at a time, or a chunk of images after
+  // its scatter; each path (pointwise, one image per GEMM, several) keeps eager's bits.
+  auto conv_layer = [](xg::Tensor<float> u, xg::Tensor<float> k, xg::Tensor<float> bias) {
+    auto y = xg::conv2d(u, k);
+    auto z = xg::bias_add(y, bias);
+    return xg::relu(z);
+  };
+  for (auto [n, c, side, kernel] : {std::tuple{2, 3, 8, 3}, std::tuple{16, 1, 28, 5}, std::tuple{3, 6, 5, 1}}) {
+    CAPTURE(n);
+    auto u = xg::randn<float>({n, c, side, side}, 11), k = xg::randn<float>({4, c, kernel, kernel}, 12);
+    auto bias = xg::randn<float>({4}, 13);
+    CHECK(all_of(xg::jit(conv_layer, only("fuse")).lower(u, k, bias).ir()).find("ops=\"Conv2D, Add, ReLU\"") !=
+          std::string::npos);
+    check_same(conv_layer, u, k, bias);
+  }
   // Not taken in when another node reads the MatMul's result.
   auto shared = [](xg::Tensor<float> u, xg::Tensor<float> v) {
     auto y = xg::matmul(u, v);

@@ -51,9 +51,8 @@ struct Attr {
 /// Runs a node on concrete tensors: reads `in`, sets every element of `out`.
 using Kernel = std::function<void(std::span<const TensorBase> in, std::span<TensorBase> out)>;
 
-/// Told that rows [row, row + rows) and columns [col, col + cols) of an output, seen as a
-/// matrix of its last axis by all the others, are final.
-using BlockDone = std::function<void(std::int64_t row, std::int64_t rows, std::int64_t col, std::int64_t cols)>;
+/// Told that elements [begin, end) of an output (row-major) are final.
+using BlockDone = std::function<void(std::int64_t begin, std::int64_t end)>;
 
 /// A kernel that writes its one output into `dest` (defined) and calls `done` on each part of
 /// it as it is finished, while the part is still in cache: what lets fusion run elementwise

@@ -52,18 +52,13 @@ template <FloatingPoint T> Tensor<T> matmul(const Tensor<T>& a, const Tensor<T>&
             // plan walks batch indices; its strides count matrices, not elements.
             std::int64_t ia = plan.row_offset(0, i / plan.inner()) + (i % plan.inner()) * plan.inner_stride(0);
             std::int64_t ib = plan.row_offset(1, i / plan.inner()) + (i % plan.inner()) * plan.inner_stride(1);
-            // Matrix i's rows are rows i * m... of the output seen as one matrix; the callback
-            // only points at this frame, so it needs no heap.
-            struct Shift {
-              const ir::BlockDone* done;
-              std::int64_t rows_before;
-            } shift{done, i * m};
-            const cpu::GemmBlockDone shifted = [s = &shift](std::int64_t r, std::int64_t rs, std::int64_t c,
-                                                            std::int64_t cs) {
-              (*s->done)(s->rows_before + r, rs, c, cs);
-            };
+            // Matrix i's blocks, as element ranges of the whole output. The callback points at
+            // this frame, so std::function keeps it without the heap.
+            const cpu::GemmBlockRanges ranges{done, i * m * n, n};
+            const cpu::GemmBlockDone block_done = [r = &ranges](std::int64_t row, std::int64_t rows, std::int64_t col,
+                                                                std::int64_t cols) { (*r)(row, rows, col, cols); };
             cpu::gemm<T>(m, n, k, T(1), pa + ia * m * k, a_rs, a_cs, pb + ib * k * n, b_rs, b_cs, T(0), pc + i * m * n,
-                         n, done ? &shifted : nullptr);
+                         n, done ? &block_done : nullptr);
           }
         };
         // Many small products: one per thread. Few large ones: gemm spreads each over the threads.

@@ -87,11 +87,11 @@ Tensor<T> conv2d_weight_grad(const Tensor<T>& x, const Tensor<T>& g, const cpu::
 /// conv2d on a worked-out geometry; its gradients are the two ops below.
 template <FloatingPoint T>
 Tensor<T> conv2d_apply(const Tensor<T>& x, const Tensor<T>& w, const cpu::Conv2dGeometry& geo, SourceLoc loc) {
-  Tensor<T> y(primitive(
+  Tensor<T> y(primitive_with_epilogue(
       "Conv2D", loc, {x, w}, dtype_of<T>(), Shape{geo.n, geo.c_out, geo.out_h, geo.out_w},
-      [geo](std::span<const TensorBase> in, const TensorBase& dest) {
+      [geo](std::span<const TensorBase> in, const TensorBase& dest, const ir::BlockDone* done) {
         auto out = detail::output<T>(dest, Shape{geo.n, geo.c_out, geo.out_h, geo.out_w});
-        cpu::conv2d_forward(geo, Tensor<T>(in[0]).data(), Tensor<T>(in[1]).data(), out.data());
+        cpu::conv2d_forward(geo, Tensor<T>(in[0]).data(), Tensor<T>(in[1]).data(), out.data(), done);
         return TensorBase(out);
       },
       [geo] { return conv_attrs(geo); }));

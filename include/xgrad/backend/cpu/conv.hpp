@@ -269,7 +269,9 @@ template <class T> void col2im(const Conv2dGeometry& g, const T* col, T* x) {
 }
 
 /// y = conv2d(x, w): x [n, c_in, h, w], w [c_out, c_in, kh, kw], y [n, c_out, out_h, out_w] (overwritten).
-template <class T> void conv2d_forward(const Conv2dGeometry& g, const T* x, const T* w, T* y) {
+/// `done`, when given, is told each range of y as it is finished (see gemm).
+template <class T>
+void conv2d_forward(const Conv2dGeometry& g, const T* x, const T* w, T* y, const RangeDone* done = nullptr) {
   const int64_t ohw = g.out_h * g.out_w;
   const int64_t k = g.c_in * g.kh * g.kw;
   const int64_t x_img = g.c_in * g.h * g.w;
@@ -277,12 +279,21 @@ template <class T> void conv2d_forward(const Conv2dGeometry& g, const T* x, cons
   if (g.n <= 0 || y_img == 0) return;
   if (k == 0) {
     std::fill(y, y + g.n * y_img, T(0));
+    if (done) (*done)(0, g.n * y_img);
     return;
   }
+  // Image i's GEMM writes y from element i * y_img on: its blocks, as ranges of y. The
+  // callback points at this frame, so std::function keeps it without the heap.
+  auto image_gemm = [&](int64_t i, const T* cols, T* out) {
+    const GemmBlockRanges ranges{done, i * y_img, ohw};
+    const GemmBlockDone block_done = [r = &ranges](int64_t row, int64_t rows, int64_t col, int64_t count) {
+      (*r)(row, rows, col, count);
+    };
+    gemm<T>(g.c_out, ohw, k, T(1), w, k, 1, cols, ohw, 1, T(0), out, ohw, done ? &block_done : nullptr);
+  };
   if (detail::conv_is_pointwise(g)) {
     detail::conv_for_batch(g.n, g.c_out * k * ohw, [&](int64_t lo, int64_t hi) {
-      for (int64_t i = lo; i < hi; ++i)
-        gemm<T>(g.c_out, ohw, k, T(1), w, k, 1, x + i * x_img, ohw, 1, T(0), y + i * y_img, ohw);
+      for (int64_t i = lo; i < hi; ++i) image_gemm(i, x + i * x_img, y + i * y_img);
     });
     return;
   }
@@ -293,11 +304,17 @@ template <class T> void conv2d_forward(const Conv2dGeometry& g, const T* x, cons
       const int64_t ld = count * ohw;
       T* col = ws.m_col.get(k * ld);
       detail::im2col_images(g, x + first * x_img, count, col, ld);
-      // A single image's result already has y's layout; several need a scatter.
-      T* out = count == 1 ? y + first * y_img : ws.m_mat.get(g.c_out * ld);
+      // A single image's result already has y's layout; several need a scatter, after which
+      // the images are done.
+      if (count == 1) {
+        image_gemm(first, col, y + first * y_img);
+        return;
+      }
+      T* out = ws.m_mat.get(g.c_out * ld);
       // out [c_out, count * ohw] = w [c_out, k] * col [k, count * ohw]
       gemm<T>(g.c_out, ld, k, T(1), w, k, 1, col, ld, 1, T(0), out, ld);
-      if (count > 1) detail::scatter_images(out, count, g.c_out, ohw, y + first * y_img);
+      detail::scatter_images(out, count, g.c_out, ohw, y + first * y_img);
+      if (done) (*done)(first * y_img, (first + count) * y_img);
     });
   });
 }

@@ -49,7 +49,6 @@ class FusedKernel {
               std::vector<int> outputs, Anchor anchor = {})
       : m_shape(std::move(shape)),
         m_numel(m_shape.numel()),
-        m_row_length(m_shape.ndim() == 0 ? 1 : m_shape[m_shape.ndim() - 1]),
         m_num_inputs(static_cast<int>(inputs.size())),
         m_steps(std::move(steps)),
         m_outputs(std::move(outputs)),
@@ -113,21 +112,15 @@ class FusedKernel {
         out[j] = TensorBase(TensorImpl::allocate(m_shape, dtype));
       }
     if (m_anchor.kernel) {
-      // Each finished part of the anchor's result: its rows, or a column range of each.
-      // The callback holds one pointer, which std::function keeps without a heap allocation.
+      // Each finished part of the anchor's result, while it is in cache. The callback holds
+      // one pointer, which std::function keeps without a heap allocation.
       struct Call {
         const FusedKernel* kernel;
         std::span<const TensorBase> in;
         std::span<TensorBase> out;
       } call{this, in, out};
-      const ir::BlockDone done = [c = &call](std::int64_t row, std::int64_t rows, std::int64_t col, std::int64_t cols) {
-        const std::int64_t length = c->kernel->m_row_length;
-        if (col == 0 && cols == length) {
-          c->kernel->run_range(c->in, c->out, row * length, (row + rows) * length);
-          return;
-        }
-        for (std::int64_t r = row; r < row + rows; ++r)
-          c->kernel->run_range(c->in, c->out, r * length + col, r * length + col + cols);
+      const ir::BlockDone done = [c = &call](std::int64_t begin, std::int64_t end) {
+        c->kernel->run_range(c->in, c->out, begin, end);
       };
       m_anchor.kernel(in.first(static_cast<std::size_t>(m_anchor.num_inputs)), out.back(), done);
       return;
@@ -256,8 +249,7 @@ class FusedKernel {
 
   Shape m_shape;
   std::int64_t m_numel;
-  std::int64_t m_row_length;  // elements per row of the last axis: how an anchor's parts map
-  int m_num_inputs;           // input slots
+  int m_num_inputs;  // input slots
   std::vector<Step> m_steps;
   std::vector<StepArgs> m_step_args;
   std::vector<int> m_outputs;

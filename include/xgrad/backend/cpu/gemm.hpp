@@ -25,6 +25,25 @@ namespace xgrad::cpu {
 /// Told that rows [row, row + rows) and columns [col, col + cols) of C are final.
 using GemmBlockDone = std::function<void(int64_t row, int64_t rows, int64_t col, int64_t cols)>;
 
+/// Told that elements [begin, end) of a row-major output are final.
+using RangeDone = std::function<void(int64_t begin, int64_t end)>;
+
+/// A GemmBlockDone that reports a block of C (row-major with `row_length` columns, starting
+/// `offset` elements into the output) to `done` as ranges of elements: one when the block
+/// spans whole rows, else one per row. It points at its arguments, which must outlive it.
+struct GemmBlockRanges {
+  const RangeDone* done;
+  int64_t offset, row_length;
+  void operator()(int64_t row, int64_t rows, int64_t col, int64_t cols) const {
+    const int64_t start = offset + row * row_length + col;
+    if (col == 0 && cols == row_length) {
+      (*done)(start, start + rows * row_length);
+      return;
+    }
+    for (int64_t r = 0; r < rows; ++r) (*done)(start + r * row_length, start + r * row_length + cols);
+  }
+};
+
 namespace detail {
 
 /// Register and cache blocking for T on the default xsimd arch.
