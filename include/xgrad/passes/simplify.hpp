@@ -1,6 +1,7 @@
 // Algebraic simplification: rewrites that remove work without changing what the graph
 // computes. Exact rewrites always apply; those that can change a result's bits (x + 0 maps
-// -0 to +0; exp(log x) rounds) only without PassContext::strict.
+// -0 to +0; exp(log x), a * b + c as an fma and a sum of k copies as one multiply round
+// differently) only without PassContext::strict.
 #pragma once
 
 #include <algorithm>
