@@ -28,8 +28,9 @@ std::string body(const std::string& ir) {
   return out;
 }
 
-xg::JitConfig only(const std::string& pass) {
-  xg::JitConfig config{.level = xg::JitLevel::O2};
+/// O2 with every pass but `pass` switched off; `name` names the graph (and its fused bodies).
+xg::JitConfig only(const std::string& pass, std::string name = {}) {
+  xg::JitConfig config{.level = xg::JitLevel::O2, .name = std::move(name)};
   for (const auto& p : xg::passes::pass_names())
     if (p != pass) config.disabled_passes.push_back(p);
   return config;
@@ -243,8 +244,7 @@ TEST_CASE("passes: fuse makes one kernel of an elementwise chain, broadcasts inc
     return t * s + q;
   };
   auto x = xg::randn<float>({4, 1000}, 1), b = xg::randn<float>({1000}, 2);
-  auto config = only("fuse");
-  config.name = "chain";
+  auto config = only("fuse", "chain");
   CHECK(all_of(xg::jit(f, config).lower(x, b).ir()) ==
         "graph chain(\n"
         "    %0 : f32[4, 1000]\n"
@@ -284,8 +284,7 @@ TEST_CASE("passes: fuse never makes a cycle, and writes each value read outside 
     return d * s + x;
   };
   auto x = xg::randn<float>({5, 7}, 3);
-  auto config = only("fuse");
-  config.name = "f";
+  auto config = only("fuse", "f");
   CHECK(body(xg::jit(f, config).lower(x).ir()) ==
         "  %1 : f32[] = Const() {value=1}\n"
         "  %2 : f32[5, 7] = Fused(%0, %1) {body=f.fused0, ops=\"Exp, Add\"}\n"
@@ -321,8 +320,7 @@ TEST_CASE("passes: fuse runs elementwise work as a MatMul's epilogue, on each bl
     return xg::relu(z);
   };
   auto x = xg::randn<float>({6, 5}, 1), w = xg::randn<float>({5, 4}, 2), b = xg::randn<float>({4}, 3);
-  auto config = only("fuse");
-  config.name = "dense";
+  auto config = only("fuse", "dense");
   // The MatMul's result is the fused node's last output: the buffer the GEMM writes into.
   CHECK(all_of(xg::jit(f, config).lower(x, w, b).ir()) ==
         "graph dense(\n"
@@ -397,8 +395,7 @@ TEST_CASE("passes: fuse runs elementwise work as a MatMul's epilogue, on each bl
     auto m = xg::matmul(a, v);
     return m + a;
   };
-  auto named = only("fuse");
-  named.name = "around";
+  auto named = only("fuse", "around");
   CHECK(body(xg::jit(around, named).lower(square, square).ir()) ==
         "  %2 : f32[] = Const() {value=2}\n"
         "  %3 : f32[4, 4] = Mul(%0, %2)\n"

@@ -30,7 +30,8 @@ struct JitConfig {
   /// Shown in logs, reports and saved graphs; "jit@file.cpp:12" when empty.
   std::string name = {};
   /// Keep every floating-point operation as eager mode does it, so results are bitwise equal
-  /// to eager: passes skip rewrites that can change rounding (x + 0, exp(log x)).
+  /// to eager: passes skip rewrites that can change rounding (x + 0, exp(log x), a * b + c as
+  /// an fma, a sum of k copies as one multiply).
   bool strict = false;
   /// Passes to skip, by name ("simplify", "fold", "cse", "dce", "fuse", "plan_memory"), for
   /// debugging and tests.

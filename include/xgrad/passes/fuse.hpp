@@ -236,7 +236,7 @@ inline bool fuse(ir::Graph& g, const PassContext&) {
     for (const ir::Value* v : g.nodes[i]->inputs)
       if (v->producer && group[index.at(v->producer)] != group[i]) read_outside.insert(v);
 
-  // A group takes in the op making one of its inputs (a MatMul: an op with an epilogue
+  // A group takes in the op making one of its inputs (MatMul, Conv2D: ops with an epilogue
   // kernel) when only the group reads that value and the union stays convex: the group then
   // runs on each block of the op's output as the op finishes it, while it is in cache.
   std::unordered_map<const ir::Value*, int> reader_group;  // the one group reading a value; -2: others too
@@ -245,10 +245,8 @@ inline bool fuse(ir::Graph& g, const PassContext&) {
       auto [it, fresh] = reader_group.try_emplace(v, group[i]);
       if (group[i] < 0 || (!fresh && it->second != group[i])) it->second = -2;
     }
-  for (const ir::Value* v : read_outside)
-    if (!v->producer || std::find(g.outputs.begin(), g.outputs.end(), v) != g.outputs.end() ||
-        std::any_of(g.effects.begin(), g.effects.end(), [&](const auto& e) { return e.value == v; }))
-      reader_group[v] = -2;
+  for (const ir::Value* v : g.outputs) reader_group[v] = -2;
+  for (const auto& e : g.effects) reader_group[e.value] = -2;
   std::vector<const ir::Node*> anchor(members.size(), nullptr);
   std::vector<bool> anchored(n, false);
   for (std::size_t G = 0; G < members.size(); ++G) {
