@@ -25,8 +25,6 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
-#include <ctime>
-#include <map>
 #include <string>
 #include <vector>
 
@@ -42,54 +40,12 @@ namespace {
 
 using namespace xgrad::bench;
 
-double thread_cpu_seconds() {
-  timespec ts{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
-}
-
-/// CPU ns per iteration of the last run of each reference row (eager, or hand-written), by key.
-std::map<std::string, double>& eager_ns() {
-  static std::map<std::string, double> table;
-  return table;
-}
-
-/// Times a benchmark loop with the thread CPU clock (what Google Benchmark reports as CPU time),
-/// so a jit row can divide its time by its eager row's.
-class LoopClock {
- public:
-  LoopClock() : m_start(thread_cpu_seconds()) {}
-  double ns_per_iteration(const benchmark::State& state) const {
-    const double iterations = static_cast<double>(std::max<benchmark::IterationCount>(state.iterations(), 1));
-    return (thread_cpu_seconds() - m_start) * 1e9 / iterations;
-  }
-
- private:
-  double m_start;
-};
-
-void record_eager(const benchmark::State& state, const LoopClock& clock, const std::string& key) {
-  eager_ns()[key] = clock.ns_per_iteration(state);
-}
-
-/// Sets counter `name` to ns / the reference row's ns per call and returns that ratio; returns 0
-/// (and sets nothing) when the reference row has not run.
-double report_ratio(benchmark::State& state, double ns, const std::string& key, const std::string& name) {
-  auto it = eager_ns().find(key);
-  if (it == eager_ns().end() || it->second <= 0) return 0.0;
-  state.counters[name] = ns / it->second;
-  return ns / it->second;
-}
-
 /// Sets `x_eager` (this row's CPU time / its eager row's) and returns this row's ns per call.
 double report_against_eager(benchmark::State& state, const LoopClock& clock, const std::string& key) {
   const double ns = clock.ns_per_iteration(state);
   report_ratio(state, ns, key, "x_eager");
   return ns;
 }
-
-/// "met" / "missed" for a row's label.
-const char* verdict(bool met) { return met ? "met" : "missed"; }
 
 // ---- (a) cache-hit call overhead on 1-element tensors ----------------------------------------
 
@@ -102,7 +58,7 @@ void eager_mul1(benchmark::State& state) {
     benchmark::DoNotOptimize(z.data());
     benchmark::ClobberMemory();
   }
-  record_eager(state, clock, "mul1");
+  record_reference(state, clock, "mul1");
 }
 
 void jit_call_mul1(benchmark::State& state) {
@@ -238,7 +194,7 @@ void eager_mlp_step(benchmark::State& state, const MlpSize& s) {
     benchmark::ClobberMemory();
   }
   allocs.report(state);
-  record_eager(state, clock, "mlp/" + s.name());
+  record_reference(state, clock, "mlp/" + s.name());
   faults.report(state);
   if (!finite_loss(loss)) state.SkipWithError("eager MLP step: loss is not finite");
 }
@@ -356,7 +312,7 @@ void chain_hand_fused(benchmark::State& state) {
     benchmark::DoNotOptimize(py);
     benchmark::ClobberMemory();
   }
-  record_eager(state, clock, "chain/hand");
+  record_reference(state, clock, "chain/hand");
   set_elementwise_counters(state, kChainSize, 2);
 }
 
@@ -380,7 +336,7 @@ void chain_eager(benchmark::State& state) {
   LoopClock clock;
   timed_calls(state, [&] { return chain(x); });
   const double ns = clock.ns_per_iteration(state);
-  record_eager(state, clock, "chain/eager");
+  record_reference(state, clock, "chain/eager");
   report_ratio(state, ns, "chain/hand", "x_hand");
   faults.report(state);
   set_elementwise_counters(state, kChainSize, 2);
@@ -519,7 +475,7 @@ void chain_in_cache_hand(benchmark::State& state, std::int64_t size) {
     benchmark::DoNotOptimize(y);
     benchmark::ClobberMemory();
   }
-  record_eager(state, clock, in_cache_key(size));
+  record_reference(state, clock, in_cache_key(size));
   report_ns_per_element(state, clock, size);
 }
 

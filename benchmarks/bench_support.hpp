@@ -1,6 +1,7 @@
 // Helpers shared by the benchmark files (bench_eager.cpp, bench_jit.cpp, bench_torch.cpp):
 // thread-count scoping, the "faults/iter" counter, the "allocs/call" and "buffers/call" counters,
-// the elementwise rate counters, and the LeNet5 conv shapes with their registration. It includes
+// the elementwise rate counters, the table of reference rows that ratios divide by, and the
+// LeNet5 conv shapes with their registration. It includes
 // only std, Google Benchmark and xgrad's thread pool and storage headers, so bench_torch.cpp can
 // use it without the rest of xgrad.
 #pragma once
@@ -8,7 +9,11 @@
 #include <benchmark/benchmark.h>
 #include <sys/resource.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdint>
+#include <ctime>
+#include <map>
 #include <string>
 #include <utility>
 
@@ -92,6 +97,56 @@ class AllocationCounter {
   std::uint64_t m_serial;
 };
 
+// ---- rows divided by a reference row of the same run ------------------------------------------
+
+inline double thread_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
+/// ns per iteration of the last run of each reference row, by key. One table for every file
+/// (an inline function's static), so an xgrad row can divide by a LibTorch row.
+inline std::map<std::string, double>& reference_ns() {
+  static std::map<std::string, double> table;
+  return table;
+}
+
+/// Times a benchmark loop with the calling thread's CPU clock (Google Benchmark's CPU time), or
+/// with the wall clock for rows that run on several threads (their real time).
+class LoopClock {
+ public:
+  explicit LoopClock(bool wall = false) : m_wall(wall), m_start(now()) {}
+  double ns_per_iteration(const benchmark::State& state) const {
+    const double iterations = static_cast<double>(std::max<benchmark::IterationCount>(state.iterations(), 1));
+    return (now() - m_start) * 1e9 / iterations;
+  }
+
+ private:
+  double now() const {
+    if (!m_wall) return thread_cpu_seconds();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  }
+  bool m_wall;
+  double m_start;
+};
+
+inline void record_reference(const benchmark::State& state, const LoopClock& clock, const std::string& key) {
+  reference_ns()[key] = clock.ns_per_iteration(state);
+}
+
+/// Sets counter `name` to ns / the reference row's ns per call and returns that ratio; returns 0
+/// (and sets nothing) when the reference row has not run.
+inline double report_ratio(benchmark::State& state, double ns, const std::string& key, const std::string& name) {
+  auto it = reference_ns().find(key);
+  if (it == reference_ns().end() || it->second <= 0) return 0.0;
+  state.counters[name] = ns / it->second;
+  return ns / it->second;
+}
+
+/// "met" / "missed" for a row's label.
+inline const char* verdict(bool met) { return met ? "met" : "missed"; }
+
 // ---- conv2d at the LeNet5 shapes (batch 32), the same for xgrad and LibTorch -----------------
 
 struct ConvCase {
@@ -127,5 +182,13 @@ inline void register_conv(const std::string& impl, ConvBenchmark forward, ConvBe
         ->UseRealTime();
   }
 }
+
+// ---- the LeNet5 train step (bench_lenet.cpp) ---------------------------------------------------
+
+inline constexpr std::int64_t kLeNetBatch = 32;
+
+/// The LibTorch LeNet5 train step on `threads` intra-op threads (bench_torch.cpp, compiled with
+/// XGRAD_BENCH_HAVE_TORCH); records its ns per step as reference row `key`.
+void lenet_step_torch(benchmark::State& state, int threads, const std::string& key);
 
 }  // namespace xgrad::bench

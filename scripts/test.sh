@@ -2,7 +2,7 @@
 # Builds and runs the test suite: once optimized, once under AddressSanitizer + UBSan.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/ensure_packages.sh g++ cmake make ccache xtensor-dev libxsimd-dev doctest-dev
+scripts/ensure_packages.sh g++ cmake make ccache xtensor-dev libxsimd-dev doctest-dev zlib1g-dev dataset-fashion-mnist
 jobs="$(nproc)"
 
 cmake -S . -B build-test -DCMAKE_BUILD_TYPE=Release -DXGRAD_BUILD_TESTS=ON -DXGRAD_BUILD_EXAMPLES=ON
@@ -14,7 +14,8 @@ build-test/examples/worked_examples > /dev/null
 # find_package(xgrad) against an installed copy.
 rm -rf build-test/prefix build-test/consumer
 cmake --install build-test --prefix build-test/prefix > /dev/null
-cmake -S tests/install_consumer -B build-test/consumer -DCMAKE_PREFIX_PATH="$PWD/build-test/prefix" > /dev/null
+cmake -S tests/install_consumer -B build-test/consumer -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_PREFIX_PATH="$PWD/build-test/prefix" > /dev/null
 cmake --build build-test/consumer
 build-test/consumer/consumer && echo "find_package(xgrad) consumer: ok"
 

@@ -209,6 +209,10 @@ const std::vector<PoolCase>& pool_cases() {
       {2, 3, 6, 40, 3, 3, 1, 1, 1, 1, 1, 1},    // stride 1, wide: SIMD interior with clipped rows
       {1, 2, 5, 37, 2, 3, 1, 1, 1, 0, 0, 2},    // stride 1, wide, asymmetric padding
       {1, 2, 4, 33, 2, 3, 1, 1, 0, 1, 0, 2},    // stride 1: interior ends just short of a SIMD block
+      {2, 3, 28, 28, 2, 2, 2, 2, 0, 0, 0, 0},   // LeNet5's first pooling: window starts in batches and a tail
+      {2, 4, 10, 10, 2, 2, 2, 2, 0, 0, 0, 0},   // LeNet5's second: rows shorter than a batch
+      {1, 2, 5, 45, 3, 3, 2, 2, 1, 1, 1, 1},    // stride 2, wide, padded: batched interior between edges
+      {1, 2, 4, 50, 2, 4, 1, 3, 0, 0, 2, 1},    // kernel > stride along w, padded
   };
   return cases;
 }
@@ -216,8 +220,9 @@ const std::vector<PoolCase>& pool_cases() {
 int64_t pool_in_size(const cpu::Pool2dGeometry& g) { return g.n * g.c * g.h * g.w; }
 int64_t pool_out_size(const cpu::Pool2dGeometry& g) { return g.n * g.c * g.out_h * g.out_w; }
 
-// Flat input index of the first maximum of each window (padding never wins), -1 if empty.
-std::vector<int64_t> naive_argmax(const cpu::Pool2dGeometry& g, const Vec& x) {
+// Flat input index of the first NaN of each window in row-major order, else of its first
+// maximum (padding never wins), -1 if empty.
+template <class V> std::vector<int64_t> naive_argmax(const cpu::Pool2dGeometry& g, const V& x) {
   std::vector<int64_t> arg(static_cast<std::size_t>(pool_out_size(g)), -1);
   for (int64_t p = 0; p < g.n * g.c; ++p)
     for (int64_t oh = 0; oh < g.out_h; ++oh)
@@ -229,7 +234,9 @@ std::vector<int64_t> naive_argmax(const cpu::Pool2dGeometry& g, const Vec& x) {
             const int64_t iw = ow * g.stride_w - g.pad_left + kj;
             if (ih < 0 || ih >= g.h || iw < 0 || iw >= g.w) continue;
             const int64_t xi = (p * g.h + ih) * g.w + iw;
-            if (best < 0 || x[static_cast<std::size_t>(xi)] > x[static_cast<std::size_t>(best)]) best = xi;
+            const auto v = x[static_cast<std::size_t>(xi)];
+            const auto b = best < 0 ? v : x[static_cast<std::size_t>(best)];
+            if (best < 0 || (!std::isnan(b) && (std::isnan(v) || v > b))) best = xi;
           }
         arg[static_cast<std::size_t>((p * g.out_h + oh) * g.out_w + ow)] = best;
       }
@@ -495,6 +502,32 @@ TEST_CASE_TEMPLATE("pool2d kernels match direct loops", T, float, double) {
       cpu::avg_pool2d_backward(g, gyt.data(), gxa.data());
       check_close(gxa, avg_back_ref, avg_back_scale, "avg_pool2d_backward");
     }
+  }
+}
+
+TEST_CASE_TEMPLATE("max_pool2d propagates the first NaN of a window", T, float, double) {
+  // Wide rows: the batched window starts, the scalar tail and the padded edges all meet NaNs.
+  for (const PoolCase& pc :
+       {PoolCase{1, 2, 6, 37, 2, 2, 2, 2, 0, 0, 0, 0}, PoolCase{1, 1, 5, 40, 3, 3, 1, 1, 1, 1, 1, 1}}) {
+    const cpu::Pool2dGeometry g = pool_geometry(pc);
+    CAPTURE(pc.w);
+    std::vector<T> x = cast_vec<T>(random_vec(pool_in_size(g), 77));
+    for (std::size_t i = 3; i < x.size(); i += 7) x[i] = std::numeric_limits<T>::quiet_NaN();
+    const std::vector<int64_t> arg = naive_argmax(g, x);
+    std::vector<T> y(static_cast<std::size_t>(pool_out_size(g)));
+    std::vector<T> gy(y.size()), gx(x.size());
+    std::iota(gy.begin(), gy.end(), T(1));
+    cpu::max_pool2d_forward(g, x.data(), y.data());
+    cpu::max_pool2d_scatter(g, x.data(), gy.data(), gx.data());
+    std::vector<T> gx_ref(x.size(), T(0));
+    for (std::size_t o = 0; o < y.size(); ++o) {
+      const T want = x[static_cast<std::size_t>(arg[o])];
+      CAPTURE(o);
+      CHECK(std::isnan(y[o]) == std::isnan(want));
+      if (!std::isnan(want)) CHECK(y[o] == want);
+      gx_ref[static_cast<std::size_t>(arg[o])] += gy[o];
+    }
+    CHECK(gx == gx_ref);
   }
 }
 

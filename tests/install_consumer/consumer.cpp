@@ -1,8 +1,16 @@
-// Checks that an installed xgrad compiles, links and computes: the seeds' Add example.
+// Checks that an installed xgrad compiles, links and computes: the seeds' Add example, and the
+// data layer, whose gzip reader needs the zlib the exported target brings.
+#include <xgrad/data/mnist.hpp>
 #include <xgrad/xgrad.hpp>
 
 int main() {
   namespace xg = xgrad;
   auto sum = xg::tensor<float>({1, 2, 3}) + xg::tensor<float>({4, 5, 6});
-  return sum.to_vector() == std::vector<float>{5, 7, 9} ? 0 : 1;
+  if (sum.to_vector() != std::vector<float>{5, 7, 9}) return 1;
+  try {
+    xg::data::read_idx("/nonexistent/images.idx.gz");
+    return 1;
+  } catch (const xg::ValueError&) {
+  }
+  return 0;
 }

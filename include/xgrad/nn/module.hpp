@@ -67,6 +67,10 @@ class Module {
     m_parameters.emplace_back(name, p);
   }
 
+  /// Registers `t` as state that is not trained but saved with the module (BatchNorm's running
+  /// statistics, Dropout's random key): "bn1.running_mean" once registered in a parent.
+  template <Element T> void register_buffer(const std::string& name, Tensor<T>& t) { m_buffers.emplace_back(name, t); }
+
   /// Registers a child module under `name`.
   void register_module(const std::string& name, Module& child) {
     if (child.m_parent)
@@ -111,6 +115,29 @@ class Module {
     return out;
   }
 
+  /// (full name, tensor) of every buffer, own first, then each child's.
+  std::vector<std::pair<std::string, TensorBase>> named_buffers() const {
+    std::vector<std::pair<std::string, TensorBase>> out;
+    collect_buffers("", out);
+    return out;
+  }
+
+  /// Everything a checkpoint holds: the parameters, then the buffers.
+  std::vector<std::pair<std::string, TensorBase>> named_state() const {
+    auto out = named_parameters();
+    for (auto& b : named_buffers()) out.push_back(std::move(b));
+    return out;
+  }
+
+  /// Training (the default) or evaluation behaviour, for this module and its children:
+  /// Dropout drops only in training, BatchNorm2d normalizes by batch statistics in training and
+  /// by its running statistics otherwise. In Mode::graph each behaviour has its own compiled forward.
+  void set_train(bool on = true) {
+    m_training = on;
+    for (auto& [name, child] : m_children) child->set_train(on);
+  }
+  bool training() const { return m_training; }
+
   /// The registered children, in order.
   const std::vector<std::pair<std::string, Module*>>& children() const { return m_children; }
 
@@ -129,11 +156,14 @@ class Module {
     return compiled()(xs...);
   }
 
+  /// The compiled forward for the current train/eval behaviour (a trace bakes the behaviour in).
   Jitted<Forward>& compiled() {
-    std::call_once(m_compile_once, [this] {
-      m_compiled = std::make_unique<Jitted<Forward>>(Forward{this}, JitConfig{.name = name()}, SourceLoc::current());
+    const std::size_t which = m_training ? 1 : 0;
+    std::call_once(m_compile_once[which], [this, which] {
+      m_compiled[which] = std::make_unique<Jitted<Forward>>(
+          Forward{this}, JitConfig{.name = name() + (m_training ? "" : ".eval")}, SourceLoc::current());
     });
-    return *m_compiled;
+    return *m_compiled[which];
   }
 
   void prefix_parameter_names(const std::string& prefix) {
@@ -146,12 +176,19 @@ class Module {
     for (const auto& [name, child] : m_children) child->collect(out);
   }
 
+  void collect_buffers(const std::string& prefix, std::vector<std::pair<std::string, TensorBase>>& out) const {
+    for (const auto& [name, b] : m_buffers) out.emplace_back(prefix + name, b);
+    for (const auto& [name, child] : m_children) child->collect_buffers(prefix + name + ".", out);
+  }
+
   std::string m_name;
   Module* m_parent = nullptr;
   std::vector<std::pair<std::string, TensorBase>> m_parameters;
+  std::vector<std::pair<std::string, TensorBase>> m_buffers;
   std::vector<std::pair<std::string, Module*>> m_children;
-  std::once_flag m_compile_once;
-  std::unique_ptr<Jitted<Forward>> m_compiled;
+  bool m_training = true;
+  std::once_flag m_compile_once[2];  // [0] eval, [1] training
+  std::unique_ptr<Jitted<Forward>> m_compiled[2];
 };
 
 }  // namespace xgrad::nn

@@ -97,9 +97,13 @@ struct Sigmoid : UnaryDefaults {
 
 struct Relu : UnaryDefaults {
   static constexpr std::string_view name = "ReLU";
+  // The gradient reads the output (y > 0 exactly where x > 0): the input can die at once, and a
+  // compiled graph can fuse the ReLU into the producer of x (a GEMM's or conv's epilogue).
+  static constexpr bool reads_inputs = false;
+  static constexpr bool reads_output = true;
   template <class V> static V apply(const V& x) { return xsimd::max(x, V(0)); }
-  template <class T> static Tensor<T> grad(const Tensor<T>& x, const Tensor<T>&, const Tensor<T>& g) {
-    return where(x > T(0), g, T(0));
+  template <class T> static Tensor<T> grad(const Tensor<T>&, const Tensor<T>& y, const Tensor<T>& g) {
+    return where(y > T(0), g, T(0));
   }
 };
 
@@ -252,7 +256,13 @@ struct Greater : ComparisonDefaults {
 struct Where {
   static constexpr std::string_view name = "Select";
   static constexpr OpTraits traits{.elementwise = true};
-  template <class V> static V apply(bool c, const V& a, const V& b) { return c ? a : b; }
+  // c is a bool, or a mask when a and b are batches.
+  template <class M, class V> static V apply(const M& c, const V& a, const V& b) {
+    if constexpr (detail::is_batch<V>)
+      return xsimd::select(c, a, b);
+    else
+      return c ? a : b;
+  }
 };
 
 /// a * b + c rounded once, on batches and on scalars alike, so both agree bit for bit.

@@ -1,10 +1,12 @@
 // Algebraic simplification: rewrites that remove work without changing what the graph
-// computes. Exact rewrites always apply; those that can change a result's bits (x + 0 maps
+// computes. Exact rewrites always apply (among them ReLU's gradient moved through max pooling's
+// onto the smaller pooled tensor); those that can change a result's bits (x + 0 maps
 // -0 to +0; exp(log x), a * b + c as an fma and a sum of k copies as one multiply round
 // differently) only without PassContext::strict.
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "xgrad/ops/elementwise.hpp"
@@ -164,6 +166,60 @@ inline ir::Value* multiply_add(ir::Graph& g, std::size_t at, const PassContext& 
   return nullptr;
 }
 
+/// True when `v` is a Const whose elements are all +0 (not -0).
+inline bool is_positive_zero(const ir::Value* v) {
+  if (!is_constant(v, 0)) return false;
+  const TensorBase& t = constant_node(v)->constant;
+  const void* data = t.impl()->storage->data();
+  for (std::int64_t i = 0; i < t.numel(); ++i)
+    if ((t.dtype() == DType::float32 && std::signbit(static_cast<const float*>(data)[i])) ||
+        (t.dtype() == DType::float64 && std::signbit(static_cast<const double*>(data)[i])))
+      return false;
+  return true;
+}
+
+/// where(y > 0, MaxPoolGrad(y, g), 0) -> MaxPoolGrad(y, where(MaxPool(y) > 0, g, 0)): ReLU's
+/// gradient before max pooling's, applied to the pooled tensor instead of the full one. Exact:
+/// the scatter puts g[o] only at its window's argmax i, where y[i] is MaxPool(y)[o], so both
+/// masks pass the same terms in the same order (a masked element is +0 either way, NaN
+/// included). Needs the forward MaxPool(y) with the same attributes, before the gradient.
+/// True when it rewrote the Select at `at`.
+inline bool mask_through_max_pool_grad(ir::Graph& g, std::size_t& at) {
+  const ir::Node& select = *g.nodes[at];
+  if (select.op != "Select" || !is_positive_zero(select.inputs[2])) return false;
+  const ir::Node* greater = select.inputs[0]->producer;
+  ir::Node* grad = select.inputs[1]->producer;
+  if (!greater || greater->op != "Greater" || !is_positive_zero(greater->inputs[1]) || !grad ||
+      grad->op != "MaxPoolGrad" || greater->inputs[0] != grad->inputs[0] || readers(g, select.inputs[1]) != 1 ||
+      !same_type(select.inputs[1], select.outputs[0]))
+    return false;
+  ir::Value* y = grad->inputs[0];
+  const DType dtype = y->dtype;
+  if (dtype != DType::float32 && dtype != DType::float64) return false;
+  auto position = [&](const ir::Node* n) {
+    return static_cast<std::size_t>(
+        std::find_if(g.nodes.begin(), g.nodes.end(), [&](const auto& p) { return p.get() == n; }) - g.nodes.begin());
+  };
+  const std::size_t grad_at = position(grad);
+  const ir::Node* pool = nullptr;
+  for (std::size_t k = 0; k < grad_at && !pool; ++k) {
+    const ir::Node& n = *g.nodes[k];
+    if (n.op == "MaxPool" && n.inputs[0] == y && n.attrs == grad->attrs) pool = &n;
+  }
+  if (!pool) return false;
+  const std::size_t size_before = g.nodes.size();
+  auto masked = [&]<class T>(std::type_identity<T>) {
+    return splice(g, grad_at, {pool->outputs[0], grad->inputs[1]}, *grad, [](std::span<const TensorBase> in) {
+      return TensorBase(where(Tensor<T>(in[0]) > T(0), Tensor<T>(in[1]), T(0)));
+    });
+  };
+  grad->inputs[1] =
+      dtype == DType::float32 ? masked(std::type_identity<float>{}) : masked(std::type_identity<double>{});
+  at += g.nodes.size() - size_before;  // the Select moved back by the nodes spliced in before it
+  replace_uses(g, g.nodes[at]->outputs[0], grad->outputs[0]);
+  return true;
+}
+
 }  // namespace detail
 
 inline bool simplify(ir::Graph& g, const PassContext& ctx) {
@@ -173,6 +229,10 @@ inline bool simplify(ir::Graph& g, const PassContext& ctx) {
     // Rewrites that replace the node with new ones, spliced in before it.
     const std::size_t size_before = g.nodes.size();
     ir::Value* old_out = g.nodes[k]->outputs.empty() ? nullptr : g.nodes[k]->outputs[0];
+    if (detail::mask_through_max_pool_grad(g, k)) {
+      changed = true;
+      continue;
+    }
     ir::Value* rewritten = detail::sum_of_broadcast(g, k, ctx);
     if (!rewritten) rewritten = detail::multiply_add(g, k, ctx);
     if (rewritten) {

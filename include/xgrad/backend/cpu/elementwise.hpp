@@ -8,6 +8,12 @@
 
 #include <xsimd/xsimd.hpp>
 
+// Without optimization GCC's AVX-512 intrinsics are macros whose casts reject xsimd 8's batch
+// types (xsimd::log alone fails to compile): say so instead of a page of template errors.
+#if defined(__GNUC__) && !defined(__clang__) && !defined(__OPTIMIZE__) && defined(__AVX512BW__)
+#error "xgrad with AVX-512 needs an optimized build (-Og, -O1 or higher; a CMake Debug build: add -Og)"
+#endif
+
 #include "xgrad/backend/cpu/thread_pool.hpp"
 #include "xgrad/core/shape.hpp"
 
@@ -81,10 +87,37 @@ template <class Op, class T>
 concept SimdBody2 = simd_type<T> && requires(xsimd::batch<T> v) {
   { Op::apply(v, v) } -> std::same_as<xsimd::batch<T>>;
 };
-template <class Op, class T>
-concept SimdBody3 = simd_type<T> && requires(xsimd::batch<T> v) {
-  { Op::apply(v, v, v) } -> std::same_as<xsimd::batch<T>>;
+/// A mask from batch<T>::size consecutive bools. xsimd's batch_bool::load_unaligned tests them
+/// one by one; widening the bytes to T lanes and comparing vectorizes.
+template <class T> xsimd::batch_bool<T> load_mask(const bool* p) {
+  using V = xsimd::batch<T>;
+  const auto* bytes = reinterpret_cast<const unsigned char*>(p);
+  alignas(V::arch_type::alignment()) T lanes[V::size];
+  for (std::size_t j = 0; j < V::size; ++j) lanes[j] = static_cast<T>(bytes[j]);
+  return V::load_aligned(lanes) != V(T(0));
+}
+
+/// A ternary op's first operand as a batch: a mask when it is bool (where's condition).
+template <class C, class T> inline constexpr bool simd_first = std::is_same_v<C, T> || std::is_same_v<C, bool>;
+template <class C, class T> using FirstBatch =
+    std::conditional_t<std::is_same_v<C, bool>, xsimd::batch_bool<T>, xsimd::batch<T>>;
+template <class Op, class C, class T>
+concept SimdBody3 = simd_type<T> && simd_first<C, T> && requires(FirstBatch<C, T> c, xsimd::batch<T> v) {
+  { Op::apply(c, v, v) } -> std::same_as<xsimd::batch<T>>;
 };
+
+/// Calls f(load...) with one element loader per (pointer, stride) pair, in order: p[i] for
+/// stride 1, p[0] read once for stride 0. Each stride pattern gets a loop of its own with no
+/// stride arithmetic in it, which the compiler vectorizes where the op has no batch body
+/// (comparisons writing bool, where reading a bool condition, integers).
+template <class F> void with_loaders(F&& f) { f(); }
+template <class F, class P, class... Rest>
+void with_loaders(F&& f, const P* p, std::int64_t stride, const Rest&... rest) {
+  if (stride)
+    with_loaders([&](auto... more) { f([p](std::int64_t i) { return p[i]; }, more...); }, rest...);
+  else
+    with_loaders([&](auto... more) { f([v = *p](std::int64_t) { return v; }, more...); }, rest...);
+}
 
 /// One contiguous run of a unary op.
 template <class Op, class T, class R> void unary_run(const T* x, R* y, std::int64_t n) {
@@ -138,7 +171,11 @@ void binary_run(const A* a, std::int64_t sa, const B* b, std::int64_t sb, R* out
       std::copy(la, la + (n - i), out + i);
     }
   } else {
-    for (std::int64_t i = 0; i < n; ++i) out[i] = static_cast<R>(Op::apply(a[i * sa], b[i * sb]));
+    with_loaders(
+        [&](auto load_a, auto load_b) {
+          for (std::int64_t i = 0; i < n; ++i) out[i] = static_cast<R>(Op::apply(load_a(i), load_b(i)));
+        },
+        a, sa, b, sb);
   }
 }
 
@@ -146,27 +183,37 @@ void binary_run(const A* a, std::int64_t sa, const B* b, std::int64_t sb, R* out
 template <class Op, class C, class A, class B, class R> void ternary_run(const C* c, std::int64_t sc, const A* a,
                                                                          std::int64_t sa, const B* b, std::int64_t sb,
                                                                          R* out, std::int64_t n) {
-  if constexpr (std::is_same_v<C, A> && std::is_same_v<A, B> && std::is_same_v<A, R> && SimdBody3<Op, A>) {
+  if constexpr (std::is_same_v<A, B> && std::is_same_v<A, R> && SimdBody3<Op, C, A>) {
     using V = xsimd::batch<A>;
+    using CV = FirstBatch<C, A>;
     constexpr auto w = static_cast<std::int64_t>(V::size);
     // A stride-0 input is one value for every lane; the test is the same every batch.
-    auto load = [](const A* p, std::int64_t stride, std::int64_t i) {
-      return stride ? V::load_unaligned(p + i) : V(*p);
+    auto load = []<class P>(const P* p, std::int64_t stride, std::int64_t i) {
+      using PV = std::conditional_t<std::is_same_v<P, C>, CV, V>;
+      if constexpr (std::is_same_v<P, bool>)
+        return stride ? load_mask<A>(p + i) : PV(*p);
+      else
+        return stride ? PV::load_unaligned(p + i) : PV(*p);
     };
     std::int64_t i = 0;
     for (; i + w <= n; i += w) Op::apply(load(c, sc, i), load(a, sa, i), load(b, sb, i)).store_unaligned(out + i);
     if (i < n) {  // the tail through the same batch code (see unary_run)
-      alignas(V::arch_type::alignment()) A lc[V::size] = {}, la[V::size] = {}, lb[V::size] = {};
+      alignas(V::arch_type::alignment()) C lc[V::size] = {};
+      alignas(V::arch_type::alignment()) A la[V::size] = {}, lb[V::size] = {};
       for (std::int64_t j = i; j < n; ++j) {
         lc[j - i] = c[j * sc];
         la[j - i] = a[j * sa];
         lb[j - i] = b[j * sb];
       }
-      Op::apply(V::load_aligned(lc), V::load_aligned(la), V::load_aligned(lb)).store_aligned(lc);
-      std::copy(lc, lc + (n - i), out + i);
+      Op::apply(load(lc, 1, 0), V::load_aligned(la), V::load_aligned(lb)).store_aligned(la);
+      std::copy(la, la + (n - i), out + i);
     }
   } else {
-    for (std::int64_t i = 0; i < n; ++i) out[i] = Op::apply(c[i * sc], a[i * sa], b[i * sb]);
+    with_loaders(
+        [&](auto load_c, auto load_a, auto load_b) {
+          for (std::int64_t i = 0; i < n; ++i) out[i] = Op::apply(load_c(i), load_a(i), load_b(i));
+        },
+        c, sc, a, sa, b, sb);
   }
 }
 
@@ -202,6 +249,12 @@ template <class Op, class C, class A, class B, class R>
 void map_ternary(const BroadcastPlan<3>& plan, const C* c, const A* a, const B* b, R* out) {
   const std::int64_t inner = plan.inner(), outer = plan.outer();
   const std::int64_t sc = plan.inner_stride(0), sa = plan.inner_stride(1), sb = plan.inner_stride(2);
+  if (outer == 1) {
+    parallel_for(0, inner, kElementwiseGrain, [&](std::int64_t lo, std::int64_t hi) {
+      detail::ternary_run<Op>(c + lo * sc, sc, a + lo * sa, sa, b + lo * sb, sb, out + lo, hi - lo);
+    });
+    return;
+  }
   parallel_for(0, outer, std::max<std::int64_t>(1, kElementwiseGrain / std::max<std::int64_t>(inner, 1)),
                [&](std::int64_t lo, std::int64_t hi) {
                  for (std::int64_t row = lo; row < hi; ++row)

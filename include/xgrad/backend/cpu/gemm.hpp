@@ -215,20 +215,25 @@ template <class T, int64_t NR> void pack_b(int64_t kc, int64_t nc, const T* b, i
         const T* s = src + p * rs;
         for (int64_t j = 0; j < NR; j += L) batch::load_unaligned(s + j).store_aligned(dst + p * NR + j);
       }
-    } else if (cols == NR && rs == 1) {
-      // Transposed B: columns are contiguous, so transpose lanes x lanes blocks.
+    } else if (rs == 1) {
+      // Transposed B: columns are contiguous, so transpose lanes x lanes blocks; a partial
+      // panel (a conv's weight gradient has 25 or 150 columns) too, then zeros past its end.
       int64_t p0 = 0;
+      int64_t blocked = 0;  // columns whose rows below p0 the transposes wrote
       if constexpr (has_simd_transpose<T>) {
+        blocked = cols / L * L;
         for (; p0 + L <= kc; p0 += L) {
-          for (int64_t jb = 0; jb < NR; jb += L) {
+          for (int64_t jb = 0; jb < blocked; jb += L) {
             transpose_block(src + jb * cs + p0, cs, dst + p0 * NR + jb, NR);
           }
         }
       }
-      for (int64_t j = 0; j < NR; ++j) {
+      for (int64_t j = 0; j < cols; ++j) {
         const T* s = src + j * cs;
-        for (int64_t p = p0; p < kc; ++p) dst[p * NR + j] = s[p];
+        for (int64_t p = j < blocked ? p0 : 0; p < kc; ++p) dst[p * NR + j] = s[p];
       }
+      if (cols < NR)
+        for (int64_t p = 0; p < kc; ++p) std::fill(dst + p * NR + cols, dst + (p + 1) * NR, T(0));
     } else {
       for (int64_t p = 0; p < kc; ++p) {
         int64_t j = 0;
@@ -242,10 +247,11 @@ template <class T, int64_t NR> void pack_b(int64_t kc, int64_t nc, const T* b, i
 
 /// Register-blocked tile: C[rows x cols] = alpha * A_panel * B_panel + beta * C, computing MK
 /// rows x NK vectors (MK >= rows, NK * lanes >= cols). A(i,p) is at pa[i * a_row_stride + p]
-/// (see pack_a), B row p at pb + p * NB * lanes (see pack_b). Full tiles go straight to C, edge
-/// tiles through an aligned temporary. beta == 0 never reads C.
+/// (see pack_a), B row p at pb + p * ldb: NB * lanes in a packed panel (see pack_b), or B's own
+/// row stride when it is read in place. Full tiles go straight to C, edge tiles through an
+/// aligned temporary. beta == 0 never reads C.
 template <class T, int MK, int NK, int NB> void micro_kernel(int64_t kc, const T* __restrict pa, const T* __restrict pb,
-                                                             T alpha, T beta, T* __restrict c, int64_t ldc,
+                                                             int64_t ldb, T alpha, T beta, T* __restrict c, int64_t ldc,
                                                              int64_t rows, int64_t cols) {
   using batch = xsimd::batch<T>;
   constexpr int64_t L = static_cast<int64_t>(batch::size);
@@ -269,7 +275,7 @@ template <class T, int MK, int NK, int NB> void micro_kernel(int64_t kc, const T
       for (int j = 0; j < NK; ++j) acc[i][j] = xsimd::fma(av, bv[j], acc[i][j]);
     }
     ++pa;
-    pb += NB * L;
+    pb += ldb;
   }
 
   const batch va(alpha);
@@ -316,7 +322,8 @@ template <class T, int MK, int NK, int NB> void micro_kernel(int64_t kc, const T
   }
 }
 
-template <class T> using MicroKernelFn = void (*)(int64_t, const T*, const T*, T, T, T*, int64_t, int64_t, int64_t);
+template <class T>
+using MicroKernelFn = void (*)(int64_t, const T*, const T*, int64_t, T, T, T*, int64_t, int64_t, int64_t);
 
 /// Kernels for edge tiles, indexed by [rows - 1][vectors - 1]. Row counts round up to even so
 /// the table stays small; a short tile then wastes at most one row of work.
@@ -374,6 +381,11 @@ template <class T> void gemm_serial(int64_t m, int64_t n, int64_t k, T alpha, co
   auto& ws = gemm_workspace<T>();
   T* pa_buf = ws.m_a.get((mc_max + MR - 1) / MR * a_panel);
   T* pb_buf = ws.m_b.get((nc_max + NR - 1) / NR * NR * kc_max);
+  // With one or two micro-panels of A rows, each element of B is used at most twice: the
+  // micro-kernel reads B's whole panels in place (rows brs apart), which costs less than
+  // copying them first (LeNet5's conv GEMMs: 6 or 16 rows). Only a last, partial panel is
+  // packed, since its rows would be read past their end.
+  const bool b_in_place = bcs == 1 && m <= 2 * MR;
 
   for (int64_t jc = 0; jc < n; jc += nc_max) {
     const int64_t nc = std::min(nc_max, n - jc);
@@ -381,7 +393,9 @@ template <class T> void gemm_serial(int64_t m, int64_t n, int64_t k, T alpha, co
       const int64_t kc = std::min(kc_max, k - pc);
       // Only the first k-block applies the caller's beta; later ones accumulate.
       const T beta_eff = pc == 0 ? beta : T(1);
-      pack_b<T, NR>(kc, nc, b + pc * brs + jc * bcs, brs, bcs, pb_buf);
+      const T* b_block = b + pc * brs + jc * bcs;
+      const int64_t whole = b_in_place ? nc / NR * NR : 0;  // columns read in place
+      pack_b<T, NR>(kc, nc - whole, b_block + whole * bcs, brs, bcs, pb_buf);
       for (int64_t ic = 0; ic < m; ic += mc_max) {
         const int64_t mc = std::min(mc_max, m - ic);
         pack_a<T>(mc, kc, a + ic * ars + pc * acs, ars, acs, pa_buf);
@@ -392,12 +406,14 @@ template <class T> void gemm_serial(int64_t m, int64_t n, int64_t k, T alpha, co
           T* c_row = c + (ic + ir) * ldc + jc;
           for (int64_t jr = 0; jr < nc; jr += NR) {
             const int64_t cols = std::min(NR, nc - jr);
-            const T* pb = pb_buf + jr * kc;
+            const bool in_place = jr < whole;
+            const T* pb = in_place ? b_block + jr : pb_buf + (jr - whole) * kc;
+            const int64_t ldb = in_place ? brs : NR;
             if (rows == MR && cols == NR) {
-              micro_kernel<T, MR, NB, NB>(kc, pa, pb, alpha, beta_eff, c_row + jr, ldc, rows, cols);
+              micro_kernel<T, MR, NB, NB>(kc, pa, pb, ldb, alpha, beta_eff, c_row + jr, ldc, rows, cols);
             } else {
               const auto fn = k_kernel_table<T, NB, MR>[rows - 1][(cols + L - 1) / L - 1];
-              fn(kc, pa, pb, alpha, beta_eff, c_row + jr, ldc, rows, cols);
+              fn(kc, pa, pb, ldb, alpha, beta_eff, c_row + jr, ldc, rows, cols);
             }
           }
         }

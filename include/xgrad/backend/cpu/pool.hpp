@@ -5,6 +5,7 @@
 #include <cassert>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include <xsimd/xsimd.hpp>
@@ -38,103 +39,86 @@ inline PoolSpan pool_span(int64_t o, int64_t stride, int64_t pad, int64_t k, int
   return {lo, std::clamp<int64_t>(start + k, lo, in)};
 }
 
-/// Per-thread working rows for the pooling kernels.
-template <class T> struct PoolScratch {
-  std::vector<T> m_values;        // one per input column
-  std::vector<T> m_rows;          // one per input column: a row index, held as T for SIMD (exact below 2^24)
-  std::vector<int64_t> m_argmax;  // one per output column
+// Input elements one pass of the window reductions covers (whole planes, at least one): its
+// working buffers, four of this size, stay in L2.
+inline constexpr int64_t k_pool_chunk_elements = int64_t{1} << 13;
 
-  explicit PoolScratch(const Pool2dGeometry& g)
-      : m_values(static_cast<std::size_t>(g.w)),
-        m_rows(static_cast<std::size_t>(g.w)),
-        m_argmax(static_cast<std::size_t>(g.out_w)) {}
+/// The output indices along one axis whose window lies wholly inside the input (the others
+/// are edges, done one by one).
+inline PoolSpan pool_interior(int64_t out, int64_t in, int64_t k, int64_t stride, int64_t pad) {
+  const int64_t lo = std::min(out, (pad + stride - 1) / stride);
+  if (in < k) return {lo, lo};
+  return {lo, std::clamp((in - k + pad) / stride + 1, lo, out)};
+}
+
+/// Per-thread working buffers of the pooling kernels, one element per input element of a chunk.
+template <class T> struct PoolScratch {
+  std::vector<T> m_values, m_rows, m_win_rows, m_win_taps;
+
+  explicit PoolScratch(int64_t elements)
+      : m_values(static_cast<std::size_t>(elements)),
+        m_rows(static_cast<std::size_t>(elements)),
+        m_win_rows(static_cast<std::size_t>(elements)),
+        m_win_taps(static_cast<std::size_t>(elements)) {}
 };
 
-/// Runs f(plane, scratch) for every (n, c) plane index, in parallel when the work is large;
-/// scratch is a PoolScratch<T> private to the calling thread.
-template <class T, class F> void for_each_pool_plane(const Pool2dGeometry& g, F&& f) {
+/// Runs f(first, count, scratch) over chunks of consecutive (n, c) planes, in parallel when the
+/// work is large; scratch is a PoolScratch<T> private to the calling thread.
+template <class T, class F> void for_each_pool_chunk(const Pool2dGeometry& g, F&& f) {
   assert(g.stride_h > 0 && g.stride_w > 0);
   const int64_t planes = g.n * g.c;
-  const int64_t per_plane = std::max<int64_t>(1, g.out_h * g.out_w * g.kw + g.h * g.w);
+  const int64_t plane = std::max<int64_t>(1, g.h * g.w);
+  const int64_t per_plane = g.out_h * g.out_w * g.kw + plane;
   const int64_t grain = std::max<int64_t>(1, k_pool_min_parallel_work / per_plane);
+  const int64_t chunk = std::max<int64_t>(1, k_pool_chunk_elements / plane);
   parallel_for(0, planes, grain, [&](int64_t lo, int64_t hi) {
-    PoolScratch<T> scratch(g);
-    for (int64_t p = lo; p < hi; ++p) f(p, scratch);
+    PoolScratch<T> scratch(std::min(chunk, hi - lo) * plane);
+    for (int64_t p = lo; p < hi; p += chunk) f(p, std::min(chunk, hi - p), scratch);
   });
 }
 
-/// Fills s.m_argmax with the in-plane index of the first maximum (row-major order) of each
-/// window of output row oh, or -1 for an empty window. A NaN beats every number, so it
-/// propagates as in PyTorch; the first NaN wins. Separable: each input column first finds its
-/// first maximum down the window's rows, then each output compares its window's columns.
-template <class T> void max_pool_argmax_row(const Pool2dGeometry& g, const T* xp, int64_t oh, PoolScratch<T>& s) {
-  int64_t* arg = s.m_argmax.data();
-  const PoolSpan rows = pool_span(oh, g.stride_h, g.pad_top, g.kh, g.h);
-  if (rows.size() == 0) {
-    std::fill(arg, arg + g.out_w, int64_t{-1});
-    return;
-  }
-  T* val = s.m_values.data();
-  T* row = s.m_rows.data();
-  assert(g.h <= (int64_t{1} << 24));  // row indices must stay exact in T
-  std::copy(xp + rows.lo * g.w, xp + (rows.lo + 1) * g.w, val);
-  std::fill(row, row + g.w, static_cast<T>(rows.lo));
+/// Calls body(i, V{}) for i in [0, n): V = xsimd::batch<T> at i = 0, lanes, ... while a whole
+/// batch fits, then V = T for the rest. The bodies use only comparisons, selects and single
+/// IEEE operations, so a lane gets the same bits whichever form computes it.
+template <class T, class F> void for_batches(int64_t n, F&& body) {
+  constexpr auto lanes = static_cast<int64_t>(xsimd::batch<T>::size);
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) body(i, xsimd::batch<T>{});
+  for (; i < n; ++i) body(i, T{});
+}
 
-  // Down the rows: a later row wins only when strictly greater, or when it brings the first NaN.
-  using batch = xsimd::batch<T>;
-  constexpr auto lanes = static_cast<int64_t>(batch::size);
-  for (int64_t ih = rows.lo + 1; ih < rows.hi; ++ih) {
-    const T* xr = xp + ih * g.w;
-    const batch ih_b(static_cast<T>(ih));
-    int64_t iw = 0;
-    for (; iw + lanes <= g.w; iw += lanes) {
-      const batch v = batch::load_unaligned(xr + iw);
-      const batch cur = batch::load_unaligned(val + iw);
-      const auto take = (v > cur) | (xsimd::isnan(v) & !xsimd::isnan(cur));
-      xsimd::select(take, v, cur).store_unaligned(val + iw);
-      xsimd::select(take, ih_b, batch::load_unaligned(row + iw)).store_unaligned(row + iw);
-    }
-    for (; iw < g.w; ++iw) {
-      const T v = xr[iw];
-      if (v > val[iw] || (std::isnan(v) && !std::isnan(val[iw]))) {
-        val[iw] = v;
-        row[iw] = static_cast<T>(ih);
-      }
-    }
-  }
+template <class V, class T> V load_as(const T* p) {
+  if constexpr (std::is_same_v<V, T>)
+    return *p;
+  else
+    return V::load_unaligned(p);
+}
+template <class T> void store_as(T* p, T v) { *p = v; }
+template <class T, class A> void store_as(T* p, const xsimd::batch<T, A>& v) { v.store_unaligned(p); }
 
-  // Across the columns, left to right, so equal candidates are split by row alone.
-  for (int64_t ow = 0; ow < g.out_w; ++ow) {
-    const PoolSpan cols = pool_span(ow, g.stride_w, g.pad_left, g.kw, g.w);
-    if (cols.size() == 0) {
-      arg[ow] = -1;
-      continue;
-    }
-    int64_t best_col = cols.lo;
-    T best_v = val[cols.lo];
-    T best_row = row[cols.lo];
-    for (int64_t iw = cols.lo + 1; iw < cols.hi; ++iw) {
-      const T v = val[iw];
-      const T r = row[iw];
-      bool take = false;
-      if (std::isnan(v) || std::isnan(best_v)) [[unlikely]]
-        take = std::isnan(best_v) ? std::isnan(v) && r < best_row : true;
-      else  // bitwise, to stay branch-free: on real data each comparison is a coin flip
-        take = (v > best_v) | ((v == best_v) & (r < best_row));
-      best_col = take ? iw : best_col;
-      best_v = take ? v : best_v;
-      best_row = take ? r : best_row;
-    }
-    arg[ow] = static_cast<int64_t>(best_row) * g.w + best_col;
-  }
+template <class T> T pick(bool take, T a, T b) { return take ? a : b; }
+template <class T, class A>
+xsimd::batch<T, A> pick(const xsimd::batch_bool<T, A>& take, const xsimd::batch<T, A>& a, const xsimd::batch<T, A>& b) {
+  return xsimd::select(take, a, b);
+}
+
+/// Whether candidate v from row r replaces the best so far (best, from row best_r) when a
+/// window is scanned column by column: a greater value, or an equal one from an earlier row,
+/// so the first maximum in row-major order wins; a NaN beats every number and the first NaN
+/// wins. Branch-free on scalars and batches alike: on real data each comparison is a coin flip.
+template <class V> auto pool_takes(const V& v, const V& r, const V& best, const V& best_r) {
+  using std::isnan;
+  using xsimd::isnan;
+  const auto earlier = r < best_r;
+  return (v > best) | ((v == best) & earlier) | (isnan(v) & (earlier | !isnan(best)));
 }
 
 /// NaN-propagating maximum, the reduction of max pooling.
 struct PoolMaxOp {
-  template <class T> static T combine(T acc, T v) { return (v > acc || std::isnan(v)) ? v : acc; }
-  template <class T, class A>
-  static xsimd::batch<T, A> combine(const xsimd::batch<T, A>& acc, const xsimd::batch<T, A>& v) {
-    return xsimd::select(v > acc || xsimd::isnan(v), v, acc);
+  template <class V> static V combine(const V& acc, const V& v) {
+    using std::isnan;
+    using xsimd::isnan;
+    return pick((v > acc) | isnan(v), v, acc);
   }
   template <class V, class T> static V finish(const V& v, T /*count*/) { return v; }
 };
@@ -145,62 +129,147 @@ struct PoolAvgOp {
   template <class V, class T> static V finish(const V& v, T count) { return v / V(count); }
 };
 
-/// acc[i] = Op::combine(acc[i], row[i]) for i in [0, count).
-template <class Op, class T> void pool_combine_rows(T* acc, const T* row, int64_t count) {
-  using batch = xsimd::batch<T>;
-  constexpr auto lanes = static_cast<int64_t>(batch::size);
-  int64_t i = 0;
-  for (; i + lanes <= count; i += lanes)
-    Op::combine(batch::load_unaligned(acc + i), batch::load_unaligned(row + i)).store_unaligned(acc + i);
-  for (; i < count; ++i) acc[i] = Op::combine(acc[i], row[i]);
+/// Visits the outputs of `count` consecutive planes, o being an output's index from the first
+/// plane's start: interior(o, f) for an output whose window lies inside its plane, f being the
+/// index of the window's top-left element from the first plane's start, and edge(o, base, rows,
+/// cols) for the others, with their plane's first index and the window's in-bounds spans.
+template <class Interior, class Edge>
+void for_each_pool_output(const Pool2dGeometry& g, int64_t count, Interior&& interior, Edge&& edge) {
+  const PoolSpan in_h = pool_interior(g.out_h, g.h, g.kh, g.stride_h, g.pad_top);
+  const PoolSpan in_w = pool_interior(g.out_w, g.w, g.kw, g.stride_w, g.pad_left);
+  int64_t o = 0;
+  for (int64_t p = 0; p < count; ++p) {
+    const int64_t base = p * g.h * g.w;
+    for (int64_t oh = 0; oh < g.out_h; ++oh, o += g.out_w) {
+      const PoolSpan rows = pool_span(oh, g.stride_h, g.pad_top, g.kh, g.h);
+      auto edges = [&](int64_t lo, int64_t hi) {
+        for (int64_t ow = lo; ow < hi; ++ow) edge(o + ow, base, rows, pool_span(ow, g.stride_w, g.pad_left, g.kw, g.w));
+      };
+      if (oh < in_h.lo || oh >= in_h.hi) {
+        edges(0, g.out_w);
+        continue;
+      }
+      edges(0, in_w.lo);
+      const int64_t f = base + (oh * g.stride_h - g.pad_top) * g.w - g.pad_left;
+      for (int64_t ow = in_w.lo; ow < in_w.hi; ++ow) interior(o + ow, f + ow * g.stride_w);
+      edges(in_w.hi, g.out_w);
+    }
+  }
 }
 
-/// One output row of a separable window reduction: the window's rows are first combined into
-/// s.m_values (one value per input column), then each output combines its window's columns.
-/// Empty windows give 0.
+/// The window reduction of `count` consecutive planes of x into y (their outputs). The chunk is reduced as one flat
+/// array: each element first combines the kh elements below it (every kernel row, top to bottom), then the kw results
+/// to its right (left to right), so an output's window is the result at its top-left element. Edge windows combine
+/// their in-bounds part in the same order.
 template <class Op, class T>
-void pool_reduce_row(const Pool2dGeometry& g, const T* xp, int64_t oh, PoolScratch<T>& s, T* yrow) {
-  const PoolSpan rows = pool_span(oh, g.stride_h, g.pad_top, g.kh, g.h);
-  if (rows.size() == 0) {
-    std::fill(yrow, yrow + g.out_w, T(0));
-    return;
-  }
-  const T* cols = xp + rows.lo * g.w;
-  if (rows.size() > 1) {
+void pool_reduce_chunk(const Pool2dGeometry& g, const T* x, int64_t count, PoolScratch<T>& s, T* y) {
+  const int64_t size = count * g.h * g.w;
+  const T* cols = x;
+  const int64_t down = size - (g.kh - 1) * g.w;  // elements with kh rows below them
+  if (g.kh > 1 && down > 0) {
     T* acc = s.m_values.data();
-    std::copy(cols, cols + g.w, acc);
-    for (int64_t ih = rows.lo + 1; ih < rows.hi; ++ih) pool_combine_rows<Op>(acc, xp + ih * g.w, g.w);
+    for_batches<T>(down, [&]<class V>(int64_t i, V) {
+      V v = load_as<V>(x + i);
+      for (int64_t ki = 1; ki < g.kh; ++ki) v = Op::combine(v, load_as<V>(x + i + ki * g.w));
+      store_as(acc + i, v);
+    });
     cols = acc;
   }
+  T* win = s.m_win_rows.data();
+  for_batches<T>(down - (g.kw - 1), [&]<class V>(int64_t i, V) {
+    V v = load_as<V>(cols + i);
+    for (int64_t kj = 1; kj < g.kw; ++kj) v = Op::combine(v, load_as<V>(cols + i + kj));
+    store_as(win + i, v);
+  });
 
-  auto scalar_output = [&](int64_t ow) {
-    const PoolSpan span = pool_span(ow, g.stride_w, g.pad_left, g.kw, g.w);
-    if (span.size() == 0) {
-      yrow[ow] = T(0);
-      return;
-    }
-    T acc = cols[span.lo];
-    for (int64_t iw = span.lo + 1; iw < span.hi; ++iw) acc = Op::combine(acc, cols[iw]);
-    yrow[ow] = Op::finish(acc, static_cast<T>(rows.size() * span.size()));
-  };
+  const T full = static_cast<T>(g.kh * g.kw);
+  for_each_pool_output(
+      g, count, [&](int64_t o, int64_t f) { y[o] = Op::finish(win[f], full); },
+      [&](int64_t o, int64_t base, PoolSpan rows, PoolSpan span) {
+        T& out = y[o];
+        if (rows.size() == 0 || span.size() == 0) {
+          out = T(0);
+          return;
+        }
+        const T* xp = x + base;
+        T acc{};
+        for (int64_t iw = span.lo; iw < span.hi; ++iw) {
+          T v = xp[rows.lo * g.w + iw];
+          for (int64_t ih = rows.lo + 1; ih < rows.hi; ++ih) v = Op::combine(v, xp[ih * g.w + iw]);
+          acc = iw == span.lo ? v : Op::combine(acc, v);
+        }
+        out = Op::finish(acc, static_cast<T>(rows.size() * span.size()));
+      });
+}
 
-  int64_t ow = 0;
-  if (g.stride_w == 1) {
-    // Interior outputs (whole window in bounds) are contiguous runs: do them lanes at a time.
-    using batch = xsimd::batch<T>;
-    constexpr auto lanes = static_cast<int64_t>(batch::size);
-    const int64_t in_lo = std::min(g.pad_left, g.out_w);
-    const int64_t in_hi = std::clamp(g.w - g.kw + g.pad_left + 1, in_lo, g.out_w);
-    for (; ow < in_lo; ++ow) scalar_output(ow);
-    const T count = static_cast<T>(rows.size() * g.kw);
-    for (; ow + lanes <= in_hi; ow += lanes) {
-      const T* base = cols + ow - g.pad_left;
-      batch acc = batch::load_unaligned(base);
-      for (int64_t kj = 1; kj < g.kw; ++kj) acc = Op::combine(acc, batch::load_unaligned(base + kj));
-      Op::finish(acc, count).store_unaligned(yrow + ow);
+/// Calls emit(o, a) for each output o of `count` planes of x with the index a (both counted
+/// from the first plane's start) of the first maximum, in row-major order, of its window, or
+/// a = -1 for an empty window. A NaN beats every number, so it propagates as in PyTorch;
+/// the first NaN wins. Separable as pool_reduce_chunk is: each element first finds the first
+/// maximum of the kh elements below it, then each window compares its columns' results.
+template <class T, class Emit>
+void max_pool_argmax_chunk(const Pool2dGeometry& g, const T* x, int64_t count, PoolScratch<T>& s, Emit&& emit) {
+  assert(g.kh <= (int64_t{1} << 24) && g.kw <= (int64_t{1} << 24));  // offsets must stay exact in T
+  const int64_t size = count * g.h * g.w;
+  const int64_t down = size - (g.kh - 1) * g.w;
+  T* val = s.m_values.data();
+  T* row = s.m_rows.data();
+  for_batches<T>(down, [&]<class V>(int64_t i, V) {
+    V best = load_as<V>(x + i), best_r(T(0));
+    for (int64_t ki = 1; ki < g.kh; ++ki) {
+      const V v = load_as<V>(x + i + ki * g.w), r(static_cast<T>(ki));
+      const auto take = pool_takes(v, r, best, best_r);
+      best = pick(take, v, best);
+      best_r = pick(take, r, best_r);
     }
-  }
-  for (; ow < g.out_w; ++ow) scalar_output(ow);
+    store_as(val + i, best);
+    store_as(row + i, best_r);
+  });
+  T* win_row = s.m_win_rows.data();
+  T* win_tap = s.m_win_taps.data();
+  for_batches<T>(down - (g.kw - 1), [&]<class V>(int64_t i, V) {
+    V best = load_as<V>(val + i), best_r = load_as<V>(row + i), best_tap(T(0));
+    for (int64_t kj = 1; kj < g.kw; ++kj) {
+      const V v = load_as<V>(val + i + kj), r = load_as<V>(row + i + kj);
+      const auto take = pool_takes(v, r, best, best_r);
+      best = pick(take, v, best);
+      best_r = pick(take, r, best_r);
+      best_tap = pick(take, V(static_cast<T>(kj)), best_tap);
+    }
+    store_as(win_row + i, best_r);
+    store_as(win_tap + i, best_tap);
+  });
+
+  for_each_pool_output(
+      g, count,
+      [&](int64_t o, int64_t f) {
+        emit(o, f + static_cast<int64_t>(win_row[f]) * g.w + static_cast<int64_t>(win_tap[f]));
+      },
+      [&](int64_t o, int64_t base, PoolSpan rows, PoolSpan span) {
+        if (rows.size() == 0 || span.size() == 0) {
+          emit(o, int64_t{-1});
+          return;
+        }
+        const T* xp = x + base;
+        T best{}, best_r{};
+        int64_t best_col = span.lo;
+        for (int64_t iw = span.lo; iw < span.hi; ++iw) {
+          T v = xp[rows.lo * g.w + iw], r = static_cast<T>(rows.lo);
+          for (int64_t ih = rows.lo + 1; ih < rows.hi; ++ih) {
+            const T c = xp[ih * g.w + iw];
+            if (pool_takes(c, static_cast<T>(ih), v, r)) {
+              v = c;
+              r = static_cast<T>(ih);
+            }
+          }
+          if (iw == span.lo || pool_takes(v, r, best, best_r)) {
+            best = v;
+            best_r = r;
+            best_col = iw;
+          }
+        }
+        emit(o, base + static_cast<int64_t>(best_r) * g.w + best_col);
+      });
 }
 
 }  // namespace detail
@@ -210,9 +279,8 @@ void pool_reduce_row(const Pool2dGeometry& g, const T* xp, int64_t oh, PoolScrat
 template <class T> void max_pool2d_forward(const Pool2dGeometry& g, const T* x, T* y) {
   const int64_t in_plane = g.h * g.w;
   const int64_t out_plane = g.out_h * g.out_w;
-  detail::for_each_pool_plane<T>(g, [&](int64_t p, detail::PoolScratch<T>& s) {
-    for (int64_t oh = 0; oh < g.out_h; ++oh)
-      detail::pool_reduce_row<detail::PoolMaxOp>(g, x + p * in_plane, oh, s, y + p * out_plane + oh * g.out_w);
+  detail::for_each_pool_chunk<T>(g, [&](int64_t first, int64_t count, detail::PoolScratch<T>& s) {
+    detail::pool_reduce_chunk<detail::PoolMaxOp>(g, x + first * in_plane, count, s, y + first * out_plane);
   });
 }
 
@@ -221,15 +289,13 @@ template <class T> void max_pool2d_forward(const Pool2dGeometry& g, const T* x, 
 template <class T> void max_pool2d_scatter(const Pool2dGeometry& g, const T* x, const T* gy, T* gx) {
   const int64_t in_plane = g.h * g.w;
   const int64_t out_plane = g.out_h * g.out_w;
-  detail::for_each_pool_plane<T>(g, [&](int64_t p, detail::PoolScratch<T>& s) {
-    T* gxp = gx + p * in_plane;
-    std::fill(gxp, gxp + in_plane, T(0));
-    for (int64_t oh = 0; oh < g.out_h; ++oh) {
-      detail::max_pool_argmax_row(g, x + p * in_plane, oh, s);
-      const T* gyr = gy + p * out_plane + oh * g.out_w;
-      for (int64_t ow = 0; ow < g.out_w; ++ow)
-        if (s.m_argmax[ow] >= 0) gxp[s.m_argmax[ow]] += gyr[ow];
-    }
+  detail::for_each_pool_chunk<T>(g, [&](int64_t first, int64_t count, detail::PoolScratch<T>& s) {
+    T* gxc = gx + first * in_plane;
+    const T* gyc = gy + first * out_plane;
+    std::fill(gxc, gxc + count * in_plane, T(0));
+    detail::max_pool_argmax_chunk(g, x + first * in_plane, count, s, [&](int64_t o, int64_t a) {
+      if (a >= 0) gxc[a] += gyc[o];
+    });
   });
 }
 
@@ -238,13 +304,11 @@ template <class T> void max_pool2d_scatter(const Pool2dGeometry& g, const T* x, 
 template <class T> void max_pool2d_select(const Pool2dGeometry& g, const T* x, const T* v, T* out) {
   const int64_t in_plane = g.h * g.w;
   const int64_t out_plane = g.out_h * g.out_w;
-  detail::for_each_pool_plane<T>(g, [&](int64_t p, detail::PoolScratch<T>& s) {
-    const T* vp = v + p * in_plane;
-    for (int64_t oh = 0; oh < g.out_h; ++oh) {
-      detail::max_pool_argmax_row(g, x + p * in_plane, oh, s);
-      T* orow = out + p * out_plane + oh * g.out_w;
-      for (int64_t ow = 0; ow < g.out_w; ++ow) orow[ow] = s.m_argmax[ow] < 0 ? T(0) : vp[s.m_argmax[ow]];
-    }
+  detail::for_each_pool_chunk<T>(g, [&](int64_t first, int64_t count, detail::PoolScratch<T>& s) {
+    const T* vc = v + first * in_plane;
+    T* oc = out + first * out_plane;
+    detail::max_pool_argmax_chunk(g, x + first * in_plane, count, s,
+                                  [&](int64_t o, int64_t a) { oc[o] = a < 0 ? T(0) : vc[a]; });
   });
 }
 
@@ -253,9 +317,8 @@ template <class T> void max_pool2d_select(const Pool2dGeometry& g, const T* x, c
 template <class T> void avg_pool2d_forward(const Pool2dGeometry& g, const T* x, T* y) {
   const int64_t in_plane = g.h * g.w;
   const int64_t out_plane = g.out_h * g.out_w;
-  detail::for_each_pool_plane<T>(g, [&](int64_t p, detail::PoolScratch<T>& s) {
-    for (int64_t oh = 0; oh < g.out_h; ++oh)
-      detail::pool_reduce_row<detail::PoolAvgOp>(g, x + p * in_plane, oh, s, y + p * out_plane + oh * g.out_w);
+  detail::for_each_pool_chunk<T>(g, [&](int64_t first, int64_t count, detail::PoolScratch<T>& s) {
+    detail::pool_reduce_chunk<detail::PoolAvgOp>(g, x + first * in_plane, count, s, y + first * out_plane);
   });
 }
 
@@ -264,25 +327,31 @@ template <class T> void avg_pool2d_forward(const Pool2dGeometry& g, const T* x, 
 template <class T> void avg_pool2d_backward(const Pool2dGeometry& g, const T* gy, T* gx) {
   const int64_t in_plane = g.h * g.w;
   const int64_t out_plane = g.out_h * g.out_w;
-  detail::for_each_pool_plane<T>(g, [&](int64_t p, detail::PoolScratch<T>& s) {
-    T* gxp = gx + p * in_plane;
+  detail::for_each_pool_chunk<T>(g, [&](int64_t first, int64_t count, detail::PoolScratch<T>& s) {
     T* spread = s.m_values.data();
-    std::fill(gxp, gxp + in_plane, T(0));
-    for (int64_t oh = 0; oh < g.out_h; ++oh) {
-      const detail::PoolSpan rows = detail::pool_span(oh, g.stride_h, g.pad_top, g.kh, g.h);
-      if (rows.size() == 0) continue;
-      // Separable: spread this row of gy over the input columns once, then add the result
-      // to every input row of the window.
-      std::fill(spread, spread + g.w, T(0));
-      const T* gyr = gy + p * out_plane + oh * g.out_w;
-      for (int64_t ow = 0; ow < g.out_w; ++ow) {
-        const detail::PoolSpan cols = detail::pool_span(ow, g.stride_w, g.pad_left, g.kw, g.w);
-        if (cols.size() == 0) continue;
-        const T share = gyr[ow] / static_cast<T>(rows.size() * cols.size());
-        for (int64_t iw = cols.lo; iw < cols.hi; ++iw) spread[iw] += share;
+    for (int64_t p = first; p < first + count; ++p) {
+      T* gxp = gx + p * in_plane;
+      std::fill(gxp, gxp + in_plane, T(0));
+      for (int64_t oh = 0; oh < g.out_h; ++oh) {
+        const detail::PoolSpan rows = detail::pool_span(oh, g.stride_h, g.pad_top, g.kh, g.h);
+        if (rows.size() == 0) continue;
+        // Separable: spread this row of gy over the input columns once, then add the result
+        // to every input row of the window.
+        std::fill(spread, spread + g.w, T(0));
+        const T* gyr = gy + p * out_plane + oh * g.out_w;
+        for (int64_t ow = 0; ow < g.out_w; ++ow) {
+          const detail::PoolSpan cols = detail::pool_span(ow, g.stride_w, g.pad_left, g.kw, g.w);
+          if (cols.size() == 0) continue;
+          const T share = gyr[ow] / static_cast<T>(rows.size() * cols.size());
+          for (int64_t iw = cols.lo; iw < cols.hi; ++iw) spread[iw] += share;
+        }
+        for (int64_t ih = rows.lo; ih < rows.hi; ++ih) {
+          T* gxr = gxp + ih * g.w;
+          detail::for_batches<T>(g.w, [&]<class V>(int64_t i, V) {
+            detail::store_as(gxr + i, detail::load_as<V>(gxr + i) + detail::load_as<V>(spread + i));
+          });
+        }
       }
-      for (int64_t ih = rows.lo; ih < rows.hi; ++ih)
-        detail::pool_combine_rows<detail::PoolAvgOp>(gxp + ih * g.w, static_cast<const T*>(spread), g.w);
     }
   });
 }

@@ -1,0 +1,64 @@
+// Metrics Model::eval accumulates over a data set: accuracy and the mean loss.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "xgrad/core/tensor.hpp"
+#include "xgrad/ops/reduce.hpp"
+
+namespace xgrad::metrics {
+
+class Metric {
+ public:
+  virtual ~Metric() = default;
+  virtual void reset() = 0;
+  /// Adds one batch: the network's output, the labels and the batch's loss.
+  virtual void update(const Tensor<float>& output, const TensorBase& labels, float loss) = 0;
+  virtual double value() const = 0;
+};
+
+/// The fraction of samples whose highest output is their label (int32 class indices [N]) or,
+/// for per-class targets [N, C], the argmax of the targets.
+class Accuracy : public Metric {
+ public:
+  void reset() override { m_correct = m_total = 0; }
+  void update(const Tensor<float>& output, const TensorBase& labels, float) override {
+    if (output.ndim() != 2)
+      throw ShapeError(xgrad::detail::concat("Accuracy: expected an output [N, classes], got ", output.shape()));
+    Tensor<std::int32_t> target =
+        labels.dtype() == DType::float32 ? argmax(Tensor<float>(labels), -1) : Tensor<std::int32_t>(labels);
+    if (target.ndim() != 1 || target.shape()[0] != output.shape()[0])
+      throw ShapeError(
+          xgrad::detail::concat("Accuracy: labels ", labels.shape(), " do not match the output ", output.shape()));
+    const Tensor<std::int32_t> predicted = argmax(output, -1);
+    for (std::int64_t i = 0; i < target.numel(); ++i) m_correct += predicted.data()[i] == target.data()[i];
+    m_total += target.numel();
+  }
+  double value() const override {
+    return m_total ? static_cast<double>(m_correct) / static_cast<double>(m_total) : 0.0;
+  }
+
+ private:
+  std::int64_t m_correct = 0, m_total = 0;
+};
+
+/// The mean of the batches' losses.
+class MeanLoss : public Metric {
+ public:
+  void reset() override { m_sum = 0, m_batches = 0; }
+  void update(const Tensor<float>&, const TensorBase&, float loss) override {
+    m_sum += loss;
+    ++m_batches;
+  }
+  double value() const override { return m_batches ? m_sum / static_cast<double>(m_batches) : 0.0; }
+
+ private:
+  double m_sum = 0;
+  std::int64_t m_batches = 0;
+};
+
+inline std::shared_ptr<Metric> accuracy() { return std::make_shared<Accuracy>(); }
+inline std::shared_ptr<Metric> loss() { return std::make_shared<MeanLoss>(); }
+
+}  // namespace xgrad::metrics

@@ -1,0 +1,142 @@
+// Model: a network with its loss, optimizer and metrics, trained and evaluated over a data set
+// (MindSpore's Model). It follows the mode: in Mode::graph the whole train step (forward, loss,
+// backward, optimizer update) is one compiled graph, in Mode::eager it runs op by op.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "xgrad/autograd/functional.hpp"
+#include "xgrad/jit/jit.hpp"
+#include "xgrad/nn/callbacks.hpp"
+#include "xgrad/nn/loss.hpp"
+#include "xgrad/nn/metrics.hpp"
+#include "xgrad/nn/module.hpp"
+#include "xgrad/nn/optim.hpp"
+
+namespace xgrad {
+
+using Metrics = std::map<std::string, std::shared_ptr<metrics::Metric>>;
+
+class Model {
+ public:
+  Model(nn::Module& network, const nn::Loss& loss, optim::Optimizer& optimizer, Metrics metrics = {})
+      : m_network(network), m_loss(loss), m_optimizer(optimizer), m_metrics(std::move(metrics)) {}
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+
+  /// One training step on a batch in the current mode; returns its loss.
+  template <class Labels> float train_step(const Tensor<float>& images, const Labels& labels) {
+    m_network.set_train(true);
+    if (get_mode() == Mode::eager) return step(images, labels).item();
+    return compiled_step()(images, labels).item();
+  }
+
+  /// The compiled train step for a batch like this one, without running it: its graph (ir(),
+  /// dot()) after the optimizer's passes, and its memory plan.
+  template <class Labels> Lowered lower_train_step(const Tensor<float>& images, const Labels& labels) {
+    m_network.set_train(true);
+    return compiled_step().lower(images, labels);
+  }
+
+  /// Trains for `epochs` passes over `dataset` (anything iterable whose batches have `images`
+  /// and `labels`, with size() batches), calling `callbacks` around epochs and steps.
+  template <class Dataset> void train(int epochs, const Dataset& dataset, callbacks::Callbacks callbacks = {}) {
+    run(epochs, dataset, static_cast<const Dataset*>(nullptr), callbacks);
+  }
+
+  /// Trains as train() does and evaluates on `valid` after each epoch; the results reach the
+  /// callbacks' on_eval_end (LossMonitor prints them).
+  template <class Dataset, class Valid>
+  void fit(int epochs, const Dataset& train, const Valid& valid, callbacks::Callbacks callbacks = {}) {
+    run(epochs, train, &valid, callbacks);
+  }
+
+  /// The metrics over `dataset` with the network in evaluation behaviour: {"Accuracy": 0.9...}.
+  template <class Dataset> std::map<std::string, double> eval(const Dataset& dataset) {
+    if (m_metrics.empty())
+      throw ValueError(
+          "Model::eval: the model has no metrics (give them to the constructor, e.g. "
+          "{{\"Accuracy\", xg::metrics::accuracy()}})");
+    m_network.set_train(false);
+    for (auto& [name, metric] : m_metrics) metric->reset();
+    for (const auto& batch : dataset) {
+      const Tensor<float> output = m_network(batch.images);
+      const float loss = mean(m_loss(output, batch.labels)).item();
+      for (auto& [name, metric] : m_metrics) metric->update(output, batch.labels, loss);
+    }
+    m_network.set_train(true);
+    std::map<std::string, double> out;
+    for (const auto& [name, metric] : m_metrics) out[name] = metric->value();
+    return out;
+  }
+
+  nn::Module& network() { return m_network; }
+  optim::Optimizer& optimizer() { return m_optimizer; }
+
+ private:
+  /// forward, loss, gradients and the update, as one function of the batch: eager runs it,
+  /// graph mode traces it once per batch signature.
+  template <class Labels> Tensor<float> step(const Tensor<float>& images, const Labels& labels) {
+    auto loss_of = [this](const Tensor<float>& x, const Labels& y) { return m_loss(m_network(x), y); };
+    auto [loss, grads] = value_and_grad(loss_of, m_optimizer.parameters())(images, labels);
+    m_optimizer.step(grads);
+    return loss;
+  }
+  struct Step {
+    Model* self;
+    template <class Labels> Tensor<float> operator()(const Tensor<float>& images, const Labels& labels) const {
+      return self->step(images, labels);
+    }
+  };
+  Jitted<Step>& compiled_step() {
+    if (!m_compiled_step)
+      m_compiled_step =
+          std::make_unique<Jitted<Step>>(Step{this}, JitConfig{.name = "train_step"}, SourceLoc::current());
+    return *m_compiled_step;
+  }
+
+  template <class Dataset, class Valid>
+  void run(int epochs, const Dataset& dataset, const Valid* valid, callbacks::Callbacks& callbacks) {
+    if (epochs <= 0) throw ValueError(detail::concat("Model::train: epochs must be > 0, got ", epochs));
+    callbacks::RunContext ctx;
+    ctx.epochs = epochs;
+    ctx.steps_per_epoch = static_cast<std::int64_t>(dataset.size());
+    ctx.network = &m_network;
+    ctx.optimizer = &m_optimizer;
+    auto each = [&](auto hook) {
+      for (auto& cb : callbacks) hook(*cb);
+    };
+    each([&](callbacks::Callback& cb) { cb.on_train_begin(ctx); });
+    for (int epoch = 1; epoch <= epochs && !ctx.stop_training; ++epoch) {
+      ctx.epoch = epoch;
+      ctx.step_in_epoch = 0;
+      each([&](callbacks::Callback& cb) { cb.on_epoch_begin(ctx); });
+      for (const auto& batch : dataset) {
+        ++ctx.step;
+        ++ctx.step_in_epoch;
+        ctx.batch_size = batch.images.shape()[0];
+        each([&](callbacks::Callback& cb) { cb.on_step_begin(ctx); });
+        ctx.loss = train_step(batch.images, batch.labels);
+        each([&](callbacks::Callback& cb) { cb.on_step_end(ctx); });
+        if (ctx.stop_training) break;
+      }
+      each([&](callbacks::Callback& cb) { cb.on_epoch_end(ctx); });
+      if (valid) {
+        ctx.metrics = eval(*valid);
+        each([&](callbacks::Callback& cb) { cb.on_eval_end(ctx); });
+      }
+    }
+    each([&](callbacks::Callback& cb) { cb.on_train_end(ctx); });
+  }
+
+  nn::Module& m_network;
+  const nn::Loss& m_loss;
+  optim::Optimizer& m_optimizer;
+  Metrics m_metrics;
+  std::unique_ptr<Jitted<Step>> m_compiled_step;
+};
+
+}  // namespace xgrad

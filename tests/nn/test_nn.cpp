@@ -1,0 +1,564 @@
+// nn: each layer's forward against values worked out by hand, its gradients against central
+// differences, the optimizers against their update equations, and Model.train giving the same
+// losses eagerly and as one compiled step.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <sstream>
+#include <xgrad/models/lenet5.hpp>
+#include <xgrad/nn/layers.hpp>
+#include <xgrad/nn/model.hpp>
+#include <xgrad/xgrad.hpp>
+
+#include "test_support.hpp"
+
+namespace xg = xgrad;
+using xg::Tensor;
+
+namespace {
+
+/// Restores the mode and the initializers' seed sequence a test changed.
+struct ModeGuard {
+  xg::Mode saved = xg::get_mode();
+  ~ModeGuard() { xg::set_mode(saved); }
+};
+
+std::vector<float> values(const Tensor<float>& t) { return {t.data(), t.data() + t.numel()}; }
+
+void check_values(const Tensor<float>& got, const std::vector<float>& want, double tol = 1e-6) {
+  REQUIRE(static_cast<std::size_t>(got.numel()) == want.size());
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    INFO("element " << i);
+    CHECK(got.data()[i] == doctest::Approx(want[i]).epsilon(tol));
+  }
+}
+
+/// sum(module(x) * weights) in double: a scalar whose gradient reaches every output element with
+/// a different weight, so a wrong index in a gradient shows.
+double objective(xg::nn::Module& m, const Tensor<float>& x, const Tensor<float>& weights) {
+  xg::no_grad off;
+  const Tensor<float> y = m(x);
+  double s = 0;
+  for (std::int64_t i = 0; i < y.numel(); ++i) s += static_cast<double>(y.data()[i]) * weights.data()[i];
+  return s;
+}
+
+/// Checks d objective / d p for every parameter of m (and d / dx) against central differences.
+void check_gradients(xg::nn::Module& m, Tensor<float> x) {
+  constexpr float eps = 1e-3f;
+  const Tensor<float> weights = xg::uniform<float>(m(x).shape(), -1.0f, 1.0f, 99);
+  auto params = m.parameters();
+  x.set_requires_grad(true);
+  params.push_back(xg::Parameter<float>::shared(x));
+  auto [value, grads] =
+      xg::value_and_grad([&](const Tensor<float>& in) { return xg::sum(m(in) * weights); }, params)(x);
+  for (std::size_t k = 0; k < params.size(); ++k) {
+    float* p = params[k].data();
+    double scale = 1e-3;
+    for (std::int64_t i = 0; i < params[k].numel(); ++i) scale = std::max(scale, std::abs(double(grads[k].data()[i])));
+    for (std::int64_t i = 0; i < params[k].numel(); ++i) {
+      const float saved = p[i];
+      p[i] = saved + eps;
+      const double up = objective(m, x, weights);
+      p[i] = saved - eps;
+      const double down = objective(m, x, weights);
+      p[i] = saved;
+      const double numeric = (up - down) / (2.0 * eps);
+      INFO("parameter " << k << " (" << params[k].name() << ") element " << i);
+      CHECK(std::abs(numeric - grads[k].data()[i]) <= 2e-2 * scale);
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("nn: Dense computes x W^T + b and its gradients") {
+  xg::nn::Dense dense(3, 2);
+  xg::no_grad off;
+  dense.weight.assign(xg::tensor<float>({{1, 2, 3}, {-1, 0, 1}}));
+  dense.bias.assign(xg::tensor<float>({0.5, -0.5}));
+  const auto x = xg::tensor<float>({{1, 1, 1}, {2, 0, -1}});
+  // [1+2+3+.5, -1+0+1-.5], [2-3+.5, -2-1-.5]
+  check_values(dense(x), {6.5f, -0.5f, -0.5f, -3.5f});
+  xg::enable_grad on;
+  check_gradients(dense, xg::randn<float>({4, 3}, 1));
+  CHECK(dense.named_parameters().size() == 2);
+  xg::nn::Dense no_bias(3, 2, {.has_bias = false});
+  CHECK(no_bias.named_parameters().size() == 1);
+  CHECK_THROWS_WITH_AS(dense(xg::ones<float>({2, 4})), doctest::Contains("Dense: expected input [N, 3], got [2, 4]"),
+                       xg::ShapeError);
+  CHECK_THROWS_WITH_AS(xg::nn::Dense(0, 2), doctest::Contains("in_features must be > 0, got 0"), xg::ValueError);
+}
+
+TEST_CASE("nn: Conv2d in each pad mode, with stride, dilation and bias") {
+  const auto x = xg::reshape(xg::arange<float>(0, 16), {1, 1, 4, 4});
+  SUBCASE("valid: sums of 2x2 windows") {
+    xg::nn::Conv2d conv(1, 1, 2, {.pad_mode = xg::PadMode::valid, .weight_init = xg::init::ones()});
+    check_values(conv(x), {10, 14, 18, 26, 30, 34, 42, 46, 50});
+  }
+  SUBCASE("same with stride 2 keeps ceil(4 / 2) rows; the bias is added") {
+    xg::nn::Conv2d conv(1, 1, 3,
+                        {.stride = 2,
+                         .pad_mode = xg::PadMode::same,
+                         .has_bias = true,
+                         .weight_init = xg::init::ones(),
+                         .bias_init = xg::init::ones()});
+    // One row and column of padding, after the input (MindSpore's and TensorFlow's same): 3x3
+    // windows from (0,0), (0,2), (2,0), (2,2), plus the bias 1.
+    check_values(conv(x), {0 + 1 + 2 + 4 + 5 + 6 + 8 + 9 + 10 + 1, 2 + 3 + 6 + 7 + 10 + 11 + 1,
+                           8 + 9 + 10 + 12 + 13 + 14 + 1, 10 + 11 + 14 + 15 + 1});
+  }
+  SUBCASE("pad 1 with dilation 2: a 3x3 kernel spanning 5x5") {
+    xg::nn::Conv2d conv(1, 1, 3,
+                        {.padding = 1, .dilation = 2, .pad_mode = xg::PadMode::pad, .weight_init = xg::init::ones()});
+    // Output 2x2; window rows/cols {-1, 1, 3} + offset: (0,0) -> rows {-1,1,3} cols {-1,1,3}.
+    check_values(conv(x), {5 + 7 + 13 + 15, 4 + 6 + 12 + 14, 1 + 3 + 9 + 11, 0 + 2 + 8 + 10});
+  }
+  SUBCASE("gradients, several channels") {
+    xg::nn::Conv2d conv(2, 3, 3, {.stride = 2, .has_bias = true, .bias_init = xg::init::normal(0.1)});
+    check_gradients(conv, xg::randn<float>({2, 2, 5, 5}, 3));
+  }
+  CHECK_THROWS_WITH_AS(xg::nn::Conv2d(1, 1, 3)(xg::ones<float>({1, 2, 4, 4})),
+                       doctest::Contains("Conv2d: expected input [N, 1, H, W], got [1, 2, 4, 4]"), xg::ShapeError);
+  CHECK_THROWS_WITH_AS(xg::nn::Conv2d(1, 1, 3, {.padding = 1}), doctest::Contains("padding 1 needs pad_mode pad"),
+                       xg::ValueError);
+}
+
+TEST_CASE("nn: pooling, ReLU and Flatten") {
+  const auto x = xg::reshape(xg::arange<float>(0, 16), {1, 1, 4, 4}) * -1.0f + 8.0f;  // 8, 7, ..., -7
+  check_values(xg::nn::MaxPool2d(2)(x), {8, 6, 0, -2});
+  check_values(xg::nn::AvgPool2d(2)(x), {5.5f, 3.5f, -2.5f, -4.5f});
+  check_values(xg::nn::MaxPool2d(3, 1)(x), {8, 7, 4, 3});
+  check_values(xg::nn::ReLU()(xg::tensor<float>({-1, 0, 2})), {0, 0, 2});
+  CHECK(xg::nn::Flatten()(x).shape() == xg::Shape{1, 16});
+  xg::nn::MaxPool2d pool(2);
+  // Distinct values 0.1 apart: no nudge of the central differences changes a window's maximum.
+  auto spread = xg::zeros<float>({2, 2, 4, 4});
+  for (int i = 0; i < 64; ++i) spread.data()[i] = static_cast<float>(i * 37 % 64) * 0.1f;
+  check_gradients(pool, spread);
+  xg::nn::AvgPool2d avg(2, {.stride = 1});
+  check_gradients(avg, xg::randn<float>({1, 2, 4, 4}, 6));
+  CHECK_THROWS_WITH_AS(xg::nn::MaxPool2d(0), doctest::Contains("kernel_size must be > 0"), xg::ValueError);
+}
+
+TEST_CASE("nn: BatchNorm2d normalizes by batch statistics in training and moving ones in evaluation") {
+  xg::nn::BatchNorm2d bn(2, {.momentum = 0.5f});
+  // Channel 0 holds 1, 2, 3, 4 (mean 2.5, variance 1.25); channel 1 holds 10, 10, 10, 14 (11, 3).
+  const auto x = xg::reshape(xg::tensor<float>({1, 2, 10, 10, 3, 4, 10, 14}), {2, 2, 2, 1});
+  const double s0 = 1 / std::sqrt(1.25 + 1e-5), s1 = 1 / std::sqrt(3.0 + 1e-5);
+  auto y = bn(x);
+  check_values(y,
+               {float(-1.5 * s0), float(-0.5 * s0), float(-1 * s1), float(-1 * s1), float(0.5 * s0), float(1.5 * s0),
+                float(-1 * s1), float(3 * s1)},
+               1e-5);
+  // moving = 0.5 * initial + 0.5 * batch, with the unbiased variance (4 samples: * 4/3).
+  check_values(bn.moving_mean, {0.5f * 0 + 0.5f * 2.5f, 0.5f * 0 + 0.5f * 11});
+  check_values(bn.moving_variance, {0.5f + 0.5f * 1.25f * 4 / 3, 0.5f + 0.5f * 3 * 4 / 3.0f}, 1e-6);
+  bn.set_train(false);
+  const auto e = bn(x);
+  CHECK(e.data()[0] == doctest::Approx((1 - 1.25) / std::sqrt(0.5 + 0.5 * 1.25 * 4 / 3 + 1e-5)));
+  CHECK(bn.named_buffers().size() == 2);
+  xg::nn::BatchNorm2d g(2);
+  {
+    xg::no_grad off;
+    g.gamma.assign(xg::tensor<float>({1.5, 0.5}));
+    g.beta.assign(xg::tensor<float>({0.1, -0.2}));
+  }
+  check_gradients(g, xg::randn<float>({3, 2, 2, 2}, 8));
+}
+
+TEST_CASE("nn: Dropout drops with probability p, scales the rest, and draws the same masks under jit") {
+  ModeGuard mode;
+  const auto x = xg::ones<float>({100, 100});
+  xg::nn::Dropout drop(0.25f, 7);
+  const auto y = drop(x);
+  int kept = 0;
+  for (std::int64_t i = 0; i < y.numel(); ++i) {
+    const float v = y.data()[i];
+    CHECK((v == 0.0f || v == doctest::Approx(1 / 0.75f)));
+    kept += v != 0.0f;
+  }
+  CHECK(kept > 7300);  // 7500 expected; the binomial's standard deviation is 43
+  CHECK(kept < 7700);
+  CHECK(values(drop(x)) != values(y));  // the key advances
+  // The gradient is the mask of the same call, scaled: w where kept, 0 where dropped.
+  const auto w = xg::randn<float>({100, 100}, 4);
+  Tensor<float> seen;
+  auto input = x.detach().set_requires_grad(true);
+  const auto dx = xg::grad([&](const Tensor<float>& in) {
+    auto out = drop(in);
+    seen = out.detach();
+    return xg::sum(out * w);
+  })(input);
+  for (std::int64_t i = 0; i < dx.numel(); ++i)
+    REQUIRE(dx.data()[i] == (seen.data()[i] != 0.0f ? w.data()[i] * (1 / 0.75f) : 0.0f));
+  drop.set_train(false);
+  CHECK(values(drop(x)) == values(x));
+  // The same seed in graph mode: the same sequence of masks.
+  xg::set_mode(xg::Mode::graph);
+  xg::nn::Dropout compiled(0.25f, 7);
+  CHECK(values(compiled(x)) == values(y));
+  CHECK(values(compiled(x)) != values(y));
+  CHECK_THROWS_WITH_AS(xg::nn::Dropout(1.0f), doctest::Contains("p must be in [0, 1), got 1"), xg::ValueError);
+}
+
+TEST_CASE("nn: Sequential runs its layers in order and names them by position") {
+  xg::nn::Sequential seq;
+  // Weights of order 1: pre-activations far from ReLU's kink compared with the differences' step.
+  seq.emplace<xg::nn::Dense>(4, 3, xg::nn::DenseOptions{.weight_init = xg::init::normal(1.0)});
+  seq.emplace<xg::nn::ReLU>();
+  seq.emplace<xg::nn::Dense>(3, 2, xg::nn::DenseOptions{.weight_init = xg::init::normal(1.0)});
+  auto names = seq.named_parameters();
+  REQUIRE(names.size() == 4);
+  CHECK(names[0].first == "0.weight");
+  CHECK(names[3].first == "2.bias");
+  const auto x = xg::randn<float>({5, 4}, 2);
+  auto& first = dynamic_cast<xg::nn::Dense&>(seq[0]);
+  auto& last = dynamic_cast<xg::nn::Dense&>(seq[2]);
+  const auto want = last(xg::relu(first(x)));
+  CHECK(values(seq(x)) == values(want));
+  check_gradients(seq, x);
+}
+
+TEST_CASE("nn: initializers draw from the seed sequence and have the stated spread") {
+  xg::init::set_seed(3);
+  xg::nn::Dense a(100, 50);
+  xg::init::set_seed(3);
+  xg::nn::Dense b(100, 50);
+  CHECK(values(a.weight) == values(b.weight));
+  xg::nn::Dense c(100, 50);
+  CHECK(values(c.weight) != values(b.weight));
+  auto stats = [](const Tensor<float>& t) {
+    double s = 0, s2 = 0, most = 0;
+    for (std::int64_t i = 0; i < t.numel(); ++i) {
+      s += t.data()[i];
+      s2 += double(t.data()[i]) * t.data()[i];
+      most = std::max(most, std::abs(double(t.data()[i])));
+    }
+    const double n = double(t.numel());
+    return std::tuple{s / n, std::sqrt(s2 / n - s * s / n / n), most};
+  };
+  const xg::init::Fans fans{200, 100};
+  auto [m, sd, most] = stats(xg::init::normal(0.5, 1)({100, 100}, fans));
+  CHECK(std::abs(m) < 0.02);
+  CHECK(sd == doctest::Approx(0.5).epsilon(0.03));
+  const double xavier = std::sqrt(6.0 / 300), he = std::sqrt(6.0 / 200);
+  std::tie(m, sd, most) = stats(xg::init::xavier_uniform(1.0, 1)({100, 100}, fans));
+  CHECK(most <= xavier);
+  CHECK(sd == doctest::Approx(xavier / std::sqrt(3.0)).epsilon(0.03));
+  std::tie(m, sd, most) = stats(xg::init::he_uniform(0.0, 1)({100, 100}, fans));
+  CHECK(most <= he);
+  CHECK(sd == doctest::Approx(he / std::sqrt(3.0)).epsilon(0.03));
+  std::tie(m, sd, most) = stats(xg::init::uniform(0.2, 1)({100, 100}, fans));
+  CHECK(most <= 0.2);
+  CHECK(values(xg::init::zeros()({3}, fans)) == std::vector<float>{0, 0, 0});
+  CHECK(values(xg::init::ones()({2}, fans)) == std::vector<float>{1, 1});
+  CHECK_THROWS_WITH_AS(xg::init::normal(-1.0), doctest::Contains("sigma must be > 0, got -1"), xg::ValueError);
+}
+
+TEST_CASE("nn: losses") {
+  const auto logits = xg::tensor<float>({{1, 2, 3}, {1, 1, 1}});
+  const auto labels = xg::tensor<std::int32_t>({2, 0});
+  const double l0 = -std::log(std::exp(3.0) / (std::exp(1.0) + std::exp(2.0) + std::exp(3.0))), l1 = std::log(3.0);
+  xg::nn::SoftmaxCrossEntropy sparse({.sparse = true, .reduction = xg::Reduction::mean});
+  CHECK(sparse(logits, labels).item() == doctest::Approx((l0 + l1) / 2));
+  xg::nn::SoftmaxCrossEntropy dense;  // MindSpore's defaults: dense targets, no reduction
+  check_values(dense(logits, xg::tensor<float>({{0, 0, 1}, {1, 0, 0}})), {float(l0), float(l1)}, 1e-5);
+  xg::nn::MSELoss mse;
+  CHECK(mse(xg::tensor<float>({1, 2}), xg::tensor<float>({0, 4})).item() == doctest::Approx(2.5));
+  CHECK_THROWS_WITH_AS(sparse(logits, xg::tensor<float>({2, 0})),
+                       doctest::Contains("SoftmaxCrossEntropy: labels must be Int32, got Float32"), xg::ShapeError);
+}
+
+namespace {
+
+/// Runs `steps` optimizer steps on p (initially `start`) with gradients grad_at(step) and returns p.
+template <class Make> std::vector<float> optimize(Make make, const std::vector<float>& start, int steps,
+                                                  const std::function<std::vector<float>(int)>& grad_at) {
+  xg::Parameter<float> p(xg::tensor<float>(start), "p");
+  auto opt = make(std::vector<xg::Parameter<float>>{p});
+  for (int t = 0; t < steps; ++t) opt->step({xg::tensor<float>(grad_at(t))});
+  return values(p);
+}
+
+}  // namespace
+
+TEST_CASE("optim: each optimizer follows its update equations") {
+  const std::vector<float> start{1.0f, -2.0f, 0.5f};
+  auto grad_at = [](int t) { return std::vector<float>{0.3f - 0.1f * t, 1.0f, -0.5f * (t + 1)}; };
+  constexpr int steps = 4;
+  const double lr = 0.1, wd = 0.01;
+  auto reference = [&](auto rule) {
+    std::vector<double> p(start.begin(), start.end()), s1(3, 0.0), s2(3, 0.0);
+    for (int t = 0; t < steps; ++t) {
+      auto g = grad_at(t);
+      for (int i = 0; i < 3; ++i) rule(t + 1, p[i], double(g[i]), s1[i], s2[i]);
+    }
+    return p;
+  };
+  auto check = [](const std::vector<float>& got, const std::vector<double>& want) {
+    for (int i = 0; i < 3; ++i) CHECK(got[i] == doctest::Approx(want[i]).epsilon(1e-5));
+  };
+  using Params = std::vector<xg::Parameter<float>>;
+  SUBCASE("SGD with weight decay") {
+    check(optimize([&](Params ps) { return std::make_unique<xg::optim::SGD>(ps, lr, wd); }, start, steps, grad_at),
+          reference([&](int, double& p, double g, double&, double&) { p -= lr * (g + wd * p); }));
+  }
+  SUBCASE("Momentum") {
+    check(
+        optimize([&](Params ps) { return std::make_unique<xg::optim::Momentum>(ps, lr, 0.9f); }, start, steps, grad_at),
+        reference([&](int, double& p, double g, double& v, double&) {
+          v = 0.9 * v + g;
+          p -= lr * v;
+        }));
+  }
+  SUBCASE("Momentum, Nesterov, weight decay") {
+    check(optimize(
+              [&](Params ps) {
+                return std::make_unique<xg::optim::Momentum>(
+                    ps, lr, 0.9f, xg::optim::MomentumOptions{.weight_decay = float(wd), .nesterov = true});
+              },
+              start, steps, grad_at),
+          reference([&](int, double& p, double g, double& v, double&) {
+            g += wd * p;
+            v = 0.9 * v + g;
+            p -= lr * (g + 0.9 * v);
+          }));
+  }
+  auto adam = [&](bool decoupled) {
+    return [&, decoupled](int t, double& p, double g, double& m, double& v) {
+      if (decoupled)
+        p -= lr * wd * p;
+      else
+        g += wd * p;
+      m = 0.9 * m + 0.1 * g;
+      v = 0.999 * v + 0.001 * g * g;
+      const double mh = m / (1 - std::pow(0.9, t)), vh = v / (1 - std::pow(0.999, t));
+      p -= lr * mh / (std::sqrt(vh) + 1e-8);
+    };
+  };
+  SUBCASE("Adam with L2 weight decay") {
+    check(optimize(
+              [&](Params ps) {
+                return std::make_unique<xg::optim::Adam>(ps, lr, xg::optim::AdamOptions{.weight_decay = float(wd)});
+              },
+              start, steps, grad_at),
+          reference(adam(false)));
+  }
+  SUBCASE("AdamW") {
+    check(optimize(
+              [&](Params ps) {
+                return std::make_unique<xg::optim::AdamW>(ps, lr, xg::optim::AdamOptions{.weight_decay = float(wd)});
+              },
+              start, steps, grad_at),
+          reference(adam(true)));
+  }
+  SUBCASE("errors") {
+    xg::Parameter<float> p(xg::zeros<float>({3}), "p");
+    xg::optim::Momentum opt({p}, 0.1f, 0.9f);
+    CHECK_THROWS_WITH_AS(opt.step({xg::zeros<float>({2})}),
+                         doctest::Contains("the gradient of parameter 'p' has shape [2], expected [3]"),
+                         xg::ShapeError);
+    CHECK_THROWS_WITH_AS(opt.step(std::vector<Tensor<float>>{}), doctest::Contains("step got 0 gradients for 1"),
+                         xg::ValueError);
+    CHECK_THROWS_WITH_AS(xg::optim::Momentum({p}, 0.1f, 1.5f), doctest::Contains("momentum must be in [0, 1)"),
+                         xg::ValueError);
+    CHECK_THROWS_WITH_AS(xg::optim::SGD({p}, -1.0f), doctest::Contains("learning_rate must be >= 0, got -1"),
+                         xg::ValueError);
+    opt.set_learning_rate(0.5f);
+    CHECK(opt.learning_rate() == 0.5f);
+    CHECK(opt.named_state()[1].first == "moments.p");
+  }
+}
+
+namespace {
+
+struct Batch {
+  Tensor<float> images;
+  Tensor<std::int32_t> labels;
+};
+
+/// A small synthetic classification set: 8x8 images whose class is the quadrant holding a
+/// bright square, with noise.
+std::vector<Batch> quadrant_batches(int batches, int batch_size, std::uint64_t seed) {
+  std::vector<Batch> out;
+  for (int b = 0; b < batches; ++b) {
+    auto images = xg::randn<float>({batch_size, 1, 8, 8}, seed + b) * 0.3f;
+    auto labels = xg::zeros<std::int32_t>({batch_size});
+    for (int i = 0; i < batch_size; ++i) {
+      const int cls = (b * batch_size + i) % 4;
+      labels.data()[i] = cls;
+      const int r0 = cls / 2 * 4, c0 = cls % 2 * 4;
+      for (int r = r0; r < r0 + 3; ++r)
+        for (int c = c0; c < c0 + 3; ++c) images.data()[i * 64 + r * 8 + c] += 1.0f;
+    }
+    out.push_back({images, labels});
+  }
+  return out;
+}
+
+struct SmallNet : xg::nn::Module {
+  xg::nn::Conv2d conv{1, 4, 3, {.pad_mode = xg::PadMode::valid, .has_bias = true}};
+  xg::nn::BatchNorm2d bn{4};
+  xg::nn::Dropout drop{0.1f};
+  xg::nn::Dense fc{4 * 3 * 3, 4, {.weight_init = xg::init::xavier_uniform()}};
+  SmallNet() { register_modules({{"conv", &conv}, {"bn", &bn}, {"drop", &drop}, {"fc", &fc}}); }
+  Tensor<float> forward(Tensor<float> x) override {
+    x = xg::max_pool2d(xg::relu(bn(conv(x))), 2, 2);
+    return fc(drop(xg::flatten(x)));
+  }
+};
+
+struct LossRecorder : xg::callbacks::Callback {
+  std::vector<float> losses;
+  int epochs_begun = 0, epochs_ended = 0, train_begun = 0, train_ended = 0;
+  void on_train_begin(const xg::callbacks::RunContext&) override { ++train_begun; }
+  void on_train_end(const xg::callbacks::RunContext&) override { ++train_ended; }
+  void on_epoch_begin(const xg::callbacks::RunContext&) override { ++epochs_begun; }
+  void on_epoch_end(const xg::callbacks::RunContext&) override { ++epochs_ended; }
+  void on_step_end(const xg::callbacks::RunContext& ctx) override { losses.push_back(ctx.loss); }
+};
+
+}  // namespace
+
+TEST_CASE("Model: train gives the same per-step losses eagerly and as one compiled step") {
+  ModeGuard mode;
+  const auto data = quadrant_batches(10, 8, 40);
+  LossRecorder recorded[2];
+  std::map<std::string, double> results[2];
+  for (int graph = 0; graph < 2; ++graph) {
+    xg::set_mode(graph ? xg::Mode::graph : xg::Mode::eager);
+    xg::init::set_seed(11);
+    SmallNet net;
+    xg::nn::SoftmaxCrossEntropy loss({.sparse = true, .reduction = xg::Reduction::mean});
+    xg::optim::Momentum opt(net.parameters(), 0.05f, 0.9f);
+    xg::Model model(net, loss, opt, {{"Accuracy", xg::metrics::accuracy()}, {"Loss", xg::metrics::loss()}});
+    model.train(5, data, {std::ref(recorded[graph])});  // 50 steps
+    results[graph] = model.eval(data);
+  }
+  REQUIRE(recorded[0].losses.size() == 50);
+  REQUIRE(recorded[1].losses.size() == 50);
+  for (std::size_t i = 0; i < 50; ++i) {
+    INFO("step " << i + 1);
+    CHECK(recorded[1].losses[i] == doctest::Approx(recorded[0].losses[i]).epsilon(1e-4));
+  }
+  CHECK(recorded[0].losses.back() < 0.5f * recorded[0].losses.front());  // it learns
+  CHECK(results[0]["Accuracy"] > 0.9);
+  CHECK(results[1]["Accuracy"] == doctest::Approx(results[0]["Accuracy"]));
+  CHECK(results[1]["Loss"] == doctest::Approx(results[0]["Loss"]).epsilon(1e-3));
+  CHECK(recorded[0].epochs_begun == 5);
+  CHECK(recorded[0].epochs_ended == 5);
+  CHECK(recorded[0].train_begun == 1);
+  CHECK(recorded[0].train_ended == 1);
+}
+
+TEST_CASE("Model: LossMonitor, TimeMonitor and fit print what MindSpore prints") {
+  ModeGuard mode;
+  xg::set_mode(xg::Mode::eager);
+  const auto data = quadrant_batches(4, 8, 70);
+  xg::init::set_seed(5);
+  SmallNet net;
+  xg::nn::SoftmaxCrossEntropy loss({.sparse = true, .reduction = xg::Reduction::mean});
+  xg::optim::Momentum opt(net.parameters(), 0.05f, 0.9f);
+  xg::Model model(net, loss, opt, {{"Accuracy", xg::metrics::accuracy()}});
+  std::ostringstream out;
+  LossRecorder recorded;
+  model.fit(2, data, data,
+            {xg::callbacks::LossMonitor(2, out), xg::callbacks::TimeMonitor(0, out), std::ref(recorded)});
+  std::istringstream lines(out.str());
+  std::vector<std::string> got;
+  for (std::string line; std::getline(lines, line);) got.push_back(line);
+  REQUIRE(got.size() == 8);  // per epoch: steps 2 and 4, the time line, the eval result
+  CHECK(got[0].starts_with("epoch: 1 step: 2, loss is "));
+  CHECK(std::stof(got[0].substr(got[0].rfind(' ') + 1)) == recorded.losses[1]);
+  CHECK(got[1].starts_with("epoch: 1 step: 4, loss is "));
+  CHECK(got[2].starts_with("Train epoch time: "));
+  CHECK(got[2].find(" ms, per step time: ") != std::string::npos);
+  CHECK(got[3].starts_with("Eval result: epoch 1, metrics: {'Accuracy': "));
+  CHECK(got[4].starts_with("epoch: 2 step: 2, loss is "));
+  CHECK(got[7].starts_with("Eval result: epoch 2, metrics: {'Accuracy': "));
+  CHECK_THROWS_WITH_AS(model.train(0, data), doctest::Contains("epochs must be > 0, got 0"), xg::ValueError);
+}
+
+TEST_CASE("Model: a callback can stop training; CSVLogger writes a row per step") {
+  ModeGuard mode;
+  xg::set_mode(xg::Mode::eager);
+  const auto data = quadrant_batches(4, 8, 90);
+  SmallNet net;
+  xg::nn::SoftmaxCrossEntropy loss({.sparse = true, .reduction = xg::Reduction::mean});
+  xg::optim::SGD opt(net.parameters(), 0.01f);
+  xg::Model model(net, loss, opt);
+  struct StopAfter : xg::callbacks::Callback {
+    void on_step_end(const xg::callbacks::RunContext& ctx) override {
+      const_cast<xg::callbacks::RunContext&>(ctx).stop_training = ctx.step == 6;
+    }
+  };
+  const auto csv = (std::filesystem::temp_directory_path() / "xgrad_test_log.csv").string();
+  model.train(3, data, {StopAfter{}, xg::callbacks::CSVLogger(csv)});
+  std::ifstream in(csv);
+  std::vector<std::string> rows;
+  for (std::string line; std::getline(in, line);) rows.push_back(line);
+  REQUIRE(rows.size() == 7);
+  CHECK(rows[0] == "epoch,step,loss,step_ms");
+  CHECK(rows[6].starts_with("2,6,"));
+  std::filesystem::remove(csv);
+  CHECK_THROWS_WITH_AS(model.eval(data), doctest::Contains("Model::eval: the model has no metrics"), xg::ValueError);
+}
+
+TEST_CASE("models: LeNet5 maps 32x32 images to 10 logits and trains the same in both modes") {
+  ModeGuard mode;
+  const auto images = xg::randn<float>({4, 1, 32, 32}, 21);
+  const auto labels = xg::tensor<std::int32_t>({1, 7, 3, 9});
+  float losses[2][3];
+  for (int graph = 0; graph < 2; ++graph) {
+    xg::set_mode(graph ? xg::Mode::graph : xg::Mode::eager);
+    xg::init::set_seed(2);
+    xg::models::LeNet5 net;
+    CHECK(net(images).shape() == xg::Shape{4, 10});
+    CHECK(net.named_parameters().size() == 8);  // two bias-free convs, three dense layers with bias
+    xg::nn::SoftmaxCrossEntropy loss({.sparse = true, .reduction = xg::Reduction::mean});
+    xg::optim::Momentum opt(net.parameters(), 0.01f, 0.9f);
+    xg::Model model(net, loss, opt);
+    for (auto& l : losses[graph]) l = model.train_step(images, labels);
+  }
+  for (int i = 0; i < 3; ++i) CHECK(losses[1][i] == doctest::Approx(losses[0][i]).epsilon(1e-5));
+  CHECK(losses[0][0] == doctest::Approx(std::log(10.0)).epsilon(2e-2));  // small initial logits
+}
+
+TEST_CASE("callbacks: ModelCheckpoint saves every save_steps steps, keeps keep_max files, never overwrites") {
+  ModeGuard mode;
+  xg::set_mode(xg::Mode::eager);
+  const auto data = quadrant_batches(3, 8, 60);
+  xg::testing::TempDir dir;
+  const auto ckpt_dir = dir.file("ckpt");
+  xg::init::set_seed(4);
+  SmallNet net;
+  xg::nn::SoftmaxCrossEntropy loss({.sparse = true, .reduction = xg::Reduction::mean});
+  xg::optim::Momentum opt(net.parameters(), 0.05f, 0.9f);
+  xg::Model model(net, loss, opt);
+  xg::callbacks::ModelCheckpoint saver("net", ckpt_dir, {.save_steps = 2, .keep_max = 2});
+  model.train(2, data, {std::ref(saver)});  // steps 1..6: saves after 2, 4 and 6
+  REQUIRE(saver.files().size() == 2);
+  CHECK(saver.files()[0].ends_with("net-2_1.ckpt"));  // step 4 is epoch 2's first
+  CHECK(saver.files()[1].ends_with("net-2_3.ckpt"));
+  auto listing = xg::testing::TempDir::list(ckpt_dir);
+  CHECK(listing == std::vector<std::string>{"net-2_1.ckpt", "net-2_3.ckpt"});
+  // The last file holds the trained state, optimizer included.
+  xg::init::set_seed(99);
+  SmallNet fresh;
+  xg::optim::Momentum fresh_opt(fresh.parameters(), 0.05f, 0.9f);
+  xg::load_checkpoint(fresh, fresh_opt, saver.files().back());
+  for (std::size_t i = 0; i < net.parameters().size(); ++i)
+    CHECK(values(fresh.parameters()[i]) == values(net.parameters()[i]));
+  // A second run with the same prefix writes net_1-*, leaving the first run's files alone.
+  xg::callbacks::ModelCheckpoint again("net", ckpt_dir, {.save_steps = 3, .keep_max = 5});
+  model.train(1, data, {std::ref(again)});
+  REQUIRE(again.files().size() == 1);
+  CHECK(again.files()[0].ends_with("net_1-1_3.ckpt"));
+  CHECK(xg::testing::TempDir::list(ckpt_dir).size() == 3);
+  CHECK_THROWS_WITH_AS(xg::callbacks::ModelCheckpoint("a/b"), doctest::Contains("must be a non-empty file name"),
+                       xg::ValueError);
+}
