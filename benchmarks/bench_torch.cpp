@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "bench_support.hpp"
+#include "torch_lenet5.hpp"
 
 namespace {
 
@@ -169,36 +170,10 @@ const bool kRegistered = [] {
 
 // ---- the LeNet5 train step (bench_lenet.cpp registers it beside the xgrad rows) -------------
 
-namespace {
-
-/// xgrad::models::LeNet5: valid 5x5 convolutions without bias (MindSpore's Conv2d default), ReLU
-/// and 2x2 max pooling, then dense layers of 120, 84 and 10 units with bias.
-struct LeNet5Impl : torch::nn::Module {
-  torch::nn::Conv2d conv1{torch::nn::Conv2dOptions(1, 6, 5).bias(false)};
-  torch::nn::Conv2d conv2{torch::nn::Conv2dOptions(6, 16, 5).bias(false)};
-  torch::nn::Linear fc1{16 * 5 * 5, 120}, fc2{120, 84}, fc3{84, 10};
-  LeNet5Impl() {
-    register_module("conv1", conv1);
-    register_module("conv2", conv2);
-    register_module("fc1", fc1);
-    register_module("fc2", fc2);
-    register_module("fc3", fc3);
-  }
-  torch::Tensor forward(torch::Tensor x) {
-    x = torch::max_pool2d(torch::relu(conv1(x)), 2, 2);
-    x = torch::max_pool2d(torch::relu(conv2(x)), 2, 2);
-    x = torch::relu(fc1(x.flatten(1)));
-    x = torch::relu(fc2(x));
-    return fc3(x);
-  }
-};
-
-}  // namespace
-
 void xgrad::bench::lenet_step_torch(benchmark::State& state, int threads, const std::string& key) {
   TorchThreadScope scope(threads);
   torch::manual_seed(1);
-  LeNet5Impl net;
+  TorchLeNet5 net(/*conv_bias=*/false);
   torch::optim::SGD opt(net.parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
   const auto images = torch::randn({kLeNetBatch, 1, 32, 32});
   const auto labels = torch::randint(0, 10, {kLeNetBatch}, torch::kLong);

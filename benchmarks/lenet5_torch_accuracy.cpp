@@ -21,6 +21,9 @@
 #include <xgrad/models/lenet5.hpp>
 #include <xgrad/xgrad.hpp>
 
+#include "lenet5_support.hpp"
+#include "torch_lenet5.hpp"
+
 namespace xg = xgrad;
 
 namespace {
@@ -33,75 +36,28 @@ struct Options {
   int threads = 1;
 };
 
-[[noreturn]] void usage(const std::string& problem) {
-  std::cerr << "lenet5_torch_accuracy: " << problem
-            << "\nusage: lenet5_torch_accuracy [--data DIR] [--seed N] [--epochs N] [--init torch|xgrad] "
-               "[--threads N]\n";
-  std::exit(2);
-}
-
-long parse_positive(const std::string& flag, const std::string& text) {
-  char* end = nullptr;
-  const long v = std::strtol(text.c_str(), &end, 10);
-  if (text.empty() || *end != '\0' || v <= 0) usage(flag + " takes a positive integer, got '" + text + "'");
-  return v;
-}
-
 Options parse(int argc, char** argv) {
+  const xg::examples::Flags flags("lenet5_torch_accuracy",
+                                  "[--data DIR] [--seed N] [--epochs N] [--init torch|xgrad] [--threads N]");
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    if (i + 1 >= argc) usage(flag == "--help" ? "" : "missing the value of " + flag);
-    const std::string value = argv[++i];
+  flags.parse(argc, argv, [&](const std::string& flag, const std::string& value) {
     if (flag == "--data")
       o.data = value;
     else if (flag == "--seed")
-      o.seed = static_cast<std::uint64_t>(parse_positive(flag, value));
+      o.seed = static_cast<std::uint64_t>(flags.positive(flag, value));
     else if (flag == "--epochs")
-      o.epochs = static_cast<int>(parse_positive(flag, value));
+      o.epochs = static_cast<int>(flags.positive(flag, value));
     else if (flag == "--threads")
-      o.threads = static_cast<int>(parse_positive(flag, value));
+      o.threads = static_cast<int>(flags.positive(flag, value));
     else if (flag == "--init") {
-      if (value != "torch" && value != "xgrad") usage("--init is torch or xgrad");
+      if (value != "torch" && value != "xgrad") flags.fail("--init is torch or xgrad");
       o.xgrad_init = value == "xgrad";
     } else
-      usage("unknown flag " + flag);
-  }
+      return false;
+    return true;
+  });
   return o;
 }
-
-/// examples/lenet5_fashion_mnist.cpp's pipeline, so both programs see the same batches.
-xg::data::Dataset prepare(const std::string& dir, xg::data::Split split, std::uint64_t seed) {
-  return xg::data::MnistDataset(dir, split)
-      .shuffle(seed)
-      .map(xg::data::Resize(32), xg::data::Rescale(1.0 / 255.0), xg::data::Normalize(0.1307, 0.3081),
-           xg::data::HWC2CHW())
-      .batch(32, /*drop_remainder=*/true);
-}
-
-struct LeNet5Impl : torch::nn::Module {
-  explicit LeNet5Impl(bool conv_bias)
-      : conv1(torch::nn::Conv2dOptions(1, 6, 5).bias(conv_bias)),
-        conv2(torch::nn::Conv2dOptions(6, 16, 5).bias(conv_bias)),
-        fc1(16 * 5 * 5, 120),
-        fc2(120, 84),
-        fc3(84, 10) {
-    register_module("conv1", conv1);
-    register_module("conv2", conv2);
-    register_module("fc1", fc1);
-    register_module("fc2", fc2);
-    register_module("fc3", fc3);
-  }
-  torch::Tensor forward(torch::Tensor x) {
-    x = torch::max_pool2d(torch::relu(conv1(x)), 2, 2);
-    x = torch::max_pool2d(torch::relu(conv2(x)), 2, 2);
-    x = torch::relu(fc1(x.flatten(1)));
-    x = torch::relu(fc2(x));
-    return fc3(x);
-  }
-  torch::nn::Conv2d conv1, conv2;
-  torch::nn::Linear fc1, fc2, fc3;
-};
 
 /// The batch as torch tensors that own their data (the xgrad buffers go when the batch does).
 std::pair<torch::Tensor, torch::Tensor> to_torch(const xg::data::Batch& batch) {
@@ -116,7 +72,7 @@ std::pair<torch::Tensor, torch::Tensor> to_torch(const xg::data::Batch& batch) {
 
 /// Copies every parameter of `from` into the LibTorch parameter of the same name
 /// (conv1.weight, fc1.bias, ...; both libraries lay the weights out [out, in, ...]).
-void copy_weights(const xg::nn::Module& from, LeNet5Impl& to) {
+void copy_weights(const xg::nn::Module& from, xgrad::bench::TorchLeNet5& to) {
   torch::NoGradGuard no_grad;
   auto params = to.named_parameters();
   if (static_cast<std::size_t>(params.size()) != from.named_parameters().size()) {
@@ -136,7 +92,7 @@ void copy_weights(const xg::nn::Module& from, LeNet5Impl& to) {
 }
 
 /// Fraction of correct predictions over the batches of one epoch of `ds`.
-double accuracy(LeNet5Impl& net, const xg::data::Dataset& ds) {
+double accuracy(xgrad::bench::TorchLeNet5& net, const xg::data::Dataset& ds) {
   torch::NoGradGuard no_grad;
   std::int64_t correct = 0, total = 0;
   for (const auto& batch : ds.epoch(0)) {
@@ -153,8 +109,8 @@ int main(int argc, char** argv) {
   const Options o = parse(argc, argv);
   torch::set_num_threads(o.threads);
   xg::cpu::set_num_threads(o.threads);
-  const auto train = prepare(o.data, xg::data::Split::train, o.seed);
-  const auto test = prepare(o.data, xg::data::Split::test, o.seed);
+  const auto train = xg::examples::fashion_mnist(o.data, xg::data::Split::train, 32, o.seed);
+  const auto test = xg::examples::fashion_mnist(o.data, xg::data::Split::test, 32, o.seed);
   // Every test image, for an accuracy that no dropped remainder changes.
   const auto test_all = xg::data::MnistDataset(o.data, xg::data::Split::test)
                             .map(xg::data::Resize(32), xg::data::Rescale(1.0 / 255.0),
@@ -162,7 +118,7 @@ int main(int argc, char** argv) {
                             .batch(1000);
 
   torch::manual_seed(o.seed);
-  LeNet5Impl net(/*conv_bias=*/!o.xgrad_init);
+  xgrad::bench::TorchLeNet5 net(/*conv_bias=*/!o.xgrad_init);
   if (o.xgrad_init) {
     xg::init::set_seed(o.seed);
     xg::models::LeNet5 reference;

@@ -21,6 +21,8 @@
 #include <xgrad/nn/model.hpp>
 #include <xgrad/xgrad.hpp>
 
+#include "lenet5_support.hpp"
+
 namespace xg = xgrad;
 namespace fs = std::filesystem;
 
@@ -36,55 +38,32 @@ struct Options {
   std::string out = ".";
 };
 
-[[noreturn]] void usage(const std::string& problem) {
-  std::cerr << "lenet5_fashion_mnist: " << problem
-            << "\nusage: lenet5_fashion_mnist [--data DIR] [--epochs N] [--batch N] [--mode eager|graph|both] "
-               "[--threads N] [--seed N] [--out DIR]\n";
-  std::exit(2);
-}
-
-long parse_positive(const std::string& flag, const std::string& text) {
-  char* end = nullptr;
-  const long v = std::strtol(text.c_str(), &end, 10);
-  if (text.empty() || *end != '\0' || v <= 0) usage(flag + " takes a positive integer, got '" + text + "'");
-  return v;
-}
-
 Options parse(int argc, char** argv) {
+  const xg::examples::Flags flags("lenet5_fashion_mnist",
+                                  "[--data DIR] [--epochs N] [--batch N] [--mode eager|graph|both] [--threads N] "
+                                  "[--seed N] [--out DIR]");
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    if (i + 1 >= argc) usage(flag == "--help" ? "" : "missing the value of " + flag);
-    const std::string value = argv[++i];
+  flags.parse(argc, argv, [&](const std::string& flag, const std::string& value) {
     if (flag == "--data")
       o.data = value;
     else if (flag == "--epochs")
-      o.epochs = static_cast<int>(parse_positive(flag, value));
+      o.epochs = static_cast<int>(flags.positive(flag, value));
     else if (flag == "--batch")
-      o.batch = parse_positive(flag, value);
+      o.batch = flags.positive(flag, value);
     else if (flag == "--threads")
-      o.threads = static_cast<int>(parse_positive(flag, value));
+      o.threads = static_cast<int>(flags.positive(flag, value));
     else if (flag == "--seed")
-      o.seed = static_cast<std::uint64_t>(parse_positive(flag, value));
+      o.seed = static_cast<std::uint64_t>(flags.positive(flag, value));
     else if (flag == "--out")
       o.out = value;
     else if (flag == "--mode") {
-      if (value != "eager" && value != "graph" && value != "both") usage("--mode is eager, graph or both");
+      if (value != "eager" && value != "graph" && value != "both") flags.fail("--mode is eager, graph or both");
       o.mode = value;
     } else
-      usage("unknown flag " + flag);
-  }
+      return false;
+    return true;
+  });
   return o;
-}
-
-/// The notebook's preprocessing: 28x28 -> 32x32, scaled to [0, 1], normalized with MNIST's
-/// mean and deviation, channels first.
-xg::data::Dataset prepare(const std::string& dir, xg::data::Split split, std::int64_t batch, std::uint64_t seed) {
-  return xg::data::MnistDataset(dir, split)
-      .shuffle(seed)
-      .map(xg::data::Resize(32), xg::data::Rescale(1.0 / 255.0), xg::data::Normalize(0.1307, 0.3081),
-           xg::data::HWC2CHW())
-      .batch(batch, /*drop_remainder=*/true);
 }
 
 /// Keeps every step's loss and the time spent in train steps.
@@ -191,8 +170,8 @@ int main(int argc, char** argv) {
   const Options o = parse(argc, argv);
   if (o.threads > 0) xg::cpu::set_num_threads(o.threads);
   fs::create_directories(o.out);
-  const auto train = prepare(o.data, xg::data::Split::train, o.batch, o.seed);
-  const auto test = prepare(o.data, xg::data::Split::test, o.batch, o.seed);
+  const auto train = xg::examples::fashion_mnist(o.data, xg::data::Split::train, o.batch, o.seed);
+  const auto test = xg::examples::fashion_mnist(o.data, xg::data::Split::test, o.batch, o.seed);
   std::cout << "Fashion-MNIST from " << o.data << ": " << train.size() << " train batches, " << test.size()
             << " test batches of " << o.batch << "\n";
 

@@ -24,11 +24,7 @@
 
 namespace xg = xgrad;
 namespace fs = std::filesystem;
-using xg::testing::Bytes;
-using xg::testing::message_of;
-using xg::testing::read_bytes;
-using xg::testing::TempDir;
-using xg::testing::write_bytes;
+using namespace xgrad::testing;  // Bytes, TempDir, read_bytes, write_bytes, message_of
 
 namespace {
 

@@ -26,11 +26,7 @@
 
 namespace xg = xgrad;
 namespace fs = std::filesystem;
-using xgrad::testing::Bytes;
-using xgrad::testing::message_of;
-using xgrad::testing::read_bytes;
-using xgrad::testing::TempDir;
-using xgrad::testing::write_bytes;
+using namespace xgrad::testing;  // Bytes, TempDir, read_bytes, write_bytes, message_of
 
 namespace {
 
@@ -106,6 +102,21 @@ bool rejected(xg::nn::Module& net, const std::string& path, const Bytes& bytes, 
   }
   return named && raw && raw_state(net) == before;
 }
+
+/// A saved checkpoint's bytes, and a module initialized differently to load damaged copies into.
+struct Damaged {
+  TempDir dir;
+  const std::string good = dir.file("good.ckpt"), bad = dir.file("bad.ckpt");
+  Net saved{0.5f}, net{-1.0f};
+  Bytes bytes;
+  std::vector<Bytes> before = raw_state(net);
+  Damaged() {
+    xg::save_checkpoint(saved, good);
+    bytes = read_bytes(good);
+  }
+  /// Whether `damaged`, written to `bad`, is refused and leaves `net` as it was.
+  bool rejected(const Bytes& damaged) { return ::rejected(net, bad, damaged, before); }
+};
 
 // Builds files field by field, with valid checksums unless told otherwise, to reach each check
 // of the parser behind the checksums (and to pin the layout docs/CHECKPOINT.md describes).
@@ -302,16 +313,13 @@ TEST_CASE("checkpoint: a load after a forward pass makes the stale backward thro
 }
 
 TEST_CASE("checkpoint: a file truncated at every byte offset is a ValueError and leaves the module untouched") {
-  TempDir dir;
-  const auto good = dir.file("good.ckpt"), cut = dir.file("cut.ckpt");
-  Net saved(0.5f);
-  xg::save_checkpoint(saved, good);
-  const Bytes bytes = read_bytes(good);
-  Net net(-1.0f);
-  const auto before = raw_state(net);
+  Damaged d;
+  const Bytes& bytes = d.bytes;
+  const std::string &good = d.good, &cut = d.bad;
+  Net &saved = d.saved, &net = d.net;
   std::string missed;
   for (std::size_t size = 0; size < bytes.size(); ++size)
-    if (!rejected(net, cut, Bytes(bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(size)), before))
+    if (!d.rejected(Bytes(bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(size))))
       missed += std::to_string(size) + " ";
   CHECK(missed == "");
   // The last 10 bytes: both checksums and the last 2 bytes of the last payload.
@@ -323,19 +331,16 @@ TEST_CASE("checkpoint: a file truncated at every byte offset is a ValueError and
 }
 
 TEST_CASE("checkpoint: every single-bit flip is a ValueError and leaves the module untouched") {
-  TempDir dir;
-  const auto good = dir.file("good.ckpt"), bad = dir.file("bad.ckpt");
-  Net saved(0.5f);
-  xg::save_checkpoint(saved, good);
-  const Bytes bytes = read_bytes(good);
-  Net net(-1.0f);
-  const auto before = raw_state(net);
+  Damaged d;
+  const Bytes& bytes = d.bytes;
+  const std::string& bad = d.bad;
+  Net& net = d.net;
   std::string missed;
   for (std::size_t offset = 0; offset < bytes.size(); ++offset) {
     for (int bit = 0; bit < 8; ++bit) {
       Bytes flipped = bytes;
       flipped[offset] ^= static_cast<unsigned char>(1u << bit);
-      if (!rejected(net, bad, flipped, before)) missed += std::to_string(offset) + ":" + std::to_string(bit) + " ";
+      if (!d.rejected(flipped)) missed += std::to_string(offset) + ":" + std::to_string(bit) + " ";
     }
   }
   CHECK(missed == "");

@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <algorithm>
 #include <array>
@@ -49,28 +50,16 @@ inline constexpr std::size_t kMinRecordBytes = 4 + 1 + 1 + 1 + 8 + 4;
 
 using NamedTensors = std::vector<std::pair<std::string, TensorBase>>;
 
-/// CRC-32 as zlib's crc32 computes it (IEEE polynomial, reflected), continued from `crc`.
-/// Our own table keeps the header-only library free of a zlib link dependency.
+/// zlib's CRC-32 of n bytes, continued from `crc`; zlib takes at most UINT_MAX bytes a call.
 inline std::uint32_t crc32(std::uint32_t crc, const unsigned char* p, std::size_t n) {
-  static constexpr auto table = [] {
-    std::array<std::array<std::uint32_t, 256>, 4> t{};
-    for (std::uint32_t i = 0; i < 256; ++i) {
-      std::uint32_t c = i;
-      for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-      t[0][i] = c;
-    }
-    // Slicing by 4: t[k][i] is the CRC of byte i followed by k zero bytes.
-    for (std::size_t k = 1; k < 4; ++k)
-      for (std::size_t i = 0; i < 256; ++i) t[k][i] = (t[k - 1][i] >> 8) ^ t[0][t[k - 1][i] & 0xFF];
-    return t;
-  }();
-  crc = ~crc;
-  for (; n >= 4; n -= 4, p += 4) {
-    crc ^= std::uint32_t{p[0]} | std::uint32_t{p[1]} << 8 | std::uint32_t{p[2]} << 16 | std::uint32_t{p[3]} << 24;
-    crc = table[3][crc & 0xFF] ^ table[2][(crc >> 8) & 0xFF] ^ table[1][(crc >> 16) & 0xFF] ^ table[0][crc >> 24];
+  uLong c = crc;
+  while (n > 0) {
+    const auto chunk = static_cast<uInt>(std::min<std::size_t>(n, std::numeric_limits<uInt>::max()));
+    c = ::crc32(c, p, chunk);
+    p += chunk;
+    n -= chunk;
   }
-  for (; n > 0; --n, ++p) crc = table[0][(crc ^ *p) & 0xFF] ^ (crc >> 8);
-  return ~crc;
+  return static_cast<std::uint32_t>(c);
 }
 
 /// The file's dtype codes; fixed here rather than taken from the DType enum's order.
