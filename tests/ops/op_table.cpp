@@ -339,6 +339,23 @@ std::vector<OpCase> build_table() {
       },
       {}, false));
 
+  // Counter-based: element i is mix64(mix64(key) + i * golden ratio), its top 53 bits as a
+  // fraction (24 at float, within the float tolerance of this reference). Added to x so the
+  // gradient check has a path (d/dx = 1; the key has none).
+  t.push_back(make_case(
+      "random_uniform/plus_x", Shapes{{3, 5}},
+      [](const auto& in) {
+        using T = typename std::decay_t<decltype(in[0])>::value_type;
+        return random_uniform<T>(scalar<std::int64_t>(42), in[0].shape()) + in[0];
+      },
+      [](const std::vector<Ref>& r) {
+        Ref out = r[0];
+        const std::uint64_t stream = xgrad::detail::mix64(42);
+        for (std::size_t i = 0; i < out.data.size(); ++i)
+          out.data[i] +=
+              std::ldexp(static_cast<double>(xgrad::detail::mix64(stream + i * 0x9e3779b97f4a7c15ULL) >> 11), -53);
+        return out;
+      }));
   t.push_back(make_case(
       "matmul/2d", Shapes{{3, 4}, {4, 5}}, [](const auto& in) { return matmul(in[0], in[1]); },
       [](const std::vector<Ref>& r) { return matmul_ref(r[0], r[1]); }));

@@ -102,4 +102,8 @@ TEST_CASE("op errors: losses and value errors") {
   CHECK_THROWS_AS(xg::softmax_cross_entropy(logits, xg::tensor<std::int32_t>({0, 1, 2})), xg::ShapeError);
   CHECK_THROWS_AS(xg::clip(logits, 1.0f, -1.0f), xg::ValueError);
   CHECK_THROWS_AS(xg::resize_bilinear(xg::zeros<float>({1, 1, 2, 2}), 0, 3), xg::ValueError);
+  CHECK(message_of<xg::ShapeError>([] {
+          return xg::random_uniform<float>(xg::tensor<std::int64_t>({1, 2}), {3});
+        }).find("RandomUniform: key must hold one value, got shape [2]") != std::string::npos);
+  CHECK_THROWS_AS(xg::random_uniform<float>(xg::scalar<std::int64_t>(1), {-1}), xg::ValueError);
 }

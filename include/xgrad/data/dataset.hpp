@@ -150,10 +150,8 @@ class EpochState {
 
  private:
   void produce() {
-    // Kernels called from here (Resize) must not take the shared pool: the training thread
-    // would then find it busy and run its own ops on one core. Marking this thread as
-    // already inside a parallel region makes every parallel_for on it run inline.
-    cpu::detail::t_in_parallel = true;
+    // Kernels called from here (Resize) must not take the shared pool from the training thread.
+    cpu::keep_this_thread_serial();
     try {
       for (std::int64_t k = 0; k < m_size; ++k) {
         {

@@ -5,6 +5,8 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
+#include <span>
 
 #include "xgrad/backend/cpu/thread_pool.hpp"
 #include "xgrad/ops/dispatch.hpp"

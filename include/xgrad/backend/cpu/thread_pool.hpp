@@ -200,6 +200,11 @@ inline std::shared_ptr<ThreadPool> get_pool() {
 /// Number of threads parallel regions use, the calling thread included.
 inline int num_threads() { return detail::requested_num_threads().load(std::memory_order_relaxed); }
 
+/// Makes every later parallel region started on the calling thread run inline on it. For a
+/// background thread (a data loader's): the pool runs one region at a time, and the training
+/// thread must not find it taken.
+inline void keep_this_thread_serial() { detail::t_in_parallel = true; }
+
 /// Sets the number of threads for later parallel regions; n <= 0 restores the default
 /// (XGRAD_NUM_THREADS or the hardware concurrency). Existing workers are replaced lazily.
 inline void set_num_threads(int n) {
