@@ -9,9 +9,9 @@
 //       transcendentals on 1e7 floats, by hand in one xsimd pass, eagerly, and jitted at each
 //       optimization level;
 //   (e) BM_ChainInCache/hand / steps / jit_O2, BM_BlockKernel/<op>: the same chain over one
-//       in-cache block of 512 floats: the hand loop, the five block kernels the O2 fused kernel
-//       runs for it (one after another, as that kernel does), each of those kernels alone, and
-//       the jitted chain; and the hand loop and the jit at 65536 floats (in L2), in ns/element.
+//       in-cache block of 1024 floats: the hand loop, the three block kernels the O2 fused kernel
+//       runs for it (one after another, as that kernel does), each kernel alone, and the
+//       jitted chain; and the hand loop and the jit at 65536 floats (in L2), in ns/element.
 // Every row runs on one xgrad thread. The jit rows report `x_eager`: their CPU time per call
 // divided by that of their eager row (BM_EagerMul1, BM_EagerMlpStep of the same size,
 // BM_ChainEager), which is registered, and so run, just before them; below 1 the jit is faster.
@@ -381,14 +381,17 @@ void chain_jit(benchmark::State& state, xg::JitLevel level) {
 }
 
 // ---- (e) the chain over one in-cache block: the fused kernel's steps against the hand loop ----
-// At O2 the chain is one fused node whose kernel runs, per block of 512 elements, one block
-// kernel per op over L1 scratch blocks. Timed over a single in-cache block, the sum of those
-// kernels bounds that design from below: no per-block overhead removed can take it under the
-// sum. The rows time the hand loop, the five steps as the kernel runs them, each kernel alone
-// and the jitted chain, and report ns per element ("ns/elem", CPU time).
+// At O2 the chain is one fused node whose kernel runs, per block of 1024 elements, one block
+// kernel per step over L1 scratch blocks (a step: one op, or a unary op merged with a cheap
+// neighbour). Timed over a single in-cache block, the sum of those kernels bounds that design
+// from below: no per-block overhead removed can take it under the sum. The rows time the hand
+// loop, the steps as the kernel runs them, each kernel alone and the jitted chain, and report
+// ns per element ("ns/elem", CPU time).
 
-constexpr std::int64_t kInCacheSize = xg::cpu::FusedKernel::kBlock;  // one block: 2 KiB of floats
-constexpr std::int64_t kInL2Size = 65536;  // 128 blocks: enough to amortize a call; x and y (256 KiB each) in L2
+// One block of the chain's fused kernel (FusedKernel sizes blocks per group; the chain, 24 bytes
+// per element, gets 1024): 4 KiB of floats.
+constexpr std::int64_t kInCacheSize = 1024;
+constexpr std::int64_t kInL2Size = 65536;  // 64 blocks: enough to amortize a call; x and y (256 KiB each) in L2
 
 /// Buffers of n floats laid out as FusedKernel lays out its scratch blocks: each starts on a
 /// cache line, and consecutive ones are a multiple of 4 KiB plus 128 bytes apart, so a kernel's
@@ -411,24 +414,23 @@ class BlockBuffers {
   float* m_first = nullptr;
 };
 
-/// The chain's O2 fused body, step by step: the ops in the order `lower(x).ir()` prints them
-/// (x*x, sigmoid(x), fma(x, 1.5, 0.25), tanh, fma(tanh, sigmoid, x*x): simplify makes each
-/// multiply feeding only an add one fma), each through the block kernel the fused kernel calls
-/// (unary_run / binary_run / ternary_run), each result in the scratch block
-/// FusedKernel::assign_scratch gives it, the scalars as 1-element arrays read with stride 0,
-/// and the last step writing y.
-void chain_steps(const float* x, float* y, std::int64_t n, const std::array<float*, 4>& scratch) {
-  using xgrad::cpu::detail::binary_run;
-  using xgrad::cpu::detail::ternary_run;
-  using xgrad::cpu::detail::unary_run;
+/// The chain's O2 fused body, step by step. `lower(x).ir()` prints its ops as x*x, sigmoid(x),
+/// fma(x, 1.5, 0.25), tanh, fma(tanh, sigmoid, x*x) (simplify makes each multiply feeding only
+/// an add one fma) and the pairs the kernel merges as `merged="Fma+Tanh, Sigmoid+Fma"`: three
+/// steps, each through the block kernel the fused kernel calls, each result in the scratch
+/// block FusedKernel::assign_scratch gives it, the scalars read with stride 0, and the last
+/// step writing y.
+void chain_steps(const float* x, float* y, std::int64_t n, const std::array<float*, 2>& scratch) {
   namespace op = xgrad::op;
-  const float scale[1] = {1.5f}, shift[1] = {0.25f};
-  float *square = scratch[0], *sigmoid = scratch[1], *shifted = scratch[2], *tanh = scratch[3];
-  binary_run<op::Mul>(x, 1, x, 1, square, n);
-  unary_run<op::Sigmoid>(x, sigmoid, n);
-  ternary_run<op::Fma>(x, 1, scale, 0, shift, 0, shifted, n);
-  unary_run<op::Tanh>(shifted, tanh, n);
-  ternary_run<op::Fma>(tanh, 1, sigmoid, 1, square, 1, y, n);
+  const float scale = 1.5f, shift = 0.25f;
+  const std::int64_t full[3] = {1, 1, 1}, affine[3] = {1, 0, 0};
+  float *square = scratch[0], *tanh = scratch[1];
+  const void* mul_args[2] = {x, x};
+  xgrad::cpu::binary_block<op::Mul, float, float>(mul_args, full, square, n);
+  const void* tanh_args[3] = {x, &scale, &shift};
+  xgrad::cpu::unary_after_block<op::Tanh, op::Fma, float>(tanh_args, affine, tanh, n);
+  const void* last_args[3] = {x, tanh, square};  // sigmoid(x) is the fma's operand 1
+  xgrad::cpu::unary_into_block<op::Sigmoid, op::Fma, 1, float>(last_args, full, y, n);
 }
 
 /// Sets "ns/elem" (CPU ns per iteration / n) and returns the ns per iteration.
@@ -479,14 +481,14 @@ void chain_in_cache_hand(benchmark::State& state, std::int64_t size) {
   report_ns_per_element(state, clock, size);
 }
 
-/// The five block kernels of the fused kernel, one after another over one in-cache block;
-/// checked bit for bit against the jitted chain, whose single block runs the same kernels.
+/// The block kernels of the fused kernel, one after another over one in-cache block; checked
+/// bit for bit against the jitted chain, whose single block runs the same kernels.
 void chain_in_cache_steps(benchmark::State& state) {
   ThreadScope threads(1);
-  InCacheChain c(kInCacheSize, 4);
+  InCacheChain c(kInCacheSize, 2);
   const float* x = c.buffers[0];
   float* y = c.buffers[1];
-  const std::array<float*, 4> scratch{c.scratch(0), c.scratch(1), c.scratch(2), c.scratch(3)};
+  const std::array<float*, 2> scratch{c.scratch(0), c.scratch(1)};
   chain_steps(x, y, c.n, scratch);
   auto jitted = xg::jit([](const xg::Tensor<float>& t) { return chain(t); }, {.level = xg::JitLevel::O2});
   if (auto why = disagreement(c.y(), jitted(c.x), 0.0); !why.empty()) {
@@ -515,6 +517,17 @@ template <class Op> void binary_kernel(const float* a, const float* b, float* ou
 template <class Op> void ternary_kernel(const float* a, const float* b, float* out, std::int64_t n) {
   xgrad::cpu::detail::ternary_run<Op>(a, 1, b, 1, a, 1, out, n);
 }
+/// A unary op merged with the fma feeding it (Op(fma(a, b, a))) or reading it (fma(Op(a), b, a)).
+template <class Op> void fma_then_kernel(const float* a, const float* b, float* out, std::int64_t n) {
+  const void* in[3] = {a, b, a};
+  const std::int64_t stride[3] = {1, 1, 1};
+  xgrad::cpu::unary_after_block<Op, xgrad::op::Fma, float>(in, stride, out, n);
+}
+template <class Op> void then_fma_kernel(const float* a, const float* b, float* out, std::int64_t n) {
+  const void* in[3] = {a, b, a};
+  const std::int64_t stride[3] = {1, 1, 1};
+  xgrad::cpu::unary_into_block<Op, xgrad::op::Fma, 0, float>(in, stride, out, n);
+}
 
 /// One block kernel alone over one in-cache block, repeated: a term of the steps' sum.
 void block_kernel(benchmark::State& state, BlockKernelFn kernel) {
@@ -537,7 +550,7 @@ void block_kernel(benchmark::State& state, BlockKernelFn kernel) {
 }
 
 /// The jitted chain (O2) on an n-element tensor: each call adds its fixed cost (argument checks,
-/// cache lookup, the result's allocation) to the n elements' work, which 512 elements do not
+/// cache lookup, the result's allocation) to the n elements' work, which 1024 elements do not
 /// amortize and 65536 do.
 void chain_in_cache_jit(benchmark::State& state, std::int64_t size) {
   ThreadScope threads(1);
@@ -572,7 +585,8 @@ const bool kRegistered = [] {
   for (const auto& [name, kernel] :
        {std::pair{"Tanh", &unary_kernel<op::Tanh>}, std::pair{"Sigmoid", &unary_kernel<op::Sigmoid>},
         std::pair{"Mul", &binary_kernel<op::Mul>}, std::pair{"Add", &binary_kernel<op::Add>},
-        std::pair{"Fma", &ternary_kernel<op::Fma>}})
+        std::pair{"Fma", &ternary_kernel<op::Fma>}, std::pair{"Fma+Tanh", &fma_then_kernel<op::Tanh>},
+        std::pair{"Sigmoid+Fma", &then_fma_kernel<op::Sigmoid>}})
     benchmark::RegisterBenchmark((std::string("BM_BlockKernel/") + name).c_str(), block_kernel, kernel);
   benchmark::RegisterBenchmark("BM_ChainInCache/jit_O2", chain_in_cache_jit, kInCacheSize);
   benchmark::RegisterBenchmark("BM_ChainInCache/hand/65536", chain_in_cache_hand, kInL2Size)

@@ -3,9 +3,12 @@
 #include <doctest/doctest.h>
 
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <sstream>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 #include <xgrad/xgrad.hpp>
 
@@ -281,7 +284,8 @@ TEST_CASE("passes: fuse makes one kernel of an elementwise chain, broadcasts inc
         "    %1 : f32[1000]\n"
         ") {\n"
         "  %2 : f32[] = Const() {value=1.5}\n"
-        "  %3 : f32[4, 1000] = Fused(%0, %2, %1) {body=chain.fused0, ops=\"Mul, Add, Tanh, Sigmoid, Mul, Mul, Add\"}\n"
+        "  %3 : f32[4, 1000] = Fused(%0, %2, %1) {body=chain.fused0, ops=\"Mul, Add, Tanh, Sigmoid, Mul, Mul, Add\", "
+        "merged=\"Add+Tanh, Sigmoid+Mul\"}\n"
         "  return %3\n"
         "}\n"
         "\n"
@@ -306,6 +310,93 @@ TEST_CASE("passes: fuse makes one kernel of an elementwise chain, broadcasts inc
   CHECK(std::memcmp(fused.data(), eager.data(), fused.size() * sizeof(float)) == 0);
 }
 
+namespace {
+
+/// Each unary op with a batch body, as a test calls it.
+template <class T> std::vector<std::pair<std::string, xg::Tensor<T> (*)(const xg::Tensor<T>&)>> unary_ops() {
+  return {{"Neg", [](const xg::Tensor<T>& x) { return xg::neg(x); }},
+          {"Exp", [](const xg::Tensor<T>& x) { return xg::exp(x); }},
+          {"Log", [](const xg::Tensor<T>& x) { return xg::log(x); }},
+          {"Sqrt", [](const xg::Tensor<T>& x) { return xg::sqrt(x); }},
+          {"Rsqrt", [](const xg::Tensor<T>& x) { return xg::rsqrt(x); }},
+          {"Tanh", [](const xg::Tensor<T>& x) { return xg::tanh(x); }},
+          {"Sigmoid", [](const xg::Tensor<T>& x) { return xg::sigmoid(x); }},
+          {"ReLU", [](const xg::Tensor<T>& x) { return xg::relu(x); }},
+          {"Sign", [](const xg::Tensor<T>& x) { return xg::sign(x); }},
+          {"Abs", [](const xg::Tensor<T>& x) { return xg::abs(x); }},
+          {"Square", [](const xg::Tensor<T>& x) { return xg::square(x); }},
+          {"Sin", [](const xg::Tensor<T>& x) { return xg::sin(x); }},
+          {"Cos", [](const xg::Tensor<T>& x) { return xg::cos(x); }}};
+}
+
+/// Every merged kernel of every unary op at T: jitted (strict, so no rewrite changes a bit)
+/// against eager, bit for bit, and the pair named in the fused node's `merged` attribute.
+/// x spans two blocks with a tail; b is broadcast (gathered per block), s a scalar.
+template <class T> void check_merged_kernels() {
+  auto x = xg::randn<T>({3, 333}, 5), y = xg::randn<T>({3, 333}, 6), b = xg::randn<T>({333}, 7);
+  auto s = xg::scalar<T>(T(0.75));
+  using Args = std::tuple<xg::Tensor<T>, xg::Tensor<T>, xg::Tensor<T>, xg::Tensor<T>>;
+  using Unary = xg::Tensor<T> (*)(const xg::Tensor<T>&);
+  // Each case: the pair the kernel should merge (with "U" for the unary op) and the function.
+  using Case = std::pair<std::string, std::function<xg::Tensor<T>(Unary, const Args&)>>;
+  const std::vector<Case> cases = {
+      {"Add+U", [](Unary u, const Args& a) { return u(std::get<0>(a) + std::get<2>(a)); }},
+      {"Sub+U", [](Unary u, const Args& a) { return u(std::get<0>(a) - std::get<3>(a)); }},
+      {"Mul+U", [](Unary u, const Args& a) { return u(std::get<3>(a) * std::get<0>(a)); }},
+      {"Fma+U", [](Unary u, const Args& a) { return u(xg::fma(std::get<0>(a), std::get<3>(a), std::get<1>(a))); }},
+      {"U+Add", [](Unary u, const Args& a) { return u(std::get<0>(a)) + std::get<2>(a); }},
+      {"U+Add", [](Unary u, const Args& a) { return std::get<1>(a) + u(std::get<0>(a)); }},
+      {"U+Mul", [](Unary u, const Args& a) { return u(std::get<0>(a)) * std::get<3>(a); }},
+      {"U+Mul", [](Unary u, const Args& a) { return std::get<1>(a) * u(std::get<0>(a)); }},
+      {"U+Fma", [](Unary u, const Args& a) { return xg::fma(u(std::get<0>(a)), std::get<1>(a), std::get<2>(a)); }},
+      {"U+Fma", [](Unary u, const Args& a) { return xg::fma(std::get<3>(a), u(std::get<0>(a)), std::get<1>(a)); }},
+      {"U+Fma", [](Unary u, const Args& a) { return xg::fma(std::get<2>(a), std::get<1>(a), u(std::get<0>(a))); }},
+  };
+  for (const auto& [name, unary] : unary_ops<T>())
+    for (std::size_t i = 0; i < cases.size(); ++i) {
+      CAPTURE(name);
+      CAPTURE(i);
+      auto f = [&](const xg::Tensor<T>& x_, const xg::Tensor<T>& y_, const xg::Tensor<T>& b_, const xg::Tensor<T>& s_) {
+        return cases[i].second(unary, Args{x_, y_, b_, s_});
+      };
+      auto jitted = xg::jit(f, {.strict = true});
+      std::string pair = cases[i].first;
+      pair.replace(pair.find('U'), 1, name);
+      CHECK(jitted.lower(x, y, b, s).ir().find("merged=\"" + pair + "\"") != std::string::npos);
+      const auto got = jitted(x, y, b, s).to_vector(), want = f(x, y, b, s).to_vector();
+      REQUIRE(got.size() == want.size());
+      CHECK(std::memcmp(got.data(), want.data(), got.size() * sizeof(T)) == 0);
+    }
+}
+
+}  // namespace
+
+TEST_CASE("passes: a fused unary op runs with the cheap op feeding it or reading it in one loop, bitwise") {
+  check_merged_kernels<float>();
+  check_merged_kernels<double>();
+
+  // Not merged: a value also read by another step, or also returned.
+  auto shared = [](xg::Tensor<float> x) {
+    auto a = x + 1.0f;
+    auto t = xg::tanh(a);
+    return t * a;  // Add's result read twice: only Tanh+Mul merges
+  };
+  auto returned = [](xg::Tensor<float> x) {
+    auto a = x + 1.0f;
+    auto t = xg::exp(a);
+    return std::make_tuple(t, a);
+  };
+  auto x = xg::randn<float>({40}, 8);
+  const std::string shared_ir = xg::jit(shared, only("fuse")).lower(x).ir();
+  CHECK(shared_ir.find("merged=\"Tanh+Mul\"") != std::string::npos);
+  CHECK(xg::jit(shared, {.strict = true})(x).to_vector() == shared(x).to_vector());
+  CHECK(xg::jit(returned, only("fuse")).lower(x).ir().find("merged=") == std::string::npos);
+  auto [jt, ja] = xg::jit(returned, {.strict = true})(x);
+  auto [et, ea] = returned(x);
+  CHECK(jt.to_vector() == et.to_vector());
+  CHECK(ja.to_vector() == ea.to_vector());
+}
+
 TEST_CASE("passes: fuse never makes a cycle, and writes each value read outside its group") {
   // d feeds a reduction whose result the second chain needs: two groups, d an output of the first.
   auto f = [](xg::Tensor<float> x) {
@@ -317,7 +408,7 @@ TEST_CASE("passes: fuse never makes a cycle, and writes each value read outside 
   auto config = only("fuse", "f");
   CHECK(body(xg::jit(f, config).lower(x).ir()) ==
         "  %1 : f32[] = Const() {value=1}\n"
-        "  %2 : f32[5, 7] = Fused(%0, %1) {body=f.fused0, ops=\"Exp, Add\"}\n"
+        "  %2 : f32[5, 7] = Fused(%0, %1) {body=f.fused0, ops=\"Exp, Add\", merged=\"Exp+Add\"}\n"
         "  %3 : f32[1, 1] = SumTo(%2) {shape=[1, 1]}\n"
         "  %4 : f32[] = Reshape(%3) {shape=[]}\n"
         "  %5 : f32[5, 7] = Fused(%2, %4, %0) {body=f.fused1, ops=\"Mul, Add\"}\n"
@@ -359,7 +450,8 @@ TEST_CASE("passes: fuse runs elementwise work as a MatMul's epilogue, on each bl
         "    %2 : f32[4]\n"
         ") {\n"
         "  %3 : f32[4] = Reshape(%2) {shape=[4]}\n"
-        "  (%4 : f32[6, 4], %5 : f32[6, 4]) = Fused(%0, %1, %3) {body=dense.fused0, ops=\"MatMul, Add, ReLU\"}\n"
+        "  (%4 : f32[6, 4], %5 : f32[6, 4]) = Fused(%0, %1, %3) {body=dense.fused0, ops=\"MatMul, Add, ReLU\", "
+        "merged=\"Add+ReLU\"}\n"
         "  return %4\n"
         "}\n"
         "\n"

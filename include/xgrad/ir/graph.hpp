@@ -3,10 +3,12 @@
 // effects (writes into inputs when a call finishes).
 #pragma once
 
+#include <array>
 #include <functional>
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "xgrad/core/tensor.hpp"
@@ -17,13 +19,27 @@ namespace xgrad {
 /// stride[k] (stride 0 for a broadcast scalar, else 1), the result written to out[0..n).
 using BlockKernel = void (*)(const void* const* in, const std::int64_t* stride, void* out, std::int64_t n);
 
+/// A unary op's block kernels merged with one cheap neighbour in a fused group, so the value
+/// between them stays in a register (backend/cpu/fused.hpp).
+struct MergedBlockKernels {
+  /// The ops whose result the unary op may read in registers, and the ops that may read its.
+  static constexpr std::array<std::string_view, 4> feeders{"Add", "Sub", "Mul", "Fma"};
+  static constexpr std::array<std::string_view, 3> consumers{"Add", "Mul", "Fma"};
+  /// after[p]: Op(P(...)), reading P's operands, for P = feeders[p].
+  std::array<BlockKernel, feeders.size()> after{};
+  /// into[e][j]: E(...) with Op(x) as operand j, reading x and then E's other operands, for
+  /// E = consumers[e] (null past E's arity).
+  std::array<std::array<BlockKernel, 3>, consumers.size()> into{};
+};
+
 /// Properties of an op that graph passes match on.
 struct OpTraits {
   bool elementwise = false;
   bool commutative = false;
-  bool linear = false;          // f(a x + b y) = a f(x) + b f(y) in each input
-  bool view = false;            // the output may share its first input's buffer (Reshape)
-  BlockKernel block = nullptr;  // elementwise ops that fusion can put in a group
+  bool linear = false;                         // f(a x + b y) = a f(x) + b f(y) in each input
+  bool view = false;                           // the output may share its first input's buffer (Reshape)
+  BlockKernel block = nullptr;                 // elementwise ops that fusion can put in a group
+  const MergedBlockKernels* merged = nullptr;  // unary ops with a batch body
 };
 
 namespace ir {

@@ -154,12 +154,18 @@ inline void record(const TensorBase& out, std::string_view op, SourceLoc loc, Te
   record_range(out, op, loc, inputs.begin(), inputs.end(), saved, reads_output, std::move(rule));
 }
 
-/// Op's traits, with the block kernel fusion runs it through.
-template <class Op> OpTraits with_block(BlockKernel block) {
+/// Op's traits, with the block kernel fusion runs it through (and, for a unary op, the
+/// kernels merging it with a neighbour).
+template <class Op> OpTraits with_block(BlockKernel block, const MergedBlockKernels* merged = nullptr) {
   OpTraits traits = Op::traits;
   traits.block = block;
+  traits.merged = merged;
   return traits;
 }
+
+/// Unary op Op's merged block kernels at T, or null without a batch body (ops/elementwise.hpp,
+/// where the ops it merges with are).
+template <class Op, class T> const MergedBlockKernels* merged_block_kernels();
 
 /// Runs unary elementwise op Op: out[i] = Op::apply(x[i]).
 template <class Op, class T> Tensor<T> unary(const Tensor<T>& x, SourceLoc loc) {
@@ -171,7 +177,7 @@ template <class Op, class T> Tensor<T> unary(const Tensor<T>& x, SourceLoc loc) 
         cpu::map_unary<Op>(v.data(), out.data(), v.numel());
         return TensorBase(out);
       },
-      NoAttrs{}, with_block<Op>(&cpu::unary_block<Op, T, T>)));
+      NoAttrs{}, with_block<Op>(&cpu::unary_block<Op, T, T>, merged_block_kernels<Op, T>())));
   if constexpr (FloatingPoint<T>) {
     if (should_record(x)) {
       // Keep the input alive only for rules that read it.

@@ -299,6 +299,29 @@ struct Fma {
 
 }  // namespace op
 
+namespace detail {
+
+template <class Op, class T> const MergedBlockKernels* merged_block_kernels() {
+  using Merged = MergedBlockKernels;
+  static_assert(Merged::feeders == std::array{op::Add::name, op::Sub::name, op::Mul::name, op::Fma::name});
+  static_assert(Merged::consumers == std::array{op::Add::name, op::Mul::name, op::Fma::name});
+  if constexpr (cpu::detail::SimdBody<Op, T>) {
+    using cpu::unary_after_block, cpu::unary_into_block;
+    static constexpr Merged table{
+        .after = {&unary_after_block<Op, op::Add, T>, &unary_after_block<Op, op::Sub, T>,
+                  &unary_after_block<Op, op::Mul, T>, &unary_after_block<Op, op::Fma, T>},
+        .into = {{{&unary_into_block<Op, op::Add, 0, T>, &unary_into_block<Op, op::Add, 1, T>, nullptr},
+                  {&unary_into_block<Op, op::Mul, 0, T>, &unary_into_block<Op, op::Mul, 1, T>, nullptr},
+                  {&unary_into_block<Op, op::Fma, 0, T>, &unary_into_block<Op, op::Fma, 1, T>,
+                   &unary_into_block<Op, op::Fma, 2, T>}}}};
+    return &table;
+  } else {
+    return nullptr;
+  }
+}
+
+}  // namespace detail
+
 // ---- Free functions users call --------------------------------------------------------
 
 #define XGRAD_UNARY_FUNCTION(fn, Op, Constraint)                                                   \

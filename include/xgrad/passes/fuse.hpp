@@ -91,13 +91,14 @@ inline std::unique_ptr<ir::Node> make_fused(const ir::Graph& g, const std::vecto
   for (std::size_t i : members) {
     const ir::Node& node = *g.nodes[i];
     auto copy = body_copy(node, {});
-    cpu::FusedKernel::Step step{node.traits.block, {}, node.outputs[0]->dtype};
+    cpu::FusedKernel::Step step{node.traits.block, {}, node.outputs[0]->dtype, -1, node.op, node.traits.merged};
     for (ir::Value* v : node.inputs) {
       copy->inputs.push_back(inner.at(v));
       step.args.push_back(inner.at(v)->id);
     }
     ir::Value* out = body->new_value(node.outputs[0]->dtype, node.outputs[0]->shape, copy.get());
     copy->outputs.push_back(out);
+    step.result = out->id;
     inner[node.outputs[0]] = out;
     if (read_outside.count(node.outputs[0])) {
       fused->outputs.push_back(node.outputs[0]);
@@ -111,6 +112,8 @@ inline std::unique_ptr<ir::Node> make_fused(const ir::Graph& g, const std::vecto
   // In place: output j may take input i's buffer when i has the output's shape and element
   // size and no step after the one writing j reads i. Not an anchor's input: the anchor may
   // still be reading it while the group writes its first parts.
+  // Decided on the steps as they run, after merging (a merged step reads its pair's inputs).
+  const std::vector<std::string> merged_pairs = cpu::FusedKernel::merge_neighbours(steps, output_slots);
   const int num_inputs = static_cast<int>(input_types.size());
   const int num_node_inputs = static_cast<int>(body->inputs.size());
   std::vector<int> last_read(static_cast<std::size_t>(num_inputs), -1);
@@ -118,12 +121,14 @@ inline std::unique_ptr<ir::Node> make_fused(const ir::Graph& g, const std::vecto
     for (int a : steps[k].args)
       if (a < num_inputs) last_read[static_cast<std::size_t>(a)] = static_cast<int>(k);
   for (int slot : output_slots) {
-    const int written = slot - num_inputs;
+    const auto written = static_cast<std::size_t>(
+        std::find_if(steps.begin(), steps.end(), [&](const auto& step) { return step.result == slot; }) -
+        steps.begin());
     std::vector<int> candidates;
     for (int i = anchor_inputs; i < num_node_inputs; ++i) {
       const ir::Value& in = *body->inputs[static_cast<std::size_t>(i)];
-      if (in.shape == shape && dtype_size(in.dtype) == dtype_size(steps[static_cast<std::size_t>(written)].dtype) &&
-          last_read[static_cast<std::size_t>(i)] <= written)
+      if (in.shape == shape && dtype_size(in.dtype) == dtype_size(steps[written].dtype) &&
+          last_read[static_cast<std::size_t>(i)] <= static_cast<int>(written))
         candidates.push_back(i);
     }
     fused->in_place.push_back(std::move(candidates));
@@ -142,6 +147,11 @@ inline std::unique_ptr<ir::Node> make_fused(const ir::Graph& g, const std::vecto
   fused->traits.elementwise = !anchor;
   fused->attrs.push_back({"body", body->name});
   fused->attrs.push_back({"ops", "\"" + ops + "\""});
+  if (!merged_pairs.empty()) {
+    std::string pairs;
+    for (const std::string& pair : merged_pairs) pairs += (pairs.empty() ? "" : ", ") + pair;
+    fused->attrs.push_back({"merged", "\"" + pairs + "\""});
+  }
   auto kernel = std::make_shared<const cpu::FusedKernel>(shape, input_types, std::move(steps), std::move(output_slots),
                                                          std::move(epilogue_of));
   fused->kernel = [kernel](std::span<const TensorBase> in, std::span<TensorBase> out) { (*kernel)(in, out); };

@@ -4,7 +4,9 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <tuple>
 #include <type_traits>
+#include <utility>
 
 #include <xsimd/xsimd.hpp>
 
@@ -292,6 +294,94 @@ template <class Op, class C, class T>
 void ternary_block(const void* const* in, const std::int64_t* stride, void* out, std::int64_t n) {
   detail::ternary_run<Op>(static_cast<const C*>(in[0]), stride[0], static_cast<const T*>(in[1]), stride[1],
                           static_cast<const T*>(in[2]), stride[2], static_cast<T*>(out), n);
+}
+
+// Merged block kernels: a unary op and one cheap neighbour of its fused group (the op feeding
+// it, or the op it feeds) in one loop, the value between them kept in a register instead of a
+// scratch block. Each op still runs its own batch body, so results are bitwise those of the
+// two block kernels one after the other.
+
+namespace detail {
+
+/// Operands of a batch body: 2 or 3 (binary ops, fma).
+template <class Op, class T> inline constexpr std::size_t batch_arity = SimdBody3<Op, T, T> ? 3 : 2;
+
+/// v, hidden from the optimizer: a value passed between two ops' bodies must be rounded as when
+/// it went through memory. Without this GCC (-ffp-contract=fast, its default) may fuse a multiply
+/// ending one body and an add starting the next into one fma: square(x) + y rounded once.
+template <class V> V opaque(V v) {
+  auto reg = v.data;
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+  asm("" : "+v"(reg));
+#elif defined(__GNUC__) && defined(__aarch64__)
+  asm("" : "+w"(reg));
+#endif
+  return V(reg);
+}
+
+/// out[i] = f(operand batches) over n elements of K operands of stride 0 or 1. A stride-0
+/// operand is read from a batch filled with it, so the loop has no branch on strides; the tail
+/// runs through the same batch code on zero-padded lanes (see unary_run).
+template <std::size_t K, class T, class F>
+void merged_run(const void* const* in, const std::int64_t* stride, T* out, std::int64_t n, F&& f) {
+  using V = xsimd::batch<T>;
+  constexpr auto w = static_cast<std::int64_t>(V::size);
+  alignas(V::arch_type::alignment()) T filled[K][V::size];
+  std::array<const T*, K> p;
+  std::array<std::int64_t, K> step;
+  for (std::size_t k = 0; k < K; ++k) {
+    const T* x = static_cast<const T*>(in[k]);
+    step[k] = stride[k] ? w : 0;
+    if (stride[k]) {
+      p[k] = x;
+    } else {
+      V(*x).store_aligned(filled[k]);
+      p[k] = filled[k];
+    }
+  }
+  auto batch = [&]<std::size_t... k>(std::index_sequence<k...>, auto load) { return f(load(k)...); };
+  constexpr auto operands = std::make_index_sequence<K>{};
+  std::int64_t i = 0;
+  for (; i + w <= n; i += w) {
+    batch(operands, [&](std::size_t k) { return V::load_unaligned(p[k]); }).store_unaligned(out + i);
+    for (std::size_t k = 0; k < K; ++k) p[k] += step[k];
+  }
+  if (i < n) {
+    alignas(V::arch_type::alignment()) T lanes[K][V::size] = {};
+    for (std::size_t k = 0; k < K; ++k)
+      for (std::int64_t j = i; j < n; ++j) lanes[k][j - i] = static_cast<const T*>(in[k])[j * stride[k]];
+    batch(operands, [&](std::size_t k) { return V::load_aligned(lanes[k]); }).store_aligned(lanes[0]);
+    std::copy(lanes[0], lanes[0] + (n - i), out + i);
+  }
+}
+
+}  // namespace detail
+
+/// Op(P(a, b[, c])): P's operands are the kernel's inputs.
+template <class Op, class P, class T>
+void unary_after_block(const void* const* in, const std::int64_t* stride, void* out, std::int64_t n) {
+  detail::merged_run<detail::batch_arity<P, T>>(
+      in, stride, static_cast<T*>(out), n, [](const auto&... v) { return Op::apply(detail::opaque(P::apply(v...))); });
+}
+
+/// E(..., Op(x), ...) with Op(x) as E's operand `pos`: input 0 is x, then E's other operands.
+template <class Op, class E, std::size_t pos, class T>
+void unary_into_block(const void* const* in, const std::int64_t* stride, void* out, std::int64_t n) {
+  constexpr std::size_t arity = detail::batch_arity<E, T>;
+  detail::merged_run<arity>(in, stride, static_cast<T*>(out), n, [](const auto& x, const auto&... rest) {
+    const auto u = detail::opaque(Op::apply(x));
+    const auto others = std::tie(rest...);
+    auto operand = [&]<std::size_t j>(std::integral_constant<std::size_t, j>) -> const auto& {
+      if constexpr (j == pos)
+        return u;
+      else
+        return std::get<(j < pos ? j : j - 1)>(others);
+    };
+    return [&]<std::size_t... j>(std::index_sequence<j...>) {
+      return E::apply(operand(std::integral_constant<std::size_t, j>{})...);
+    }
+    (std::make_index_sequence<arity>{});
+  });
 }
 
 }  // namespace xgrad::cpu
