@@ -5,7 +5,10 @@ cd "$(dirname "$0")/.."
 scripts/ensure_packages.sh g++ cmake make ccache xtensor-dev libxsimd-dev doctest-dev zlib1g-dev dataset-fashion-mnist
 jobs="$(nproc)"
 
-cmake -S . -B build-test -DCMAKE_BUILD_TYPE=Release -DXGRAD_BUILD_TESTS=ON -DXGRAD_BUILD_EXAMPLES=ON
+# Device::thrust runs through Thrust's OpenMP system here and its serial one under the
+# sanitizers (Thrust from the CUDA toolkit at /usr/local/cuda; no GPU needed).
+cmake -S . -B build-test -DCMAKE_BUILD_TYPE=Release -DXGRAD_BUILD_TESTS=ON -DXGRAD_BUILD_EXAMPLES=ON \
+  -DXGRAD_THRUST_SYSTEM=OMP
 cmake --build build-test -j"$jobs"
 (cd build-test && ctest --output-on-failure)
 build-test/examples/worked_examples > /dev/null
@@ -22,6 +25,6 @@ build-test/consumer/consumer && echo "find_package(xgrad) consumer: ok"
 # -O1: xsimd's AVX-512 code does not compile at -O0, and -O2 with ASan compiles for ages.
 # -g1: line tables for the sanitizer reports, at a quarter less compile time than -g.
 cmake -S . -B build-sanitize -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS=-O1 -DCMAKE_CXX_FLAGS_DEBUG=-g1 -DXGRAD_SANITIZE=ON \
-  -DXGRAD_BUILD_TESTS=ON -DXGRAD_BUILD_EXAMPLES=OFF
+  -DXGRAD_BUILD_TESTS=ON -DXGRAD_BUILD_EXAMPLES=OFF -DXGRAD_THRUST_SYSTEM=CPP
 cmake --build build-sanitize -j"$jobs"
 (cd build-sanitize && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure)

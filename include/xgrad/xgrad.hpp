@@ -22,6 +22,7 @@
 #include "xgrad/nn/model.hpp"
 #include "xgrad/nn/module.hpp"
 #include "xgrad/nn/optim.hpp"
+#include "xgrad/ops/device.hpp"
 #include "xgrad/ops/elementwise.hpp"
 #include "xgrad/ops/inplace.hpp"
 #include "xgrad/ops/linalg.hpp"

@@ -62,6 +62,12 @@ class Program {
   /// vector from call to call allocates nothing for it.
   void run(std::span<const TensorBase> inputs, std::vector<TensorBase>& results) const {
     const ir::Graph& g = *m_graph;
+    for (std::size_t i = 0; i < inputs.size(); ++i)
+      if (inputs[i].device() != Device::cpu)
+        throw ValueError(xgrad::detail::concat("jit: ", g.name, ": input ", i, " is on ",
+                                               device_name(inputs[i].device()),
+                                               "; compiled graphs run on the cpu backend so far (call the function "
+                                               "eagerly, or move its inputs with .to(xg::Device::cpu))"));
     Lease lease(*m_pool, [&] { return make_workspace(); });
     Workspace& ws = lease.workspace();
     auto& env = ws.env;

@@ -58,6 +58,18 @@ template <class L> void shape_of(const std::initializer_list<L>& list, Shape& sh
   }
 }
 
+/// `host` (filled on the cpu) on `device`.
+template <class T> Tensor<T> moved_to(Tensor<T> host, Device device) {
+  return device == Device::cpu ? host : copy_to(host, device);
+}
+
+/// A cpu tensor of `shape` with every element `value`.
+template <class T> Tensor<T> host_full(const Shape& shape, T value) {
+  auto out = Tensor<T>::empty(shape);
+  std::fill_n(out.data(), shape.numel(), value);
+  return out;
+}
+
 template <class T, class List> Tensor<T> from_nested(const List& list, SourceLoc loc) {
   Shape shape;
   shape_of(list, shape);
@@ -66,7 +78,7 @@ template <class T, class List> Tensor<T> from_nested(const List& list, SourceLoc
   flatten_into(list, shape, 0, flat, loc);
   auto out = Tensor<T>::empty(shape);
   std::copy(flat.begin(), flat.end(), out.data());
-  return out;
+  return moved_to(out, default_device());
 }
 
 }  // namespace detail
@@ -97,13 +109,14 @@ Tensor<T> tensor(const std::vector<T>& values, const Shape& shape, SourceLoc loc
     throw_value_error("tensor", loc, "shape ", shape, " needs ", shape.numel(), " values, got ", values.size());
   auto out = Tensor<T>::empty(shape);
   std::copy(values.begin(), values.end(), out.data());
-  return out;
+  return detail::moved_to(out, default_device());
 }
 template <Element T> Tensor<T> tensor(const std::vector<T>& values, SourceLoc loc = SourceLoc::current()) {
   return tensor<T>(values, Shape{static_cast<std::int64_t>(values.size())}, loc);
 }
 
-/// A rank-0 tensor.
+/// A rank-0 tensor, on the cpu whatever the default device: a one-element cpu tensor goes with
+/// tensors of any device.
 template <Element T> Tensor<T> scalar(T value) {
   auto out = Tensor<T>::empty(Shape{});
   out.data()[0] = value;
@@ -113,9 +126,7 @@ template <Element T> Tensor<T> scalar(T value) {
 /// A tensor of the given shape with every element `value`.
 template <Element T> Tensor<T> full(const Shape& shape, T value, SourceLoc loc = SourceLoc::current()) {
   detail::check_sizes("full", shape, loc);
-  auto out = Tensor<T>::empty(shape);
-  std::fill_n(out.data(), shape.numel(), value);
-  return out;
+  return detail::moved_to(detail::host_full(shape, value), default_device());
 }
 template <Element T> Tensor<T> zeros(const Shape& shape, SourceLoc loc = SourceLoc::current()) {
   return full<T>(shape, T(0), loc);
@@ -124,9 +135,12 @@ template <Element T> Tensor<T> ones(const Shape& shape, SourceLoc loc = SourceLo
   return full<T>(shape, T(1), loc);
 }
 
-template <Element T> Tensor<T> full_like(const Tensor<T>& like, T value) { return full<T>(like.shape(), value); }
-template <Element T> Tensor<T> zeros_like(const Tensor<T>& like) { return full<T>(like.shape(), T(0)); }
-template <Element T> Tensor<T> ones_like(const Tensor<T>& like) { return full<T>(like.shape(), T(1)); }
+/// Tensors of like's shape, on like's device.
+template <Element T> Tensor<T> full_like(const Tensor<T>& like, T value) {
+  return detail::moved_to(detail::host_full(like.shape(), value), like.device());
+}
+template <Element T> Tensor<T> zeros_like(const Tensor<T>& like) { return full_like(like, T(0)); }
+template <Element T> Tensor<T> ones_like(const Tensor<T>& like) { return full_like(like, T(1)); }
 
 /// [start, start + step, ...) below stop.
 template <Numeric T> Tensor<T> arange(T start, T stop, T step = T(1), SourceLoc loc = SourceLoc::current()) {
@@ -135,7 +149,7 @@ template <Numeric T> Tensor<T> arange(T start, T stop, T step = T(1), SourceLoc 
   auto n = static_cast<std::int64_t>(std::max(0.0, count));
   auto out = Tensor<T>::empty(Shape{n});
   for (std::int64_t i = 0; i < n; ++i) out.data()[i] = static_cast<T>(start + static_cast<T>(i) * step);
-  return out;
+  return detail::moved_to(out, default_device());
 }
 /// [0, 1, ..., n - 1].
 template <Numeric T> Tensor<T> arange(std::int64_t n, SourceLoc loc = SourceLoc::current()) {
@@ -145,9 +159,10 @@ template <Numeric T> Tensor<T> arange(std::int64_t n, SourceLoc loc = SourceLoc:
 
 /// The n x n identity.
 template <Numeric T> Tensor<T> eye(std::int64_t n, SourceLoc loc = SourceLoc::current()) {
-  auto out = zeros<T>(Shape{n, n}, loc);
+  detail::check_sizes("eye", Shape{n, n}, loc);
+  auto out = detail::host_full(Shape{n, n}, T(0));
   for (std::int64_t i = 0; i < n; ++i) out.data()[i * n + i] = T(1);
-  return out;
+  return detail::moved_to(out, default_device());
 }
 
 /// Standard normal samples from a seeded generator (same seed, same tensor).
@@ -158,7 +173,7 @@ Tensor<T> randn(const Shape& shape, std::uint64_t seed = 0, SourceLoc loc = Sour
   std::normal_distribution<T> dist(T(0), T(1));
   auto out = Tensor<T>::empty(shape);
   std::generate_n(out.data(), shape.numel(), [&] { return dist(gen); });
-  return out;
+  return detail::moved_to(out, default_device());
 }
 
 /// Uniform samples in [lo, hi) from a seeded generator.
@@ -170,7 +185,7 @@ Tensor<T> uniform(const Shape& shape, T lo, T hi, std::uint64_t seed = 0, Source
   std::uniform_real_distribution<T> dist(lo, hi);
   auto out = Tensor<T>::empty(shape);
   std::generate_n(out.data(), shape.numel(), [&] { return dist(gen); });
-  return out;
+  return detail::moved_to(out, default_device());
 }
 
 }  // namespace xgrad

@@ -54,7 +54,8 @@ template <class T> void print_axis(std::ostream& out, const T* data, const Shape
 }  // namespace detail
 
 /// The values alone, NumPy-like: [[1, 2], [3, 4]] with one row per line.
-template <Element T> std::string format_values(const Tensor<T>& t) {
+template <Element T> std::string format_values(const Tensor<T>& tensor) {
+  const Tensor<T> t = tensor.device() == Device::cpu ? tensor : detail::copy_to(tensor, Device::cpu);
   std::ostringstream out;
   if (t.ndim() == 0)
     detail::print_value(out, t.data()[0]);

@@ -11,6 +11,9 @@
 #include <unordered_map>
 
 #include "xgrad/core/device.hpp"
+#if defined(XGRAD_WITH_THRUST)
+#include "xgrad/backend/thrust/memory.hpp"
+#endif
 
 namespace xgrad {
 
@@ -73,6 +76,27 @@ inline void release_cached_memory() { detail::BufferCache::instance().release();
 /// Bytes held in freed buffers kept for reuse.
 inline std::size_t cached_memory_bytes() { return detail::BufferCache::instance().cached_bytes(); }
 
+namespace detail {
+
+/// Copies `bytes` from src (on `from`) to dst (on `to`).
+inline void copy_bytes(void* dst, Device to, const void* src, Device from, std::size_t bytes) {
+  if (to == Device::cpu && from == Device::cpu) {
+    if (bytes) std::memcpy(dst, src, bytes);
+    return;
+  }
+  check_available(Device::thrust, "copy between devices");
+#if defined(XGRAD_WITH_THRUST)
+  if (from == Device::cpu)
+    thrust_backend::copy_to_device(dst, src, bytes);
+  else if (to == Device::cpu)
+    thrust_backend::copy_to_host(dst, src, bytes);
+  else
+    thrust_backend::copy_on_device(dst, src, bytes);
+#endif
+}
+
+}  // namespace detail
+
 /// Owns a tensor's bytes; large buffers are aligned to a cache line (kernels never rely on
 /// it: they use unaligned loads). Views (reshape) share one Storage, so an
 /// in-place write through any of them bumps the one version counter they all see.
@@ -83,6 +107,14 @@ class Storage {
   explicit Storage(std::size_t bytes, Device device = Device::cpu)
       : m_bytes(bytes), m_device(device), m_serial(next_serial()) {
     using detail::BufferCache;
+    if (device != Device::cpu) {
+      detail::check_available(device, "Storage");
+#if defined(XGRAD_WITH_THRUST)
+      m_capacity = bytes;
+      m_data = thrust_backend::allocate(bytes);
+#endif
+      return;
+    }
     if (bytes < BufferCache::kMinBytes) {
       // malloc's per-thread caches make small tensors cheap; glibc's aligned_alloc would
       // take a slow path on every call.
@@ -102,6 +134,12 @@ class Storage {
 
   ~Storage() {
     if (m_borrowed) return;
+#if defined(XGRAD_WITH_THRUST)
+    if (m_device == Device::thrust) {
+      thrust_backend::free(m_data);
+      return;
+    }
+#endif
     if (m_capacity < detail::BufferCache::kMinBytes || !detail::BufferCache::instance().give(m_data, m_capacity))
       std::free(m_data);
   }

@@ -120,20 +120,31 @@ template <Element T> class Tensor : public TensorBase {
     return Tensor(TensorImpl::allocate(shape, dtype_of<T>(), device));
   }
 
+  /// The elements in memory: a host pointer on Device::cpu, a device pointer on Device::thrust
+  /// (under CUDA not readable by host code: use to_vector(), item() or to(Device::cpu)).
   T* data() { return static_cast<T*>(storage().data()); }
   const T* data() const { return static_cast<const T*>(storage().data()); }
 
-  /// The elements, row-major.
+  /// The elements, row-major, on the host whatever the device.
   std::vector<T> to_vector() const {
-    const T* p = data();
-    return std::vector<T>(p, p + numel());
+    if (device() == Device::cpu) return std::vector<T>(data(), data() + numel());
+    auto host = std::make_unique<T[]>(static_cast<std::size_t>(numel()));
+    detail::copy_bytes(host.get(), Device::cpu, data(), device(), static_cast<std::size_t>(numel()) * sizeof(T));
+    return std::vector<T>(host.get(), host.get() + numel());
   }
 
-  /// The value of a one-element tensor.
+  /// The value of a one-element tensor, on the host.
   T item() const {
     if (numel() != 1) throw ShapeError(detail::concat("item: expected a tensor with one element, got shape ", shape()));
-    return data()[0];
+    if (device() == Device::cpu) return data()[0];
+    T value;
+    detail::copy_bytes(&value, Device::cpu, data(), device(), sizeof(T));
+    return value;
   }
+
+  /// This tensor on `device`: itself when it is there already, else a copy there (gradients
+  /// flow back to this one). Not inside jit: move a compiled function's inputs before calling.
+  Tensor to(Device device, SourceLoc loc = SourceLoc::current()) const { return to_device(*this, device, loc); }
 
   /// Turns gradient tracking on or off for this (leaf) tensor.
   Tensor& set_requires_grad(bool on) requires FloatingPoint<T> {
@@ -234,9 +245,21 @@ template <Element T> class Tensor : public TensorBase {
   }
 };
 
-/// A rank-0 tensor holding `value`, on the same device as `like` (for tensor-scalar operators).
-template <Element T> Tensor<T> scalar_like(const Tensor<T>& like, T value) {
-  auto out = Tensor<T>::empty(Shape{}, like.device());
+namespace detail {
+
+/// A copy of t's elements on `device`, with no autodiff history.
+template <Element T> Tensor<T> copy_to(const Tensor<T>& t, Device device) {
+  auto out = Tensor<T>::empty(t.shape(), device);
+  copy_bytes(out.data(), device, t.data(), t.device(), static_cast<std::size_t>(t.numel()) * sizeof(T));
+  return out;
+}
+
+}  // namespace detail
+
+/// A rank-0 tensor holding `value` (for tensor-scalar operators). It stays on the cpu: a
+/// one-element cpu tensor may meet tensors of any device, whose kernels read it as a value.
+template <Element T> Tensor<T> scalar_like(const Tensor<T>&, T value) {
+  auto out = Tensor<T>::empty(Shape{});
   out.data()[0] = value;
   return out;
 }

@@ -16,6 +16,9 @@
 
 #include "xgrad/autograd/node.hpp"
 #include "xgrad/backend/cpu/elementwise.hpp"
+#if defined(XGRAD_WITH_THRUST)
+#include "xgrad/backend/thrust/elementwise.hpp"
+#endif
 #include "xgrad/core/tensor.hpp"
 #include "xgrad/jit/tracer.hpp"
 
@@ -56,9 +59,50 @@ struct NoAttrs {
 };
 
 /// The tensor a kernel writes its result into: `dest` when the graph executor planned a
-/// buffer for it (of the result's dtype and shape), else a new one.
-template <class T> Tensor<T> output(const TensorBase& dest, const Shape& shape) {
-  return dest.defined() ? Tensor<T>(dest) : Tensor<T>::empty(shape);
+/// buffer for it (of the result's dtype and shape), else a new one on `device`.
+template <class T> Tensor<T> output(const TensorBase& dest, const Shape& shape, Device device = Device::cpu) {
+  return dest.defined() ? Tensor<T>(dest) : Tensor<T>::empty(shape, device);
+}
+
+/// The device a kernel runs on: that of its inputs (one-element cpu tensors, scalars, go with
+/// any device; primitive() has checked that the others agree).
+inline Device device_of(std::span<const TensorBase> inputs) {
+  for (const TensorBase& t : inputs)
+    if (t.device() != Device::cpu) return t.device();
+  return Device::cpu;
+}
+
+/// The device an op on `inputs` runs on, or a ValueError naming the op when they are on
+/// different devices (a one-element cpu tensor goes with any) or the op has no kernel there.
+inline Device check_devices(std::string_view op, SourceLoc loc, std::span<const TensorBase> inputs,
+                            const OpTraits& traits) {
+  const TensorBase* first = nullptr;
+  for (const TensorBase& t : inputs) {
+    if (t.is_symbolic() || (t.device() == Device::cpu && t.numel() == 1)) continue;
+    if (!first) {
+      first = &t;
+    } else if (t.device() != first->device()) {
+      std::string where;
+      for (std::size_t i = 0; i < inputs.size(); ++i)
+        where += concat(i ? ", " : "", "input ", i, " on ", device_name(inputs[i].device()));
+      throw_value_error(op, loc, "inputs on different devices (", where,
+                        "); xgrad never copies between devices silently: move them with .to(device)");
+    }
+  }
+  const Device device = device_of(inputs);
+  if (device == Device::thrust && !traits.thrust)
+    throw_value_error(op, loc, "no Device::thrust kernel yet; run it on the cpu (.to(xg::Device::cpu))");
+  return device;
+}
+
+/// Runs elementwise op Op on Device::thrust into out (the CPU backend's drivers run it on cpu).
+template <class Op, class R, class... T> void map_on_thrust(Tensor<R>& out, const Tensor<T>&... inputs) {
+#if defined(XGRAD_WITH_THRUST)
+  thrust_backend::map<Op>(out, inputs...);
+#else
+  (void)out;
+  ((void)inputs, ...);
+#endif
 }
 
 /// Runs a primitive op: `compute(inputs, dest)` maps concrete inputs to the output, written
@@ -74,6 +118,7 @@ TensorBase primitive(std::string_view op, SourceLoc loc, std::span<const TensorB
         [compute](std::span<const TensorBase> in, std::span<TensorBase> out) { out[0] = compute(in, out[0]); },
         make_attrs(), traits)[0];
   }
+  check_devices(op, loc, inputs, traits);
   return compute(inputs, TensorBase());
 }
 template <class Compute, class MakeAttrs = NoAttrs>
@@ -160,6 +205,7 @@ template <class Op> OpTraits with_block(BlockKernel block, const MergedBlockKern
   OpTraits traits = Op::traits;
   traits.block = block;
   traits.merged = merged;
+  traits.thrust = true;  // every elementwise op runs on Device::thrust (map_on_thrust)
   return traits;
 }
 
@@ -173,8 +219,11 @@ template <class Op, class T> Tensor<T> unary(const Tensor<T>& x, SourceLoc loc) 
       Op::name, loc, {x}, dtype_of<T>(), x.shape(),
       [](std::span<const TensorBase> in, const TensorBase& dest) {
         Tensor<T> v(in[0]);
-        auto out = output<T>(dest, v.shape());
-        cpu::map_unary<Op>(v.data(), out.data(), v.numel());
+        auto out = output<T>(dest, v.shape(), v.device());
+        if (v.device() == Device::thrust)
+          map_on_thrust<Op>(out, v);
+        else
+          cpu::map_unary<Op>(v.data(), out.data(), v.numel());
         return TensorBase(out);
       },
       NoAttrs{}, with_block<Op>(&cpu::unary_block<Op, T, T>, merged_block_kernels<Op, T>())));
@@ -210,8 +259,12 @@ Tensor<typename Op::template result<T>> binary(const Tensor<T>& a, const Tensor<
       Op::name, loc, {a, b}, dtype_of<R>(), shape,
       [shape](std::span<const TensorBase> in, const TensorBase& dest) {
         Tensor<T> x(in[0]), y(in[1]);
-        auto out = output<R>(dest, shape);
-        cpu::map_binary<Op>(cpu::BroadcastPlan<2>(shape, {&x.shape(), &y.shape()}), x.data(), y.data(), out.data());
+        const Device device = device_of(in);
+        auto out = output<R>(dest, shape, device);
+        if (device == Device::thrust)
+          map_on_thrust<Op>(out, x, y);
+        else
+          cpu::map_binary<Op>(cpu::BroadcastPlan<2>(shape, {&x.shape(), &y.shape()}), x.data(), y.data(), out.data());
         return TensorBase(out);
       },
       NoAttrs{}, with_block<Op>(&cpu::binary_block<Op, T, R>)));

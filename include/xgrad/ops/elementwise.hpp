@@ -387,7 +387,12 @@ template <Element T> Tensor<T> where(const Tensor<bool>& cond, const Tensor<T>& 
       [shape](std::span<const TensorBase> in, const TensorBase& dest) {
         Tensor<bool> c(in[0]);
         Tensor<T> x(in[1]), y(in[2]);
-        auto out = detail::output<T>(dest, shape);
+        const Device device = detail::device_of(in);
+        auto out = detail::output<T>(dest, shape, device);
+        if (device == Device::thrust) {
+          detail::map_on_thrust<op::Where>(out, c, x, y);
+          return TensorBase(out);
+        }
         cpu::map_ternary<op::Where>(cpu::BroadcastPlan<3>(shape, {&c.shape(), &x.shape(), &y.shape()}), c.data(),
                                     x.data(), y.data(), out.data());
         return TensorBase(out);
@@ -418,7 +423,12 @@ Tensor<T> fma(const Tensor<T>& a, const Tensor<T>& b, const Tensor<T>& c, Source
       op::Fma::name, loc, {a, b, c}, dtype_of<T>(), shape,
       [shape](std::span<const TensorBase> in, const TensorBase& dest) {
         Tensor<T> x(in[0]), y(in[1]), z(in[2]);
-        auto out = detail::output<T>(dest, shape);
+        const Device device = detail::device_of(in);
+        auto out = detail::output<T>(dest, shape, device);
+        if (device == Device::thrust) {
+          detail::map_on_thrust<op::Fma>(out, x, y, z);
+          return TensorBase(out);
+        }
         cpu::map_ternary<op::Fma>(cpu::BroadcastPlan<3>(shape, {&x.shape(), &y.shape(), &z.shape()}), x.data(),
                                   y.data(), z.data(), out.data());
         return TensorBase(out);
