@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "xgrad/backend/cpu/copy.hpp"
+#include "xgrad/backend/kernels.hpp"
 #include "xgrad/ops/elementwise.hpp"
 #include "xgrad/ops/manipulation.hpp"
 
@@ -33,11 +34,16 @@ template <class T> void write_into(std::string_view op, Tensor<T>& dst, const Te
     tracer->rebind(dst, src.shape() == dst.shape() ? src : broadcast_to(src, dst.shape(), loc), loc);
     return;
   }
-  if (src.shape() == dst.shape()) {
-    if (src.impl()->storage != dst.impl()->storage) std::copy_n(src.data(), src.numel(), dst.data());
+  const TensorBase both[] = {dst, src};
+  const Device device = check_devices(op, loc, both, OpTraits{.thrust = true});
+  if (src.device() != dst.device()) {  // a cpu scalar into a device tensor
+    kernels::fill(device, dst.data(), dst.numel(), src.item());
+  } else if (src.shape() == dst.shape()) {
+    if (src.impl()->storage != dst.impl()->storage)
+      copy_bytes(dst.data(), device, src.data(), device, static_cast<std::size_t>(src.numel()) * sizeof(T));
   } else {
-    cpu::strided_copy(dst.shape(), src.data(), cpu::broadcast_strides(src.shape(), dst.shape()), dst.data(),
-                      dst.shape().strides());
+    kernels::strided_copy(device, dst.shape(), src.data(), cpu::broadcast_strides(src.shape(), dst.shape()), dst.data(),
+                          dst.shape().strides());
   }
   dst.impl()->storage->bump_version();
 }

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "xgrad/backend/cpu/copy.hpp"
+#include "xgrad/backend/kernels.hpp"
 #include "xgrad/core/factory.hpp"
 #include "xgrad/ops/dispatch.hpp"
 
@@ -49,7 +50,7 @@ Tensor<T> reshape(const Tensor<T>& x, const std::vector<std::int64_t>& dims, Sou
       [shape] {
         return std::vector<ir::Attr>{{"shape", shape.str()}};
       },
-      OpTraits{.view = true}));
+      OpTraits{.view = true, .thrust = true}));
   if constexpr (FloatingPoint<T>) {
     if (detail::should_record(x)) {
       Shape in_shape = x.shape();
@@ -89,13 +90,15 @@ Tensor<T> transpose(const Tensor<T>& x, std::vector<std::int64_t> perm = {}, Sou
   Tensor<T> out(detail::primitive(
       "Transpose", loc, {x}, x.dtype(), shape,
       [shape, src](std::span<const TensorBase> in, const TensorBase& dest) {
-        auto out = detail::output<T>(dest, shape);
-        cpu::strided_copy(shape, Tensor<T>(in[0]).data(), src, out.data(), shape.strides());
+        const Device device = in[0].device();
+        auto out = detail::output<T>(dest, shape, device);
+        kernels::strided_copy(device, shape, Tensor<T>(in[0]).data(), src, out.data(), shape.strides());
         return TensorBase(out);
       },
       [perm] {
         return std::vector<ir::Attr>{{"perm", Shape(perm).str()}};
-      }));
+      },
+      OpTraits{.thrust = true}));
   if constexpr (FloatingPoint<T>) {
     if (detail::should_record(x)) {
       std::vector<std::int64_t> inverse(rank);
@@ -125,14 +128,15 @@ template <Element T> Tensor<T> broadcast_to(const Tensor<T>& x, const Shape& sha
       "BroadcastTo", loc, {x}, x.dtype(), shape,
       [shape](std::span<const TensorBase> in, const TensorBase& dest) {
         Tensor<T> v(in[0]);
-        auto out = detail::output<T>(dest, shape);
-        cpu::strided_copy(shape, v.data(), cpu::broadcast_strides(v.shape(), shape), out.data(), shape.strides());
+        auto out = detail::output<T>(dest, shape, v.device());
+        kernels::strided_copy(v.device(), shape, v.data(), cpu::broadcast_strides(v.shape(), shape), out.data(),
+                              shape.strides());
         return TensorBase(out);
       },
       [shape] {
         return std::vector<ir::Attr>{{"shape", shape.str()}};
       },
-      OpTraits{.block = cpu::copy_block<T>}));  // fusion gathers broadcast inputs per block
+      OpTraits{.block = cpu::copy_block<T>, .thrust = true}));  // fusion gathers broadcast inputs per block
   if constexpr (FloatingPoint<T>) {
     if (detail::should_record(x)) {
       Shape in_shape = x.shape();
@@ -206,13 +210,15 @@ template <Element T> Tensor<T> slice(const Tensor<T>& x, const std::vector<std::
   Tensor<T> out(detail::primitive(
       "Slice", loc, {x}, x.dtype(), shape,
       [shape, offset, strides](std::span<const TensorBase> in, const TensorBase& dest) {
-        auto out = detail::output<T>(dest, shape);
-        cpu::strided_copy(shape, Tensor<T>(in[0]).data() + offset, strides, out.data(), shape.strides());
+        const Device device = in[0].device();
+        auto out = detail::output<T>(dest, shape, device);
+        kernels::strided_copy(device, shape, Tensor<T>(in[0]).data() + offset, strides, out.data(), shape.strides());
         return TensorBase(out);
       },
       [begin, size] {
         return std::vector<ir::Attr>{{"begin", Shape(begin).str()}, {"size", Shape(size).str()}};
-      }));
+      },
+      OpTraits{.thrust = true}));
   if constexpr (FloatingPoint<T>) {
     if (detail::should_record(x)) {
       Shape in_shape = x.shape();
@@ -234,14 +240,15 @@ template <Numeric T> Tensor<T> slice_backward(const Tensor<T>& g, const Shape& i
       "SliceGrad", loc, {g}, g.dtype(), in_shape,
       [in_shape, offset, strides](std::span<const TensorBase> in, const TensorBase& dest) {
         Tensor<T> v(in[0]);
-        auto out = detail::output<T>(dest, in_shape);
-        std::fill_n(out.data(), out.numel(), T(0));
-        cpu::strided_copy(v.shape(), v.data(), v.shape().strides(), out.data() + offset, strides);
+        auto out = detail::output<T>(dest, in_shape, v.device());
+        kernels::fill(v.device(), out.data(), out.numel(), T(0));
+        kernels::strided_copy(v.device(), v.shape(), v.data(), v.shape().strides(), out.data() + offset, strides);
         return TensorBase(out);
       },
       [begin] {
         return std::vector<ir::Attr>{{"begin", Shape(begin).str()}};
-      }));
+      },
+      OpTraits{.thrust = true}));
   if constexpr (FloatingPoint<T>) {
     if (detail::should_record(g)) {
       std::vector<std::int64_t> size = g.shape().to_vector();
@@ -278,19 +285,22 @@ Tensor<T> concat(const std::vector<Tensor<T>>& xs, std::int64_t axis = 0, Source
   Tensor<T> out(detail::primitive(
       "Concat", loc, inputs, dtype_of<T>(), shape,
       [shape, a](std::span<const TensorBase> in, const TensorBase& dest) {
-        auto out = detail::output<T>(dest, shape);
+        const Device device = detail::device_of(in);
+        auto out = detail::output<T>(dest, shape, device);
         auto strides = shape.strides();
         std::int64_t at = 0;
         for (const auto& part : in) {
           Tensor<T> x(part);
-          cpu::strided_copy(x.shape(), x.data(), x.shape().strides(), out.data() + at * strides[a], strides);
+          kernels::strided_copy(device, x.shape(), x.data(), x.shape().strides(), out.data() + at * strides[a],
+                                strides);
           at += x.shape()[a];
         }
         return TensorBase(out);
       },
       [a] {
         return std::vector<ir::Attr>{{"axis", std::to_string(a)}};
-      }));
+      },
+      OpTraits{.thrust = true}));
   if constexpr (FloatingPoint<T>) {
     bool any = false;
     for (const auto& x : xs) any = any || detail::should_record(x);
@@ -335,15 +345,15 @@ template <Element U, Element T> Tensor<U> cast(const Tensor<T>& x, SourceLoc loc
     Tensor<U> out(detail::primitive(
         "Cast", loc, {x}, dtype_of<U>(), x.shape(),
         [](std::span<const TensorBase> in, const TensorBase& dest) {
-          auto out = detail::output<U>(dest, in[0].shape());
-          const T* src = Tensor<T>(in[0]).data();
-          U* dst = out.data();
-          for (std::int64_t i = 0, n = out.numel(); i < n; ++i) dst[i] = static_cast<U>(src[i]);
+          const Device device = in[0].device();
+          auto out = detail::output<U>(dest, in[0].shape(), device);
+          kernels::cast(device, Tensor<T>(in[0]).data(), out.data(), out.numel());
           return TensorBase(out);
         },
         [] {
           return std::vector<ir::Attr>{{"to", std::string(dtype_short_name(dtype_of<U>()))}};
-        }));
+        },
+        OpTraits{.thrust = true}));
     if constexpr (FloatingPoint<T> && FloatingPoint<U>) {
       if (detail::should_record(x)) {
         detail::record(out, "Cast", loc, {x}, {}, false,

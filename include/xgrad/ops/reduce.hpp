@@ -8,6 +8,7 @@
 #include <xsimd/xsimd.hpp>
 
 #include "xgrad/backend/cpu/reduce.hpp"
+#include "xgrad/backend/kernels.hpp"
 #include "xgrad/ops/elementwise.hpp"
 #include "xgrad/ops/manipulation.hpp"
 
@@ -50,6 +51,7 @@ template <class R, class T> Tensor<T> reduce_to(const Tensor<T>& x, const Shape&
   const int lead = x.ndim() - kept.ndim();
   std::array<bool, kMaxRank> reduced_axis{};
   for (int i = 0; i < x.ndim(); ++i) reduced_axis[i] = i < lead || (kept[i - lead] == 1 && x.shape()[i] != 1);
+  const Device device = x.device();
   const T* src = x.data();
   Tensor<T> cur;  // the latest pass's result
   Shape cur_shape = x.shape();
@@ -68,8 +70,8 @@ template <class R, class T> Tensor<T> reduce_to(const Tensor<T>& x, const Shape&
     }
     for (int i = end; i < x.ndim(); ++i) inner *= cur_shape[i];
     const bool last = std::none_of(reduced_axis.begin(), reduced_axis.begin() + begin, [](bool r) { return r; });
-    Tensor<T> next = last ? output<T>(dest, kept) : Tensor<T>::empty(cur_shape);
-    cpu::reduce<R>(src, next.data(), outer, reduced, inner);
+    Tensor<T> next = last ? output<T>(dest, kept, device) : Tensor<T>::empty(cur_shape, device);
+    kernels::reduce<R>(device, src, next.data(), outer, reduced, inner);
     cur = std::move(next);  // src may point into the old cur until here
     src = cur.data();
     end = begin;
@@ -78,7 +80,7 @@ template <class R, class T> Tensor<T> reduce_to(const Tensor<T>& x, const Shape&
   // Nothing to reduce: the same elements.
   if (!dest.defined()) return Tensor<T>(std::make_shared<TensorImpl>(kept, x.dtype(), x.impl()->storage));
   Tensor<T> out(dest);
-  std::copy_n(x.data(), x.numel(), out.data());
+  copy_bytes(out.data(), device, x.data(), device, static_cast<std::size_t>(x.numel()) * sizeof(T));
   return out;
 }
 
@@ -122,7 +124,8 @@ template <Numeric T> Tensor<T> sum_to(const Tensor<T>& x, const Shape& shape, So
       },
       [shape] {
         return std::vector<ir::Attr>{{"shape", shape.str()}};
-      }));
+      },
+      OpTraits{.thrust = true}));
   if constexpr (FloatingPoint<T>) {
     if (detail::should_record(x)) {
       Shape in_shape = x.shape();
@@ -167,7 +170,8 @@ template <class R, class T> Tensor<T> extremum(std::string_view op, const Tensor
       },
       [&shapes] {
         return std::vector<ir::Attr>{{"shape", shapes.kept.str()}};
-      }));
+      },
+      OpTraits{.thrust = true}));
   if constexpr (FloatingPoint<T>) {
     if (should_record(x)) {
       record(kept, op, loc, {x}, {x}, true, [x](const TensorBase& y, const TensorBase& g) {
@@ -209,13 +213,15 @@ template <Numeric T> Tensor<std::int32_t> argmax(const Tensor<T>& x, std::int64_
   return Tensor<std::int32_t>(detail::primitive(
       "Argmax", loc, {x}, DType::int32, shapes.out,
       [out_shape = shapes.out, outer, extent, inner](std::span<const TensorBase> in, const TensorBase& dest) {
-        auto out = detail::output<std::int32_t>(dest, out_shape);
-        cpu::argmax(Tensor<T>(in[0]).data(), out.data(), outer, extent, inner);
+        const Device device = in[0].device();
+        auto out = detail::output<std::int32_t>(dest, out_shape, device);
+        kernels::argmax(device, Tensor<T>(in[0]).data(), out.data(), outer, extent, inner);
         return TensorBase(out);
       },
       [a] {
         return std::vector<ir::Attr>{{"axis", std::to_string(a)}};
-      }));
+      },
+      OpTraits{.thrust = true}));
 }
 
 }  // namespace xgrad

@@ -1,0 +1,58 @@
+// Kernels that exist on every device, called with the device the data lives on: the cpu
+// backend's, or with XGRAD_WITH_THRUST the Thrust backend's for Device::thrust.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "xgrad/backend/cpu/copy.hpp"
+#include "xgrad/backend/cpu/reduce.hpp"
+#include "xgrad/core/device.hpp"
+#if defined(XGRAD_WITH_THRUST)
+#include "xgrad/backend/thrust/copy.hpp"
+#endif
+
+namespace xgrad::kernels {
+
+#if defined(XGRAD_WITH_THRUST)
+#define XGRAD_ON_THRUST(device, call) \
+  if ((device) == Device::thrust) return thrust_backend::call
+#else
+#define XGRAD_ON_THRUST(device, call) (void)(device)
+#endif
+
+/// See cpu::strided_copy.
+template <class T> void strided_copy(Device device, const Shape& shape, const T* src, const cpu::Strides& src_strides,
+                                     T* dst, const cpu::Strides& dst_strides) {
+  XGRAD_ON_THRUST(device, strided_copy(shape, src, src_strides, dst, dst_strides));
+  cpu::strided_copy(shape, src, src_strides, dst, dst_strides);
+}
+
+template <class T> void fill(Device device, T* dst, std::int64_t n, T value) {
+  XGRAD_ON_THRUST(device, fill(dst, n, value));
+  std::fill_n(dst, n, value);
+}
+
+/// dst[i] = U(src[i]).
+template <class U, class T> void cast(Device device, const T* src, U* dst, std::int64_t n) {
+  XGRAD_ON_THRUST(device, cast(src, dst, n));
+  for (std::int64_t i = 0; i < n; ++i) dst[i] = static_cast<U>(src[i]);
+}
+
+/// See cpu::reduce.
+template <class R, class T>
+void reduce(Device device, const T* x, T* y, std::int64_t outer, std::int64_t reduced, std::int64_t inner) {
+  XGRAD_ON_THRUST(device, reduce<R>(x, y, outer, reduced, inner));
+  cpu::reduce<R>(x, y, outer, reduced, inner);
+}
+
+/// See cpu::argmax.
+template <class T, class I>
+void argmax(Device device, const T* x, I* y, std::int64_t outer, std::int64_t reduced, std::int64_t inner) {
+  XGRAD_ON_THRUST(device, argmax(x, y, outer, reduced, inner));
+  cpu::argmax(x, y, outer, reduced, inner);
+}
+
+#undef XGRAD_ON_THRUST
+
+}  // namespace xgrad::kernels
