@@ -134,9 +134,10 @@ TensorBase primitive(std::string_view op, SourceLoc loc, std::initializer_list<T
 /// each finished part while it is in cache.
 template <class Compute, class MakeAttrs>
 TensorBase primitive_with_epilogue(std::string_view op, SourceLoc loc, std::initializer_list<TensorBase> inputs,
-                                   DType dtype, const Shape& shape, Compute compute, MakeAttrs make_attrs) {
+                                   DType dtype, const Shape& shape, Compute compute, MakeAttrs make_attrs,
+                                   OpTraits traits = {}) {
   auto plain = [compute](std::span<const TensorBase> in, const TensorBase& dest) { return compute(in, dest, nullptr); };
-  TensorBase out = primitive(op, loc, inputs, dtype, shape, plain, std::move(make_attrs));
+  TensorBase out = primitive(op, loc, inputs, dtype, shape, plain, std::move(make_attrs), traits);
   if (auto* tracer = tracing::Tracer::active())
     tracer->graph().nodes.back()->epilogue_kernel =  // the node primitive() just appended
         [compute](std::span<const TensorBase> in, const TensorBase& dest, const ir::BlockDone& done) {

@@ -5,6 +5,9 @@
 
 #include "xgrad/backend/cpu/gemm.hpp"
 #include "xgrad/backend/cpu/thread_pool.hpp"
+#if defined(XGRAD_WITH_THRUST)
+#include "xgrad/backend/thrust/gemm.hpp"
+#endif
 #include "xgrad/ops/dispatch.hpp"
 
 namespace xgrad {
@@ -37,7 +40,8 @@ template <FloatingPoint T> Tensor<T> matmul(const Tensor<T>& a, const Tensor<T>&
       "MatMul", loc, {a, b}, dtype_of<T>(), shape,
       [=](std::span<const TensorBase> in, const TensorBase& dest, const ir::BlockDone* done) {
         Tensor<T> x(in[0]), y(in[1]);
-        auto out = detail::output<T>(dest, shape);
+        const Device device = detail::device_of(in);
+        auto out = detail::output<T>(dest, shape, device);
         const std::int64_t count = batch.numel();
         cpu::BroadcastPlan<2> plan(batch, {&batch_a, &batch_b});
         // Element strides of one matrix of each operand, as stored and as op() reads it.
@@ -47,6 +51,12 @@ template <FloatingPoint T> Tensor<T> matmul(const Tensor<T>& a, const Tensor<T>&
         const T* pa = x.data();
         const T* pb = y.data();
         T* pc = out.data();
+#if defined(XGRAD_WITH_THRUST)
+        if (device == Device::thrust) {  // eager only: compiled graphs, and so epilogues, run on the cpu
+          thrust_backend::batched_gemm(plan, count, m, n, k, pa, a_rs, a_cs, pb, b_rs, b_cs, pc);
+          return TensorBase(out);
+        }
+#endif
         auto run = [&](std::int64_t lo, std::int64_t hi) {
           for (std::int64_t i = lo; i < hi; ++i) {
             // plan walks batch indices; its strides count matrices, not elements.
@@ -71,7 +81,8 @@ template <FloatingPoint T> Tensor<T> matmul(const Tensor<T>& a, const Tensor<T>&
       [=] {
         return std::vector<ir::Attr>{{"transpose_a", transpose_a ? "true" : "false"},
                                      {"transpose_b", transpose_b ? "true" : "false"}};
-      }));
+      },
+      OpTraits{.thrust = true}));
 
   if constexpr (FloatingPoint<T>) {
     if (detail::should_record(a, b)) {
