@@ -5,10 +5,13 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "xgrad/backend/cpu/conv.hpp"
 #include "xgrad/backend/cpu/copy.hpp"
+#include "xgrad/backend/cpu/pool.hpp"
 #include "xgrad/backend/cpu/reduce.hpp"
 #include "xgrad/core/device.hpp"
 #if defined(XGRAD_WITH_THRUST)
+#include "xgrad/backend/thrust/conv_pool.hpp"
 #include "xgrad/backend/thrust/copy.hpp"
 #endif
 
@@ -51,6 +54,44 @@ template <class T, class I>
 void argmax(Device device, const T* x, I* y, std::int64_t outer, std::int64_t reduced, std::int64_t inner) {
   XGRAD_ON_THRUST(device, argmax(x, y, outer, reduced, inner));
   cpu::argmax(x, y, outer, reduced, inner);
+}
+
+/// See cpu::conv2d_forward; `done` (fusion's epilogue, compiled graphs only) is cpu only.
+template <class T> void conv2d_forward(Device device, const cpu::Conv2dGeometry& g, const T* x, const T* w, T* y,
+                                       const cpu::RangeDone* done) {
+  XGRAD_ON_THRUST(device, conv2d_forward(g, x, w, y));
+  cpu::conv2d_forward(g, x, w, y, done);
+}
+template <class T>
+void conv2d_backward_input(Device device, const cpu::Conv2dGeometry& g, const T* gy, const T* w, T* gx) {
+  XGRAD_ON_THRUST(device, conv2d_backward_input(g, gy, w, gx));
+  cpu::conv2d_backward_input(g, gy, w, gx);
+}
+template <class T>
+void conv2d_backward_weight(Device device, const cpu::Conv2dGeometry& g, const T* x, const T* gy, T* gw) {
+  XGRAD_ON_THRUST(device, conv2d_backward_weight(g, x, gy, gw));
+  cpu::conv2d_backward_weight(g, x, gy, gw);
+}
+template <class T> void max_pool2d_forward(Device device, const cpu::Pool2dGeometry& g, const T* x, T* y) {
+  XGRAD_ON_THRUST(device, max_pool2d_forward(g, x, y));
+  cpu::max_pool2d_forward(g, x, y);
+}
+template <class T>
+void max_pool2d_scatter(Device device, const cpu::Pool2dGeometry& g, const T* x, const T* gy, T* gx) {
+  XGRAD_ON_THRUST(device, max_pool2d_scatter(g, x, gy, gx));
+  cpu::max_pool2d_scatter(g, x, gy, gx);
+}
+template <class T> void max_pool2d_select(Device device, const cpu::Pool2dGeometry& g, const T* x, const T* v, T* out) {
+  XGRAD_ON_THRUST(device, max_pool2d_select(g, x, v, out));
+  cpu::max_pool2d_select(g, x, v, out);
+}
+template <class T> void avg_pool2d_forward(Device device, const cpu::Pool2dGeometry& g, const T* x, T* y) {
+  XGRAD_ON_THRUST(device, avg_pool2d_forward(g, x, y));
+  cpu::avg_pool2d_forward(g, x, y);
+}
+template <class T> void avg_pool2d_backward(Device device, const cpu::Pool2dGeometry& g, const T* gy, T* gx) {
+  XGRAD_ON_THRUST(device, avg_pool2d_backward(g, gy, gx));
+  cpu::avg_pool2d_backward(g, gy, gx);
 }
 
 #undef XGRAD_ON_THRUST

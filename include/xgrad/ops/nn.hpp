@@ -10,6 +10,10 @@
 #include "xgrad/backend/cpu/pool.hpp"
 #include "xgrad/backend/cpu/resize.hpp"
 #include "xgrad/backend/cpu/softmax_xent.hpp"
+#include "xgrad/backend/kernels.hpp"
+#if defined(XGRAD_WITH_THRUST)
+#include "xgrad/backend/thrust/softmax_xent.hpp"
+#endif
 #include "xgrad/ops/elementwise.hpp"
 #include "xgrad/ops/manipulation.hpp"
 #include "xgrad/ops/reduce.hpp"
@@ -90,11 +94,12 @@ Tensor<T> conv2d_apply(const Tensor<T>& x, const Tensor<T>& w, const cpu::Conv2d
   Tensor<T> y(primitive_with_epilogue(
       "Conv2D", loc, {x, w}, dtype_of<T>(), Shape{geo.n, geo.c_out, geo.out_h, geo.out_w},
       [geo](std::span<const TensorBase> in, const TensorBase& dest, const ir::BlockDone* done) {
-        auto out = detail::output<T>(dest, Shape{geo.n, geo.c_out, geo.out_h, geo.out_w});
-        cpu::conv2d_forward(geo, Tensor<T>(in[0]).data(), Tensor<T>(in[1]).data(), out.data(), done);
+        const Device device = device_of(in);
+        auto out = detail::output<T>(dest, Shape{geo.n, geo.c_out, geo.out_h, geo.out_w}, device);
+        kernels::conv2d_forward(device, geo, Tensor<T>(in[0]).data(), Tensor<T>(in[1]).data(), out.data(), done);
         return TensorBase(out);
       },
-      [geo] { return conv_attrs(geo); }));
+      [geo] { return conv_attrs(geo); }, OpTraits{.thrust = true}));
   if (should_record(x, w)) {
     // Each gradient costs a convolution: compute only those an input needs.
     const bool need_x = x.requires_grad(), need_w = w.requires_grad();
@@ -113,11 +118,12 @@ Tensor<T> conv2d_input_grad(const Tensor<T>& g, const Tensor<T>& w, const cpu::C
   Tensor<T> gx(primitive(
       "Conv2DBackpropInput", loc, {g, w}, dtype_of<T>(), Shape{geo.n, geo.c_in, geo.h, geo.w},
       [geo](std::span<const TensorBase> in, const TensorBase& dest) {
-        auto out = detail::output<T>(dest, Shape{geo.n, geo.c_in, geo.h, geo.w});
-        cpu::conv2d_backward_input(geo, Tensor<T>(in[0]).data(), Tensor<T>(in[1]).data(), out.data());
+        const Device device = device_of(in);
+        auto out = detail::output<T>(dest, Shape{geo.n, geo.c_in, geo.h, geo.w}, device);
+        kernels::conv2d_backward_input(device, geo, Tensor<T>(in[0]).data(), Tensor<T>(in[1]).data(), out.data());
         return TensorBase(out);
       },
-      [geo] { return conv_attrs(geo); }));
+      [geo] { return conv_attrs(geo); }, OpTraits{.thrust = true}));
   if (should_record(g, w)) {
     const bool need_g = g.requires_grad(), need_w = w.requires_grad();
     record(gx, "Conv2DBackpropInput", loc, {g, w}, {g, w}, false,
@@ -135,11 +141,12 @@ Tensor<T> conv2d_weight_grad(const Tensor<T>& x, const Tensor<T>& g, const cpu::
   Tensor<T> gw(primitive(
       "Conv2DBackpropFilter", loc, {x, g}, dtype_of<T>(), Shape{geo.c_out, geo.c_in, geo.kh, geo.kw},
       [geo](std::span<const TensorBase> in, const TensorBase& dest) {
-        auto out = detail::output<T>(dest, Shape{geo.c_out, geo.c_in, geo.kh, geo.kw});
-        cpu::conv2d_backward_weight(geo, Tensor<T>(in[0]).data(), Tensor<T>(in[1]).data(), out.data());
+        const Device device = device_of(in);
+        auto out = detail::output<T>(dest, Shape{geo.c_out, geo.c_in, geo.kh, geo.kw}, device);
+        kernels::conv2d_backward_weight(device, geo, Tensor<T>(in[0]).data(), Tensor<T>(in[1]).data(), out.data());
         return TensorBase(out);
       },
-      [geo] { return conv_attrs(geo); }));
+      [geo] { return conv_attrs(geo); }, OpTraits{.thrust = true}));
   if (should_record(x, g)) {
     const bool need_x = x.requires_grad(), need_g = g.requires_grad();
     record(gw, "Conv2DBackpropFilter", loc, {x, g}, {x, g}, false,
@@ -211,11 +218,12 @@ Tensor<T> max_pool_scatter(const Tensor<T>& x, const Tensor<T>& gy, const cpu::P
   Tensor<T> gx(primitive(
       "MaxPoolGrad", loc, {x, gy}, dtype_of<T>(), Shape{geo.n, geo.c, geo.h, geo.w},
       [geo](std::span<const TensorBase> in, const TensorBase& dest) {
-        auto out = detail::output<T>(dest, Shape{geo.n, geo.c, geo.h, geo.w});
-        cpu::max_pool2d_scatter(geo, Tensor<T>(in[0]).data(), Tensor<T>(in[1]).data(), out.data());
+        const Device device = device_of(in);
+        auto out = detail::output<T>(dest, Shape{geo.n, geo.c, geo.h, geo.w}, device);
+        kernels::max_pool2d_scatter(device, geo, Tensor<T>(in[0]).data(), Tensor<T>(in[1]).data(), out.data());
         return TensorBase(out);
       },
-      [geo] { return pool_attrs(geo); }));
+      [geo] { return pool_attrs(geo); }, OpTraits{.thrust = true}));
   if (should_record(gy)) {
     record(gx, "MaxPoolGrad", loc, {x, gy}, {x}, false, [x, geo, loc](const TensorBase&, const TensorBase& u) {
       return autograd::Grads{TensorBase(), max_pool_select(x, Tensor<T>(u), geo, loc)};
@@ -230,11 +238,12 @@ Tensor<T> max_pool_select(const Tensor<T>& x, const Tensor<T>& v, const cpu::Poo
   Tensor<T> out(primitive(
       "MaxPoolGradGrad", loc, {x, v}, dtype_of<T>(), Shape{geo.n, geo.c, geo.out_h, geo.out_w},
       [geo](std::span<const TensorBase> in, const TensorBase& dest) {
-        auto out = detail::output<T>(dest, Shape{geo.n, geo.c, geo.out_h, geo.out_w});
-        cpu::max_pool2d_select(geo, Tensor<T>(in[0]).data(), Tensor<T>(in[1]).data(), out.data());
+        const Device device = device_of(in);
+        auto out = detail::output<T>(dest, Shape{geo.n, geo.c, geo.out_h, geo.out_w}, device);
+        kernels::max_pool2d_select(device, geo, Tensor<T>(in[0]).data(), Tensor<T>(in[1]).data(), out.data());
         return TensorBase(out);
       },
-      [geo] { return pool_attrs(geo); }));
+      [geo] { return pool_attrs(geo); }, OpTraits{.thrust = true}));
   if (should_record(v)) {
     record(out, "MaxPoolGradGrad", loc, {x, v}, {x}, false, [x, geo, loc](const TensorBase&, const TensorBase& u) {
       return autograd::Grads{TensorBase(), max_pool_scatter(x, Tensor<T>(u), geo, loc)};
@@ -251,11 +260,12 @@ Tensor<T> avg_pool_spread(const Tensor<T>& gy, const cpu::Pool2dGeometry& geo, S
   Tensor<T> gx(primitive(
       "AvgPoolGrad", loc, {gy}, dtype_of<T>(), Shape{geo.n, geo.c, geo.h, geo.w},
       [geo](std::span<const TensorBase> in, const TensorBase& dest) {
-        auto out = detail::output<T>(dest, Shape{geo.n, geo.c, geo.h, geo.w});
-        cpu::avg_pool2d_backward(geo, Tensor<T>(in[0]).data(), out.data());
+        const Device device = device_of(in);
+        auto out = detail::output<T>(dest, Shape{geo.n, geo.c, geo.h, geo.w}, device);
+        kernels::avg_pool2d_backward(device, geo, Tensor<T>(in[0]).data(), out.data());
         return TensorBase(out);
       },
-      [geo] { return pool_attrs(geo); }));
+      [geo] { return pool_attrs(geo); }, OpTraits{.thrust = true}));
   if (should_record(gy)) {
     record(gx, "AvgPoolGrad", loc, {gy}, {}, false, [geo, loc](const TensorBase&, const TensorBase& u) {
       return autograd::Grads{avg_pool_apply(Tensor<T>(u), geo, loc)};
@@ -268,11 +278,12 @@ template <FloatingPoint T> Tensor<T> avg_pool_apply(const Tensor<T>& x, const cp
   Tensor<T> y(primitive(
       "AvgPool", loc, {x}, dtype_of<T>(), Shape{geo.n, geo.c, geo.out_h, geo.out_w},
       [geo](std::span<const TensorBase> in, const TensorBase& dest) {
-        auto out = detail::output<T>(dest, Shape{geo.n, geo.c, geo.out_h, geo.out_w});
-        cpu::avg_pool2d_forward(geo, Tensor<T>(in[0]).data(), out.data());
+        const Device device = device_of(in);
+        auto out = detail::output<T>(dest, Shape{geo.n, geo.c, geo.out_h, geo.out_w}, device);
+        kernels::avg_pool2d_forward(device, geo, Tensor<T>(in[0]).data(), out.data());
         return TensorBase(out);
       },
-      [geo] { return pool_attrs(geo); }));
+      [geo] { return pool_attrs(geo); }, OpTraits{.thrust = true}));
   if (should_record(x)) {
     record(y, "AvgPool", loc, {x}, {}, false, [geo, loc](const TensorBase&, const TensorBase& g) {
       return autograd::Grads{avg_pool_spread(Tensor<T>(g), geo, loc)};
@@ -292,11 +303,12 @@ template <FloatingPoint T> Tensor<T> max_pool2d(const Tensor<T>& x, std::int64_t
   Tensor<T> y(detail::primitive(
       "MaxPool", loc, {x}, dtype_of<T>(), Shape{geo.n, geo.c, geo.out_h, geo.out_w},
       [geo](std::span<const TensorBase> in, const TensorBase& dest) {
-        auto out = detail::output<T>(dest, Shape{geo.n, geo.c, geo.out_h, geo.out_w});
-        cpu::max_pool2d_forward(geo, Tensor<T>(in[0]).data(), out.data());
+        const Device device = detail::device_of(in);
+        auto out = detail::output<T>(dest, Shape{geo.n, geo.c, geo.out_h, geo.out_w}, device);
+        kernels::max_pool2d_forward(device, geo, Tensor<T>(in[0]).data(), out.data());
         return TensorBase(out);
       },
-      [geo] { return detail::pool_attrs(geo); }));
+      [geo] { return detail::pool_attrs(geo); }, OpTraits{.thrust = true}));
   if (detail::should_record(x)) {
     detail::record(y, "MaxPool", loc, {x}, {x}, false, [x, geo, loc](const TensorBase&, const TensorBase& g) {
       return autograd::Grads{detail::max_pool_scatter(x, Tensor<T>(g), geo, loc)};
@@ -432,7 +444,9 @@ Tensor<T> one_hot(const Tensor<std::int32_t>& labels, std::int64_t num_classes, 
 namespace detail {
 
 inline void check_labels(std::string_view op, const TensorBase& labels, std::int64_t classes, SourceLoc loc) {
-  const std::int32_t* l = Tensor<std::int32_t>(labels).data();
+  std::vector<std::int32_t> host;  // device labels are read through a copy
+  if (labels.device() != Device::cpu) host = Tensor<std::int32_t>(labels).to_vector();
+  const std::int32_t* l = host.empty() ? Tensor<std::int32_t>(labels).data() : host.data();
   if (std::int64_t i = cpu::first_bad_label(l, labels.numel(), classes); i >= 0)
     throw_value_error(op, loc, "label ", l[i], " at index ", i, " is outside [0, ", classes, ")");
 }
@@ -444,15 +458,25 @@ template <FloatingPoint T> Tensor<T> softmax_xent_grad(const Tensor<T>& logits, 
 template <FloatingPoint T>
 Tensor<T> softmax_xent_losses(const Tensor<T>& logits, const Tensor<std::int32_t>& labels, SourceLoc loc) {
   const std::int64_t rows = logits.shape()[0], classes = logits.shape()[1];
-  Tensor<T> losses(primitive("SoftmaxCrossEntropy", loc, {logits, labels}, dtype_of<T>(), Shape{rows},
-                             [rows, classes, loc](std::span<const TensorBase> in, const TensorBase& dest) {
-                               // Checked when the op runs: under jit the labels are known only then.
-                               check_labels("SoftmaxCrossEntropyWithLogits", in[1], classes, loc);
-                               auto out = detail::output<T>(dest, Shape{rows});
-                               cpu::softmax_xent_forward(Tensor<T>(in[0]).data(), Tensor<std::int32_t>(in[1]).data(),
-                                                         rows, classes, out.data());
-                               return TensorBase(out);
-                             }));
+  Tensor<T> losses(primitive(
+      "SoftmaxCrossEntropy", loc, {logits, labels}, dtype_of<T>(), Shape{rows},
+      [rows, classes, loc](std::span<const TensorBase> in, const TensorBase& dest) {
+        // Checked when the op runs: under jit the labels are known only then.
+        check_labels("SoftmaxCrossEntropyWithLogits", in[1], classes, loc);
+        const Device device = device_of(in);
+        auto out = detail::output<T>(dest, Shape{rows}, device);
+        const T* x = Tensor<T>(in[0]).data();
+        const std::int32_t* l = Tensor<std::int32_t>(in[1]).data();
+#if defined(XGRAD_WITH_THRUST)
+        if (device == Device::thrust) {
+          thrust_backend::softmax_xent_forward(x, l, rows, classes, out.data());
+          return TensorBase(out);
+        }
+#endif
+        cpu::softmax_xent_forward(x, l, rows, classes, out.data());
+        return TensorBase(out);
+      },
+      NoAttrs{}, OpTraits{.thrust = true}));
   if (should_record(logits)) {
     record(losses, "SoftmaxCrossEntropy", loc, {logits, labels}, {logits, labels}, false,
            [logits, labels, loc](const TensorBase&, const TensorBase& g) {
@@ -466,14 +490,25 @@ Tensor<T> softmax_xent_losses(const Tensor<T>& logits, const Tensor<std::int32_t
 template <FloatingPoint T> Tensor<T> softmax_xent_grad(const Tensor<T>& logits, const Tensor<std::int32_t>& labels,
                                                        const Tensor<T>& g, SourceLoc loc) {
   const Shape shape = logits.shape();
-  Tensor<T> gx(primitive("SoftmaxCrossEntropyGrad", loc, {logits, labels, g}, dtype_of<T>(), shape,
-                         [shape, loc](std::span<const TensorBase> in, const TensorBase& dest) {
-                           check_labels("SoftmaxCrossEntropyGrad", in[1], shape[1], loc);
-                           auto out = detail::output<T>(dest, shape);
-                           cpu::softmax_xent_backward(Tensor<T>(in[0]).data(), Tensor<std::int32_t>(in[1]).data(),
-                                                      Tensor<T>(in[2]).data(), shape[0], shape[1], out.data());
-                           return TensorBase(out);
-                         }));
+  Tensor<T> gx(primitive(
+      "SoftmaxCrossEntropyGrad", loc, {logits, labels, g}, dtype_of<T>(), shape,
+      [shape, loc](std::span<const TensorBase> in, const TensorBase& dest) {
+        check_labels("SoftmaxCrossEntropyGrad", in[1], shape[1], loc);
+        const Device device = device_of(in);
+        auto out = detail::output<T>(dest, shape, device);
+        const T* x = Tensor<T>(in[0]).data();
+        const std::int32_t* l = Tensor<std::int32_t>(in[1]).data();
+        const T* g = Tensor<T>(in[2]).data();
+#if defined(XGRAD_WITH_THRUST)
+        if (device == Device::thrust) {
+          thrust_backend::softmax_xent_backward(x, l, g, shape[0], shape[1], out.data());
+          return TensorBase(out);
+        }
+#endif
+        cpu::softmax_xent_backward(x, l, g, shape[0], shape[1], out.data());
+        return TensorBase(out);
+      },
+      NoAttrs{}, OpTraits{.thrust = true}));
   if (should_record(logits, g)) {
     // Second derivatives, from composite ops: with p = softmax(logits) and u the incoming
     // gradient, d/dg = sum(u * (p - onehot)) and d/dlogits = g * (p u - p sum(p u)).
