@@ -9,10 +9,12 @@
 #include "xgrad/backend/cpu/copy.hpp"
 #include "xgrad/backend/cpu/pool.hpp"
 #include "xgrad/backend/cpu/reduce.hpp"
+#include "xgrad/backend/cpu/softmax_xent.hpp"
 #include "xgrad/core/device.hpp"
 #if defined(XGRAD_WITH_THRUST)
 #include "xgrad/backend/thrust/conv_pool.hpp"
 #include "xgrad/backend/thrust/copy.hpp"
+#include "xgrad/backend/thrust/softmax_xent.hpp"
 #endif
 
 namespace xgrad::kernels {
@@ -92,6 +94,19 @@ template <class T> void avg_pool2d_forward(Device device, const cpu::Pool2dGeome
 template <class T> void avg_pool2d_backward(Device device, const cpu::Pool2dGeometry& g, const T* gy, T* gx) {
   XGRAD_ON_THRUST(device, avg_pool2d_backward(g, gy, gx));
   cpu::avg_pool2d_backward(g, gy, gx);
+}
+
+/// See cpu::softmax_xent_forward.
+template <class T> void softmax_xent_forward(Device device, const T* logits, const std::int32_t* labels,
+                                             std::int64_t rows, std::int64_t classes, T* loss) {
+  XGRAD_ON_THRUST(device, softmax_xent_forward(logits, labels, rows, classes, loss));
+  cpu::softmax_xent_forward(logits, labels, rows, classes, loss);
+}
+/// See cpu::softmax_xent_backward.
+template <class T> void softmax_xent_backward(Device device, const T* logits, const std::int32_t* labels, const T* g,
+                                              std::int64_t rows, std::int64_t classes, T* grad) {
+  XGRAD_ON_THRUST(device, softmax_xent_backward(logits, labels, g, rows, classes, grad));
+  cpu::softmax_xent_backward(logits, labels, g, rows, classes, grad);
 }
 
 #undef XGRAD_ON_THRUST

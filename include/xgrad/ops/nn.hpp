@@ -11,9 +11,6 @@
 #include "xgrad/backend/cpu/resize.hpp"
 #include "xgrad/backend/cpu/softmax_xent.hpp"
 #include "xgrad/backend/kernels.hpp"
-#if defined(XGRAD_WITH_THRUST)
-#include "xgrad/backend/thrust/softmax_xent.hpp"
-#endif
 #include "xgrad/ops/elementwise.hpp"
 #include "xgrad/ops/manipulation.hpp"
 #include "xgrad/ops/reduce.hpp"
@@ -467,13 +464,7 @@ Tensor<T> softmax_xent_losses(const Tensor<T>& logits, const Tensor<std::int32_t
         auto out = detail::output<T>(dest, Shape{rows}, device);
         const T* x = Tensor<T>(in[0]).data();
         const std::int32_t* l = Tensor<std::int32_t>(in[1]).data();
-#if defined(XGRAD_WITH_THRUST)
-        if (device == Device::thrust) {
-          thrust_backend::softmax_xent_forward(x, l, rows, classes, out.data());
-          return TensorBase(out);
-        }
-#endif
-        cpu::softmax_xent_forward(x, l, rows, classes, out.data());
+        kernels::softmax_xent_forward(device, x, l, rows, classes, out.data());
         return TensorBase(out);
       },
       NoAttrs{}, OpTraits{.thrust = true}));
@@ -499,13 +490,7 @@ template <FloatingPoint T> Tensor<T> softmax_xent_grad(const Tensor<T>& logits, 
         const T* x = Tensor<T>(in[0]).data();
         const std::int32_t* l = Tensor<std::int32_t>(in[1]).data();
         const T* g = Tensor<T>(in[2]).data();
-#if defined(XGRAD_WITH_THRUST)
-        if (device == Device::thrust) {
-          thrust_backend::softmax_xent_backward(x, l, g, shape[0], shape[1], out.data());
-          return TensorBase(out);
-        }
-#endif
-        cpu::softmax_xent_backward(x, l, g, shape[0], shape[1], out.data());
+        kernels::softmax_xent_backward(device, x, l, g, shape[0], shape[1], out.data());
         return TensorBase(out);
       },
       NoAttrs{}, OpTraits{.thrust = true}));
