@@ -25,8 +25,8 @@ namespace {
 
 using namespace xgrad::bench;
 
-using Batch = xsimd::batch<float>;
-constexpr std::int64_t kLanes = static_cast<std::int64_t>(Batch::size);
+using SimdBatch = xsimd::batch<float>;
+constexpr std::int64_t kLanes = static_cast<std::int64_t>(SimdBatch::size);
 
 xg::Tensor<float> random_vector(std::int64_t n, std::uint64_t seed) { return xg::randn<float>(xg::Shape{n}, seed); }
 
@@ -35,6 +35,7 @@ xg::Tensor<float> random_vector(std::int64_t n, std::uint64_t seed) { return xg:
 /// `a + b` on n-element vectors; with `grad`, a requires grad, so each sum records a tape node
 /// that is dropped with the result at the end of the iteration.
 void dispatch_add(benchmark::State& state, bool grad) {
+  OnBenchDevice on_device;
   ThreadScope threads(kOneThread);
   const std::int64_t n = state.range(0);
   auto a = random_vector(n, 1);
@@ -79,19 +80,20 @@ struct ReluOp {
 
 template <class Op> void hand_unary(const float* x, float* y, std::int64_t n) {
   std::int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) Op::body(Batch::load_unaligned(x + i)).store_unaligned(y + i);
+  for (; i + kLanes <= n; i += kLanes) Op::body(SimdBatch::load_unaligned(x + i)).store_unaligned(y + i);
   for (; i < n; ++i) y[i] = Op::body(x[i]);
 }
 
 template <class Op> void hand_binary(const float* a, const float* b, float* y, std::int64_t n) {
   std::int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes)
-    Op::body(Batch::load_unaligned(a + i), Batch::load_unaligned(b + i)).store_unaligned(y + i);
+    Op::body(SimdBatch::load_unaligned(a + i), SimdBatch::load_unaligned(b + i)).store_unaligned(y + i);
   for (; i < n; ++i) y[i] = Op::body(a[i], b[i]);
 }
 
 /// The xgrad op, out of place (a fresh result tensor per call).
 template <class Op> void elementwise_xgrad(benchmark::State& state, int threads) {
+  OnBenchDevice on_device;
   ThreadScope scope(threads);
   const std::int64_t n = state.range(0);
   auto a = random_vector(n, 1);
@@ -158,6 +160,7 @@ struct Chain {
 };
 
 void chain_xgrad(benchmark::State& state, int threads) {
+  OnBenchDevice on_device;
   ThreadScope scope(threads);
   const std::int64_t n = state.range(0);
   auto x = random_vector(n, 3);
@@ -244,6 +247,7 @@ void chain_six_pass(benchmark::State& state) {
 // ---- (c) conv2d at the LeNet5 shapes (ConvCase, kConv1, kConv2: bench_support.hpp) -----------
 
 void conv_forward(benchmark::State& state, ConvCase c, int threads) {
+  OnBenchDevice on_device;
   ThreadScope scope(threads);
   auto x = xg::randn<float>({c.batch, c.in_channels, c.height, c.width}, 5);
   auto w = xg::randn<float>({c.out_channels, c.in_channels, c.kernel, c.kernel}, 6);
@@ -258,6 +262,7 @@ void conv_forward(benchmark::State& state, ConvCase c, int threads) {
 /// sum(conv2d(x, w)).backward(): dw always, dx for conv2. Gradients are reset every
 /// iteration so nothing accumulates.
 void conv_forward_backward(benchmark::State& state, ConvCase c, int threads) {
+  OnBenchDevice on_device;
   ThreadScope scope(threads);
   auto x = xg::randn<float>({c.batch, c.in_channels, c.height, c.width}, 5);
   auto w = xg::randn<float>({c.out_channels, c.in_channels, c.kernel, c.kernel}, 6);
@@ -274,7 +279,7 @@ void conv_forward_backward(benchmark::State& state, ConvCase c, int threads) {
   set_conv_counters(state, conv_forward_flops(c) * (c.input_grad ? 3.0 : 2.0));
 }
 
-const bool kRegistered = [] {
+const bool kEagerRegistered = [] {
   register_elementwise<AddOp>("BM_binary_add");
   register_elementwise<MulOp>("BM_binary_mul");
   register_elementwise<ExpOp>("BM_unary_exp");

@@ -50,6 +50,7 @@ double report_against_eager(benchmark::State& state, const LoopClock& clock, con
 // ---- (a) cache-hit call overhead on 1-element tensors ----------------------------------------
 
 void eager_mul1(benchmark::State& state) {
+  OnBenchDevice on_device;
   ThreadScope threads(1);
   auto x = xg::tensor<float>({1.5f}), y = xg::tensor<float>({2.0f});
   LoopClock clock;
@@ -62,6 +63,7 @@ void eager_mul1(benchmark::State& state) {
 }
 
 void jit_call_mul1(benchmark::State& state) {
+  OnBenchDevice on_device;
   ThreadScope threads(1);
   auto x = xg::tensor<float>({1.5f}), y = xg::tensor<float>({2.0f});
   auto mul = xg::jit([](auto a, auto b) { return a * b; }, {.name = "mul1"});
@@ -180,6 +182,7 @@ bool finite_loss(const xg::Tensor<float>& loss) {
 // "buffers/call" (AllocationCounter), counted over the timed loop, after a warm-up call.
 
 void eager_mlp_step(benchmark::State& state, const MlpSize& s) {
+  OnBenchDevice on_device;
   ThreadScope threads(1);
   Mlp mlp(s, 1);
   Batch b = make_batch(s);
@@ -200,6 +203,7 @@ void eager_mlp_step(benchmark::State& state, const MlpSize& s) {
 }
 
 void jit_mlp_step(benchmark::State& state, const MlpSize& s) {
+  OnBenchDevice on_device;
   ThreadScope threads(1);
   Mlp mlp(s, 1);
   Batch b = make_batch(s);
@@ -232,6 +236,7 @@ void jit_mlp_step(benchmark::State& state, const MlpSize& s) {
 /// (and, when the jit goes out of scope, free the graph). Parameters are not changed: effects
 /// apply on calls.
 void jit_trace_mlp_step(benchmark::State& state, const MlpSize& s) {
+  OnBenchDevice on_device;
   ThreadScope threads(1);
   Mlp mlp(s, 1);
   Batch b = make_batch(s);
@@ -280,9 +285,8 @@ void chain_hand(const float* x, float* y, std::int64_t n) {
 /// |want| floored at 1, so that values near zero compare absolutely); else where it does not.
 std::string disagreement(const xg::Tensor<float>& got, const xg::Tensor<float>& want, double rel) {
   if (got.shape() != want.shape()) return "shapes differ";
-  const float* g = got.data();
-  const float* w = want.data();
-  for (std::int64_t i = 0; i < want.numel(); ++i) {
+  const std::vector<float> g = got.to_vector(), w = want.to_vector();  // host copies (either device)
+  for (std::size_t i = 0; i < w.size(); ++i) {
     const double a = g[i], b = w[i];
     if (!(std::abs(a - b) <= rel * std::max(1.0, std::abs(b))))
       return "element " + std::to_string(i) + ": " + std::to_string(a) + " against " + std::to_string(b);
@@ -329,6 +333,7 @@ template <class Call> void timed_calls(benchmark::State& state, Call&& call) {
 }
 
 void chain_eager(benchmark::State& state) {
+  OnBenchDevice on_device;
   ThreadScope threads(1);
   auto x = chain_input();
   chain(x);  // warm-up: fills xgrad's cache of large buffers
@@ -364,6 +369,7 @@ double time_jitted_chain(benchmark::State& state, std::int64_t n, xg::JitLevel l
 }
 
 void chain_jit(benchmark::State& state, xg::JitLevel level) {
+  OnBenchDevice on_device;
   ThreadScope threads(1);
   const double ns = time_jitted_chain(state, kChainSize, level);
   if (ns == 0) return;
@@ -560,7 +566,7 @@ void chain_in_cache_jit(benchmark::State& state, std::int64_t size) {
   report_ratio(state, ns, in_cache_key(size), "x_hand");
 }
 
-const bool kRegistered = [] {
+const bool kJitRegistered = [] {
   benchmark::RegisterBenchmark("BM_EagerMul1", eager_mul1);
   benchmark::RegisterBenchmark("BM_JitCallMul1", jit_call_mul1);
   for (const MlpSize& s : {kMnist, kSmall, kMnistDeep}) {

@@ -46,6 +46,7 @@ class ModeScope {
 };
 
 void lenet_step(benchmark::State& state, xg::Mode mode, int threads) {
+  OnBenchDevice on_device;
   ThreadScope thread_scope(threads);
   ModeScope mode_scope(mode);
   xg::init::set_seed(1);
@@ -122,7 +123,7 @@ void lenet_kernel(benchmark::State& state, Kernel kernel, Activation a) {
 }
 
 // Registered per thread count in the order torch, eager, graph: the graph row divides by both.
-const bool kRegistered = [] {
+const bool kLeNetRegistered = [] {
   for (int threads : {1, 2}) {
     const std::string suffix = "/threads:" + std::to_string(threads);
     auto configure = [threads](benchmark::internal::Benchmark* b) {

@@ -27,6 +27,23 @@ namespace xgrad::bench {
 inline constexpr int kOneThread = 1;
 inline constexpr int kDefaultThreads = 0;
 
+/// The device the xgrad rows run on: `--device=cpu|thrust` (bench_main.cpp). Reference rows
+/// (hand loops, OpenBLAS, LibTorch) and rows timing a cpu kernel directly stay on the cpu.
+inline Device& bench_device() {
+  static Device device = Device::cpu;
+  return device;
+}
+
+/// For the scope of an xgrad row: the factories (so its inputs, parameters and optimizer state)
+/// put tensors on bench_device().
+class OnBenchDevice {
+ public:
+  OnBenchDevice() { set_default_device(bench_device()); }
+  ~OnBenchDevice() { set_default_device(Device::cpu); }
+  OnBenchDevice(const OnBenchDevice&) = delete;
+  OnBenchDevice& operator=(const OnBenchDevice&) = delete;
+};
+
 /// Sets xgrad's thread count for one benchmark and restores it afterwards.
 /// threads <= 0 selects the library default (XGRAD_NUM_THREADS or the hardware concurrency).
 class ThreadScope {

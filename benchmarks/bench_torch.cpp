@@ -144,7 +144,7 @@ void conv_forward_backward(benchmark::State& state, ConvCase c, int threads) {
   set_conv_counters(state, conv_forward_flops(c) * (c.input_grad ? 3.0 : 2.0));
 }
 
-const bool kRegistered = [] {
+const bool kTorchRegistered = [] {
   const std::pair<const char*, Op> ops[] = {
       {"BM_binary_add", Op::add}, {"BM_binary_mul", Op::mul}, {"BM_unary_exp", Op::exp}, {"BM_unary_relu", Op::relu}};
   for (const auto& [name, op] : ops) {

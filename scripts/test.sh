@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Builds and runs the test suite: once optimized, once under AddressSanitizer + UBSan.
+# Builds and runs the test suite: once optimized, once under AddressSanitizer + UBSan; then
+# compiles and links the CUDA build (tests, examples, benchmarks) with nvcc: no GPU to run it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/ensure_packages.sh g++ cmake make ccache xtensor-dev libxsimd-dev doctest-dev zlib1g-dev dataset-fashion-mnist
+scripts/ensure_packages.sh g++ cmake make ccache xtensor-dev libxsimd-dev doctest-dev zlib1g-dev dataset-fashion-mnist \
+  libbenchmark-dev libopenblas-dev
 jobs="$(nproc)"
 
 # Device::thrust runs through Thrust's OpenMP system here and its serial one under the
@@ -28,3 +30,12 @@ cmake -S . -B build-sanitize -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS=-O1 -DCM
   -DXGRAD_BUILD_TESTS=ON -DXGRAD_BUILD_EXAMPLES=OFF -DXGRAD_THRUST_SYSTEM=CPP
 cmake --build build-sanitize -j"$jobs"
 (cd build-sanitize && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure)
+
+# The CUDA build, compiled and linked for sm_80 and sm_90 with the CUDA toolkit's nvcc, cuBLAS
+# and Thrust. Host code unoptimized (-O0 needs XGRAD_NATIVE off: xsimd's AVX-512 code does not
+# compile at -O0) and device code at ptxas -O1: this build checks that everything compiles.
+cmake -S . -B build-cuda -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG= -DCMAKE_CUDA_FLAGS_DEBUG= \
+  -DCMAKE_CUDA_FLAGS=--ptxas-options=-O1 -DXGRAD_NATIVE=OFF -DXGRAD_THRUST_SYSTEM=CUDA \
+  -DXGRAD_BUILD_TESTS=ON -DXGRAD_BUILD_EXAMPLES=ON -DXGRAD_BUILD_BENCHMARKS=ON
+cmake --build build-cuda -j"$jobs"
+echo "CUDA build (nvcc, sm_80 and sm_90): compiled and linked"

@@ -9,11 +9,21 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <source_location>
 #include <string>
+#include <string_view>
 #include <system_error>
 #include <vector>
 
 namespace xgrad::testing {
+
+inline bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+/// "file.cpp:<line>" for the calling file: the form the library uses to point at its caller.
+inline std::string here(int line, std::source_location at = std::source_location::current()) {
+  const std::string_view path = at.file_name();
+  return std::string(path.substr(path.find_last_of('/') + 1)) + ":" + std::to_string(line);
+}
 
 /// Runs f, which must throw E, and returns the exception's what().
 template <class E, class F> std::string message_of(F&& f) {

@@ -12,6 +12,8 @@
 #include "test_support.hpp"
 
 namespace xg = xgrad;
+using xgrad::testing::contains;
+using xgrad::testing::here;
 using xgrad::testing::message_of;
 
 namespace {
@@ -28,10 +30,6 @@ void check_close(const xg::Tensor<T>& actual, const std::vector<double>& expecte
     CHECK(std::abs(static_cast<double>(v[i]) - expected[i]) <= tol * (1.0 + std::abs(expected[i])));
   }
 }
-
-std::string here(int line) { return "test_autograd.cpp:" + std::to_string(line); }
-
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 }  // namespace
 

@@ -66,9 +66,9 @@ double dot(const Vec& a, const Vec& b) {
 
 template <class T> Vec to_double(const std::vector<T>& v) { return Vec(v.begin(), v.end()); }
 
-template <class T> double tolerance() { return 256 * static_cast<double>(std::numeric_limits<T>::epsilon()); }
+template <class T> double conv_tolerance() { return 256 * static_cast<double>(std::numeric_limits<T>::epsilon()); }
 
-// Every |got - ref| must be within tolerance<T>() * scale, where scale bounds the magnitude of
+// Every |got - ref| must be within conv_tolerance<T>() * scale, where scale bounds the magnitude of
 // the terms that were summed (so the check is independent of cancellation).
 template <class T>
 void check_close(const std::vector<T>& got, const Vec& ref, const Vec& scale, const std::string& what) {
@@ -79,7 +79,7 @@ void check_close(const std::vector<T>& got, const Vec& ref, const Vec& scale, co
   bool ok = true;
   for (std::size_t i = 0; i < ref.size(); ++i) {
     const double err = std::abs(static_cast<double>(got[i]) - ref[i]);
-    const double allowed = tolerance<T>() * scale[i] + 1e-300;
+    const double allowed = conv_tolerance<T>() * scale[i] + 1e-300;
     // !(err <= allowed) also catches NaN left behind in an output that should be overwritten.
     if (!(err <= allowed)) ok = false;
     const double excess = std::isnan(err) ? std::numeric_limits<double>::infinity() : err - allowed;

@@ -77,7 +77,7 @@ template <class T> double run_case(const GemmCase& g, uint32_t seed = 7) {
   return worst;
 }
 
-template <class T> double tolerance() { return std::is_same_v<T, float> ? 1e-5 : 1e-13; }
+template <class T> double gemm_tolerance() { return std::is_same_v<T, float> ? 1e-5 : 1e-13; }
 
 template <class T> void check_shapes(const std::vector<GemmCase>& cases) {
   for (const auto& g : cases) {
@@ -88,7 +88,7 @@ template <class T> void check_shapes(const std::vector<GemmCase>& cases) {
     CAPTURE(g.trans_b);
     CAPTURE(g.alpha);
     CAPTURE(g.beta);
-    CHECK(run_case<T>(g) <= tolerance<T>());
+    CHECK(run_case<T>(g) <= gemm_tolerance<T>());
   }
 }
 
@@ -191,7 +191,7 @@ TEST_CASE_TEMPLATE("gemm with general (non-unit) strides", T, float, double) {
       worst = std::max(worst, err);
     }
   }
-  CHECK(worst <= tolerance<T>());
+  CHECK(worst <= gemm_tolerance<T>());
 }
 
 TEST_CASE("gemm multithreaded matches single-threaded") {

@@ -4,10 +4,13 @@
 // tests check that Device::thrust says it is not built in.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <set>
 #include <sstream>
 #include <string>
+#include <type_traits>
 
 #include "ops/op_table.hpp"
 #include "test_support.hpp"
@@ -79,7 +82,7 @@ TEST_CASE("thrust: tensors move to the device and back unchanged, of every dtype
   CHECK(on_device.str() == on_cpu.str());
 }
 
-TEST_CASE("thrust: ops refuse tensors on two devices, and name ops without a Thrust kernel") {
+TEST_CASE("thrust: ops refuse tensors on two devices") {
   auto x = xg::randn<float>({2, 3}, 2);
   auto y = x.to(xg::Device::thrust);
   const std::string mixed = message_of<xg::ValueError>([&] { (void)(x + y); });
@@ -88,12 +91,10 @@ TEST_CASE("thrust: ops refuse tensors on two devices, and name ops without a Thr
   // A scalar (a one-element cpu tensor) goes with any device.
   CHECK((y * 2.0f).device() == xg::Device::thrust);
   CHECK((y + xg::scalar<float>(1.0f)).to_vector() == (x + 1.0f).to_vector());
-  auto images = xg::randn<float>({1, 1, 4, 4}, 3).to(xg::Device::thrust);
-  const std::string no_kernel = message_of<xg::ValueError>([&] { (void)xg::resize_bilinear(images, 8, 8); });
-  CHECK(no_kernel.find("ResizeBilinear: no Device::thrust kernel yet") == 0);
-  auto f = xg::jit([](const xg::Tensor<float>& t) { return t * t; });
-  CHECK(message_of<xg::ValueError>([&] { (void)f(y); }).find("compiled graphs run on the cpu backend so far") !=
-        std::string::npos);
+  // Labels on the cpu with logits on the device: refused, as any op's inputs.
+  const auto labels = xg::tensor<std::int32_t>({0, 2});
+  const std::string xent = message_of<xg::ValueError>([&] { (void)xg::softmax_cross_entropy(y, labels); });
+  CHECK(xent.find("inputs on different devices (input 0 on thrust, input 1 on cpu)") != std::string::npos);
 }
 
 TEST_CASE("thrust: factories follow the default device; *_like follow their argument") {
@@ -113,10 +114,11 @@ TEST_CASE("thrust: factories follow the default device; *_like follow their argu
   CHECK(xg::ones_like(on_device).to_vector() == std::vector<float>(4, 1.0f));
 }
 
-TEST_CASE("thrust: every op-table row whose ops run on Device::thrust matches the cpu backend") {
+TEST_CASE("thrust: every op-table row runs on Device::thrust and matches the cpu backend") {
+  // The rows run with the device as the default device, so what a row makes itself (labels,
+  // random keys, constants) is made there too.
   using namespace xgrad::testing;
-  int ran = 0;
-  std::set<std::string> not_yet;
+  std::size_t ran = 0;
   for (const OpCase& c : op_table()) {
     CAPTURE(c.name);
     std::vector<xg::Tensor<float>> f_cpu, f_dev;
@@ -128,21 +130,13 @@ TEST_CASE("thrust: every op-table row whose ops run on Device::thrust matches th
       f_dev.push_back(f_cpu.back().to(xg::Device::thrust));
       d_dev.push_back(d_cpu.back().to(xg::Device::thrust));
     }
-    xg::Tensor<float> f_got;
-    try {
-      f_got = c.f32(f_dev);
-    } catch (const xg::ValueError& e) {
-      // Only a missing Thrust kernel may stop a row, or a row that makes a cpu tensor itself
-      // (labels, random numbers) meeting its device inputs; anything else is a failure.
-      const std::string why = e.what();
-      REQUIRE((why.find("no Device::thrust kernel yet") != std::string::npos ||
-               why.find("inputs on different devices") != std::string::npos));
-      not_yet.insert(c.name);
-      continue;
-    }
+    const std::vector<float> f_want = c.f32(f_cpu).to_vector();
+    const std::vector<double> d_want = c.f64(d_cpu).to_vector();
+    DefaultDevice on(xg::Device::thrust);
+    const xg::Tensor<float> f_got = c.f32(f_dev);
+    const std::vector<float> f_vals = f_got.to_vector();
+    const std::vector<double> d_vals = c.f64(d_dev).to_vector();
     ++ran;
-    const auto f_want = c.f32(f_cpu).to_vector(), f_vals = f_got.to_vector();
-    const auto d_want = c.f64(d_cpu).to_vector(), d_vals = c.f64(d_dev).to_vector();
     CHECK(f_got.device() == xg::Device::thrust);
     REQUIRE(f_vals.size() == f_want.size());
     REQUIRE(d_vals.size() == d_want.size());
@@ -152,27 +146,20 @@ TEST_CASE("thrust: every op-table row whose ops run on Device::thrust matches th
       CHECK(close(d_vals[i], d_want[i], 1e-14));
     }
   }
-  // Every row runs but resize's, random_uniform's and those that make cpu labels themselves.
-  MESSAGE(ran << " op-table rows ran on Device::thrust; " << not_yet.size() << " wait for Thrust kernels");
-  CHECK(ran >= 175);
-  for (const char* runs :
-       {"add",    "mul",         "tanh",      "where",        "fma",        "sum",        "mean",
-        "max",    "argmax",      "transpose", "broadcast_to", "slice",      "concat",     "cast",
-        "matmul", "log_softmax", "softmax",   "conv2d",       "max_pool2d", "avg_pool2d", "bias_add"})
-    for (const std::string& name : not_yet) {
-      CAPTURE(name);
-      CHECK_FALSE((name == runs || name.rfind(std::string(runs) + "/", 0) == 0));
-    }
+  MESSAGE(ran << " op-table rows ran on Device::thrust");
+  CHECK(ran == op_table().size());
 }
 
-TEST_CASE("thrust: gradients of every op-table row that runs on Device::thrust match the cpu backend's") {
+TEST_CASE("thrust: gradients of every differentiable op-table row on Device::thrust match the cpu backend's") {
   using namespace xgrad::testing;
-  int ran = 0;
+  std::size_t ran = 0, differentiable = 0;
   for (const OpCase& c : op_table()) {
     if (!c.differentiable) continue;
+    ++differentiable;
     CAPTURE(c.name);
     // The gradients of sum(op(inputs) * weights) with respect to every input, on `device`.
     auto gradients = [&](xg::Device device) {
+      DefaultDevice on(device);
       std::vector<xg::Tensor<double>> in;
       for (std::size_t k = 0; k < c.shapes.size(); ++k) {
         auto x = to_tensor<double>(random_input(c.shapes[k], c.domains[k], 41 + 97 * k)).to(device);
@@ -185,15 +172,7 @@ TEST_CASE("thrust: gradients of every op-table row that runs on Device::thrust m
       for (auto& x : in) grads.push_back(x.grad().defined() ? x.grad().to_vector() : std::vector<double>{});
       return grads;
     };
-    std::vector<std::vector<double>> on_device;
-    try {
-      on_device = gradients(xg::Device::thrust);
-    } catch (const xg::ValueError& e) {
-      const std::string why = e.what();
-      REQUIRE((why.find("no Device::thrust kernel yet") != std::string::npos ||
-               why.find("inputs on different devices") != std::string::npos));
-      continue;
-    }
+    const auto on_device = gradients(xg::Device::thrust);
     ++ran;
     const auto on_cpu = gradients(xg::Device::cpu);
     REQUIRE(on_device.size() == on_cpu.size());
@@ -204,7 +183,163 @@ TEST_CASE("thrust: gradients of every op-table row that runs on Device::thrust m
     }
   }
   MESSAGE(ran << " op-table rows have their gradients checked on Device::thrust");
-  CHECK(ran >= 150);
+  CHECK(ran == differentiable);
+}
+
+namespace {
+
+/// On the device and equal to `want`: bit for bit when `bitwise`, else within rel of the
+/// largest magnitude (non-strict rewrites change rounding). NaN matches NaN.
+template <class T> void check_device_result(const xg::Tensor<T>& got, const xg::Tensor<T>& want, bool bitwise) {
+  CHECK(got.device() == xg::Device::thrust);
+  REQUIRE(got.shape() == want.shape());
+  const auto g = got.to_vector(), w = want.to_vector();
+  double scale = 1;
+  for (T v : w)
+    if (std::isfinite(v)) scale = std::max(scale, std::abs(static_cast<double>(v)));
+  const double rel = std::is_same_v<T, float> ? 1e-5 : 1e-12;
+  std::size_t mismatches = 0;
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    const bool same = bitwise ? std::memcmp(&g[i], &w[i], sizeof(T)) == 0
+                              : close(g[i] / static_cast<T>(scale), w[i] / static_cast<T>(scale), rel);
+    if (!same && mismatches++ == 0) MESSAGE("element " << i << ": " << g[i] << " vs " << w[i]);
+  }
+  CHECK(mismatches == 0);
+}
+
+/// Runs row c through jit on the device with `config` and checks values and gradients against
+/// eager on the device.
+template <class T> void check_row_jit_on_device(const xgrad::testing::OpCase& c, const xg::JitConfig& config) {
+  using namespace xgrad::testing;
+  const auto& f = row_fn<T>(c);
+  DefaultDevice on(xg::Device::thrust);
+  std::vector<xg::Tensor<T>> in;
+  for (std::size_t k = 0; k < c.shapes.size(); ++k)
+    in.push_back(to_tensor<T>(random_input(c.shapes[k], c.domains[k], 71 + 97 * k)).to(xg::Device::thrust));
+  const xg::Tensor<T> eager = f(in);
+  const bool bitwise = config.strict || config.level == xg::JitLevel::O0;
+  auto jitted = xg::jit([&f](std::vector<xg::Tensor<T>> xs) { return f(xs); }, config);
+  check_device_result(jitted(in), eager, bitwise);
+  if (!c.differentiable) return;
+  auto weights = xg::randn<T>(eager.shape(), 73).to(xg::Device::thrust);
+  auto want = xgrad::testing::loss_and_grads<T>(f, in, weights);
+  auto got = xg::jit(
+      [&f](std::vector<xg::Tensor<T>> xs, xg::Tensor<T> w) { return xgrad::testing::loss_and_grads<T>(f, xs, w); },
+      config)(in, weights);
+  check_device_result(got.first, want.first, bitwise);
+  REQUIRE(got.second.size() == want.second.size());
+  for (std::size_t k = 0; k < want.second.size(); ++k) check_device_result(got.second[k], want.second[k], bitwise);
+}
+
+}  // namespace
+
+TEST_CASE("thrust: every op-table row through jit on Device::thrust, at each level, equals eager on the device") {
+  using namespace xgrad::testing;
+  const std::vector<std::pair<std::string, xg::JitConfig>> configs{
+      {"O0", {.level = xg::JitLevel::O0}},
+      {"O1 strict", {.level = xg::JitLevel::O1, .strict = true}},
+      {"O2 strict, freed buffers poisoned", {.level = xg::JitLevel::O2, .strict = true, .poison_freed_buffers = true}},
+      {"O2", {.level = xg::JitLevel::O2}}};
+  for (const auto& [name, config] : configs) {
+    CAPTURE(name);
+    for (const OpCase& c : op_table()) {
+      CAPTURE(c.name);
+      check_row_jit_on_device<float>(c, config);
+      check_row_jit_on_device<double>(c, config);
+    }
+  }
+}
+
+TEST_CASE("thrust: a compiled graph runs on its inputs' device; two devices at once are refused") {
+  // The table is made while tracing: a constant of the graph, made on the cpu and moved to the
+  // device of the call (eagerly it would meet device tensors and be refused).
+  auto f = xg::jit([](xg::Tensor<float> x) { return xg::tanh(x * xg::tensor<float>({1, 2, 3, 4}) + 1.0f) * x; });
+  const auto x = xg::tensor<float>({0.5f, -1, 2, 0.25f});
+  const auto on_cpu = f(x), on_device = f(x.to(xg::Device::thrust));
+  CHECK(on_cpu.device() == xg::Device::cpu);
+  CHECK(on_device.device() == xg::Device::thrust);
+  for (std::size_t i = 0; i < 4; ++i) CHECK(close(on_device.to_vector()[i], on_cpu.to_vector()[i], 1e-6));
+  // A tensor the function reads by reference is an input of the graph like its arguments.
+  const auto weights = xg::tensor<float>({1, 2, 3, 4});
+  auto g = xg::jit([&](xg::Tensor<float> a) { return a * weights; });
+  const std::string why = message_of<xg::ValueError>([&] { (void)g(x.to(xg::Device::thrust)); });
+  CAPTURE(why);
+  CHECK(why.find("input 0 (arg0: f32[4]) is on thrust but input 1 (f32[4]) is on cpu") != std::string::npos);
+  CHECK(why.find("a compiled graph runs on one device") != std::string::npos);
+}
+
+TEST_CASE("thrust: a fused group runs on the device as one functor, bit for bit as eager there") {
+  // Float, double and bool values fuse; integer arithmetic runs op by op.
+  using Group = xg::thrust_backend::FusedGroup<xg::op::Fusible>;
+  const xg::Shape shape{3, 4};
+  CHECK(Group::make(shape, {{xg::DType::float32, shape}}, {{"Tanh", {0}, xg::DType::float32, 1}}, {1}).has_value());
+  CHECK(Group::make(shape, {{xg::DType::float64, shape}, {xg::DType::float64, xg::Shape{4}}},
+                    {{"Greater", {0, 1}, xg::DType::boolean, 2}, {"Select", {2, 0, 1}, xg::DType::float64, 3}}, {3})
+            .has_value());
+  CHECK_FALSE(Group::make(shape, {{xg::DType::int32, shape}}, {{"Add", {0, 0}, xg::DType::int32, 1}}, {1}).has_value());
+
+  // A dense layer's epilogue (bias, ReLU) and a chain after it with a broadcast bias, a cpu
+  // scalar, a comparison and a select, two outputs.
+  auto step = [](xg::Tensor<float> x, xg::Tensor<float> w, xg::Tensor<float> b) {
+    auto h = xg::relu(xg::matmul(x, w) + b);
+    auto y = xg::tanh(h * 1.5f + b) * xg::sigmoid(h) + xg::where(h > b, h, h * 0.1f);
+    return std::pair{y, h * h};
+  };
+  // x [5, 2] is no operand of the group ([5, 4]): read as one, it would be read out of bounds.
+  const auto x = xg::randn<float>({5, 2}, 81), w = xg::randn<float>({2, 4}, 82), b = xg::randn<float>({4}, 83);
+  auto jitted = xg::jit(step, {.level = xg::JitLevel::O2, .strict = true});
+  const std::string ir = jitted.lower(x, w, b).ir();
+  CAPTURE(ir);
+  CHECK(ir.find("Fused(") != std::string::npos);
+  const auto on = [](const xg::Tensor<float>& t) { return t.to(xg::Device::thrust); };
+  const auto [y, hh] = jitted(on(x), on(w), on(b));
+  const auto [ey, ehh] = step(on(x), on(w), on(b));
+  CHECK(y.device() == xg::Device::thrust);
+  CHECK(y.to_vector() == ey.to_vector());
+  CHECK(hh.to_vector() == ehh.to_vector());
+
+  // Integer values: the group runs op by op, with the same results.
+  auto ints = xg::jit([](xg::Tensor<std::int32_t> a, xg::Tensor<std::int32_t> c) { return (a + c) * a - c; });
+  const auto a = xg::tensor<std::int32_t>({1, -2, 3, 40}), c = xg::tensor<std::int32_t>({5, 6, -7, 8});
+  const auto got = ints(a.to(xg::Device::thrust), c.to(xg::Device::thrust));
+  CHECK(got.device() == xg::Device::thrust);
+  CHECK(got.to_vector() == ints(a, c).to_vector());
+}
+
+TEST_CASE("thrust: cond, fori_loop and while_loop run on the device, eagerly and compiled, with gradients") {
+  using T = xg::Tensor<double>;
+  auto program = [](const T& x, const T& w) {
+    auto y = xg::cond(
+        xg::sum(x) > 0.0, [&w](const T& a) { return a * w; }, [](const T& a) { return xg::exp(a); }, x);
+    auto z = xg::fori_loop(
+        0, 3, [&w](xg::Tensor<std::int32_t> i, const T& c) { return xg::tanh(c * w + xg::cast<double>(i)); }, y);
+    return xg::while_loop([](const T& c) { return xg::sum(c * c) < 40.0; }, [](const T& c) { return c * 1.5; }, z,
+                          {.max_iters = 50});
+  };
+  auto gradients = xg::grad(program, xg::argnums<0, 1>);
+  auto jitted = xg::jit(program);
+  auto jitted_gradients = xg::jit(gradients);
+  const auto w = xg::tensor<double>({1.5, 0.5, -0.7});
+  auto check = [](const T& got, const T& want) {
+    CHECK(got.device() == xg::Device::thrust);
+    const auto g = got.to_vector(), e = want.to_vector();
+    REQUIRE(g.size() == e.size());
+    for (std::size_t i = 0; i < g.size(); ++i) CHECK(close(g[i], e[i], 1e-12));
+  };
+  for (const auto& x : {xg::tensor<double>({0.3, -0.1, 0.5}), xg::tensor<double>({-0.3, -0.1, -0.5})}) {
+    CAPTURE(x.to_vector());
+    const auto xd = x.to(xg::Device::thrust), wd = w.to(xg::Device::thrust);
+    const auto want = program(x, w);
+    const auto [gx, gw] = gradients(x, w);
+    check(program(xd, wd), want);
+    check(jitted(xd, wd), want);
+    const auto [ex, ew] = gradients(xd, wd);
+    check(ex, gx);
+    check(ew, gw);
+    const auto [jx, jw] = jitted_gradients(xd, wd);
+    check(jx, gx);
+    check(jw, gw);
+  }
 }
 
 TEST_CASE("thrust: gradients flow through .to() and through elementwise ops on the device") {
@@ -267,9 +402,9 @@ TEST_CASE("thrust: an MLP trained with cross-entropy on Device::thrust follows t
 
 TEST_CASE("thrust: LeNet5 trains 100 steps on Device::thrust with the cpu run's losses (within 1e-4)") {
   // The parameters and optimizer state are made on the device (the default device while the
-  // model is built), the batches moved there; the model runs eagerly (jit is cpu only so far).
+  // model is built), the batches moved there; in eager mode op by op, in graph mode as one
+  // compiled train step.
   const xg::Mode saved_mode = xg::get_mode();
-  xg::set_mode(xg::Mode::eager);
   const auto images = xg::randn<float>({4, 1, 32, 32}, 61);
   const auto labels = xg::tensor<std::int32_t>({1, 7, 3, 9});
   auto train = [&](xg::Device device) {
@@ -286,14 +421,18 @@ TEST_CASE("thrust: LeNet5 trains 100 steps on Device::thrust with the cpu run's 
     for (int step = 0; step < 100; ++step) losses.push_back(model.train_step(x, y));
     return losses;
   };
-  const auto on_cpu = train(xg::Device::cpu), on_device = train(xg::Device::thrust);
-  xg::set_mode(saved_mode);
-  REQUIRE(on_device.size() == on_cpu.size());
-  CHECK(on_cpu.back() < 0.5f * on_cpu.front());  // it learns the four labels
-  for (std::size_t i = 0; i < on_cpu.size(); ++i) {
-    CAPTURE(i);
-    CHECK(close(on_device[i], on_cpu[i], 1e-4));
+  for (const xg::Mode mode : {xg::Mode::eager, xg::Mode::graph}) {
+    CAPTURE((mode == xg::Mode::graph ? "graph mode" : "eager mode"));
+    xg::set_mode(mode);
+    const auto on_cpu = train(xg::Device::cpu), on_device = train(xg::Device::thrust);
+    REQUIRE(on_device.size() == on_cpu.size());
+    CHECK(on_cpu.back() < 0.5f * on_cpu.front());  // it learns the four labels
+    for (std::size_t i = 0; i < on_cpu.size(); ++i) {
+      CAPTURE(i);
+      CHECK(close(on_device[i], on_cpu[i], 1e-4));
+    }
   }
+  xg::set_mode(saved_mode);
 }
 
 #endif  // XGRAD_WITH_THRUST

@@ -12,6 +12,7 @@
 #include "test_support.hpp"
 
 namespace xg = xgrad;
+using xgrad::testing::here;
 using xgrad::testing::message_of;
 
 namespace {
@@ -23,9 +24,6 @@ template <class T> std::string to_string(const xg::Tensor<T>& t) {
   out << t;
   return out.str();
 }
-
-// "test_tensor.cpp:<line>", the form the library uses to point at the caller.
-std::string here(int line) { return "test_tensor.cpp:" + std::to_string(line); }
 
 }  // namespace
 

@@ -16,13 +16,6 @@ using namespace xgrad::testing;
 
 namespace {
 
-template <class T> const OpFn<T>& row_fn(const OpCase& c) {
-  if constexpr (std::is_same_v<T, float>)
-    return c.f32;
-  else
-    return c.f64;
-}
-
 template <class T> std::vector<xg::Tensor<T>> inputs_for(const OpCase& c, std::uint64_t seed) {
   std::vector<xg::Tensor<T>> in;
   for (std::size_t k = 0; k < c.shapes.size(); ++k)
@@ -41,14 +34,6 @@ template <class T> void check_bitwise(const xg::Tensor<T>& got, const xg::Tensor
       first = xg::detail::concat("element ", i, ": ", g[i], " vs ", e[i]);
   INFO(first);
   CHECK(mismatches == 0);
-}
-
-/// Gradients of sum(op(in) * weights) with respect to every input, by value_and_grad.
-template <class T> std::pair<xg::Tensor<T>, std::vector<xg::Tensor<T>>> loss_and_grads(const OpFn<T>& f,
-                                                                                       std::vector<xg::Tensor<T>> in,
-                                                                                       const xg::Tensor<T>& weights) {
-  for (auto& x : in) x = x.detach().set_requires_grad(true);
-  return xg::value_and_grad([&] { return xg::sum(f(in) * weights); }, in)();
 }
 
 template <class T> void check_row_through_jit(const OpCase& c) {

@@ -83,8 +83,6 @@ std::vector<Bytes> raw_state(const std::vector<std::pair<std::string, xg::Tensor
 }
 std::vector<Bytes> raw_state(const xg::nn::Module& m) { return raw_state(m.named_state()); }
 
-bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
-
 /// Whether `bytes`, written to `path`, are refused: load_checkpoint into `net` throws a
 /// ValueError naming the file and leaves net's state as `before`, and load_tensors throws too.
 bool rejected(xg::nn::Module& net, const std::string& path, const Bytes& bytes, const std::vector<Bytes>& before) {

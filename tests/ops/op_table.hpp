@@ -7,6 +7,8 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <xgrad/xgrad.hpp>
@@ -53,6 +55,21 @@ struct OpCase {
   bool differentiable = true;
   std::vector<bool> grad_inputs;  // which inputs the gradient check covers (all if empty)
 };
+
+template <class T> const OpFn<T>& row_fn(const OpCase& c) {
+  if constexpr (std::is_same_v<T, float>)
+    return c.f32;
+  else
+    return c.f64;
+}
+
+/// Gradients of sum(op(in) * weights) with respect to every input, by value_and_grad.
+template <class T> std::pair<Tensor<T>, std::vector<Tensor<T>>> loss_and_grads(const OpFn<T>& f,
+                                                                               std::vector<Tensor<T>> in,
+                                                                               const Tensor<T>& weights) {
+  for (auto& x : in) x = x.detach().set_requires_grad(true);
+  return value_and_grad([&] { return sum(f(in) * weights); }, in)();
+}
 
 /// One row from a generic callable usable at float and double.
 template <class F> OpCase make_case(std::string name, std::vector<std::vector<std::int64_t>> shapes, F f,

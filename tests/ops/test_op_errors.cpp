@@ -9,13 +9,8 @@
 #include "test_support.hpp"
 
 namespace xg = xgrad;
+using xgrad::testing::here;
 using xgrad::testing::message_of;
-
-namespace {
-
-std::string here(int line) { return "test_op_errors.cpp:" + std::to_string(line); }
-
-}  // namespace
 
 TEST_CASE("op errors: the seeds' BiasAdd mismatch names the op, both shapes and the call site") {
   auto x = xg::ones<float>({3, 32});

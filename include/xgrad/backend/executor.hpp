@@ -1,12 +1,13 @@
 // The graph executor: runs a verified graph on concrete tensors, node by node, through the
-// kernels eager mode uses. With a memory plan (backend/memory_plan.hpp) every intermediate
-// lives in an arena made on the first call and kept for the next, and kernels write into it:
-// after warm-up a call allocates only what it returns. Without one, each node allocates its
-// outputs and drops each intermediate after its last use.
+// kernels eager mode uses, on the device of its inputs (cpu or Device::thrust). With a memory
+// plan (backend/memory_plan.hpp) every intermediate lives in an arena on that device, made on
+// the first call and kept for the next, and kernels write into it: after warm-up a call
+// allocates only what it returns. Without one, each node allocates its outputs and drops each
+// intermediate after its last use.
 #pragma once
 
+#include <algorithm>
 #include <cstdlib>
-#include <cstring>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -14,6 +15,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "xgrad/backend/kernels.hpp"
 #include "xgrad/backend/memory_plan.hpp"
 #include "xgrad/ir/printer.hpp"
 
@@ -32,7 +34,7 @@ class Program {
  public:
   Program() = default;
   explicit Program(std::shared_ptr<const ir::Graph> graph, ProgramOptions options = {})
-      : m_graph(std::move(graph)), m_options(options), m_pool(std::make_unique<Pool>()) {
+      : m_graph(std::move(graph)), m_options(options), m_pools(std::make_unique<Pools>()) {
     const auto& nodes = m_graph->nodes;
     std::vector<std::ptrdiff_t> last_use(m_graph->values.size(), -1);
     for (std::size_t k = 0; k < nodes.size(); ++k)
@@ -62,13 +64,8 @@ class Program {
   /// vector from call to call allocates nothing for it.
   void run(std::span<const TensorBase> inputs, std::vector<TensorBase>& results) const {
     const ir::Graph& g = *m_graph;
-    for (std::size_t i = 0; i < inputs.size(); ++i)
-      if (inputs[i].device() != Device::cpu)
-        throw ValueError(xgrad::detail::concat("jit: ", g.name, ": input ", i, " is on ",
-                                               device_name(inputs[i].device()),
-                                               "; compiled graphs run on the cpu backend so far (call the function "
-                                               "eagerly, or move its inputs with .to(xg::Device::cpu))"));
-    Lease lease(*m_pool, [&] { return make_workspace(); });
+    const Device device = device_of_inputs(inputs);
+    Lease lease(m_pools->of(device), [&] { return make_workspace(device); });
     Workspace& ws = lease.workspace();
     auto& env = ws.env;
     for (std::size_t i = 0; i < g.inputs.size(); ++i) env[static_cast<std::size_t>(g.inputs[i]->id)] = inputs[i];
@@ -76,19 +73,30 @@ class Program {
       const ir::Node& node = *g.nodes[k];
       ws.in.clear();
       for (const ir::Value* v : node.inputs) ws.in.push_back(env[static_cast<std::size_t>(v->id)]);
+      // On a device, a node whose inputs are all on the cpu (a constant, a factory, scalars)
+      // runs there and its result moves to the device; its planned buffer is not for cpu kernels.
+      const bool moved = device != Device::cpu && std::none_of(ws.in.begin(), ws.in.end(), [](const TensorBase& t) {
+                           return t.device() != Device::cpu;
+                         });
       ws.out.clear();  // each output's planned buffer, or undefined: the kernel makes its own
-      for (const ir::Value* v : node.outputs) ws.out.push_back(ws.planned[static_cast<std::size_t>(v->id)]);
-      node.kernel(ws.in, ws.out);
+      for (const ir::Value* v : node.outputs)
+        ws.out.push_back(moved ? TensorBase() : ws.planned[static_cast<std::size_t>(v->id)]);
+      if (moved && node.op == "Const" && ws.constants[k].defined())
+        ws.out[0] = ws.constants[k];
+      else
+        node.kernel(ws.in, ws.out);
       for (std::size_t j = 0; j < ws.out.size(); ++j) {
         const ir::Value& v = *node.outputs[j];
         check_output(node, v, ws.out[j]);
+        if (device != Device::cpu) move_to_device(ws, node, j, device);
         keep_in_plan(ws, v, ws.out[j]);
         env[static_cast<std::size_t>(v.id)] = std::move(ws.out[j]);
       }
       for (int id : m_release[k]) env[static_cast<std::size_t>(id)] = TensorBase();
       if (m_plan && m_options.poison_freed_buffers)
         for (const auto& region : m_plan->freed_after[k])
-          std::memset(ws.arena.get() + region.offset, 0xFF, region.bytes);
+          kernels::fill(device, ws.arena->data() + region.offset, static_cast<std::int64_t>(region.bytes),
+                        std::byte{0xFF});
     }
     apply_effects(inputs, ws);
     results.clear();
@@ -104,21 +112,49 @@ class Program {
   }
 
  private:
-  struct FreeBytes {
-    void operator()(std::byte* p) const { std::free(p); }
+  /// The bytes a memory plan lays out, on the device a call runs on.
+  class Arena {
+   public:
+    Arena(std::size_t bytes, Device device) : m_device(device) {
+      if (device == Device::cpu) {
+        m_data = static_cast<std::byte*>(std::aligned_alloc(MemoryPlan::kAlignment, bytes));
+        if (!m_data) throw std::bad_alloc();
+      } else {
+        m_storage = std::make_unique<Storage>(bytes, device);
+        m_data = static_cast<std::byte*>(m_storage->data());
+      }
+    }
+    ~Arena() {
+      if (m_device == Device::cpu) std::free(m_data);
+    }
+    Arena(const Arena&) = delete;
+    Arena& operator=(const Arena&) = delete;
+    std::byte* data() const { return m_data; }
+
+   private:
+    Device m_device;
+    std::byte* m_data = nullptr;
+    std::unique_ptr<Storage> m_storage;  // off the cpu
   };
 
-  /// What one call needs besides the graph: made on the first call, kept for the next.
+  /// What one call needs besides the graph: made on the first call on a device, kept for the
+  /// next call there.
   struct Workspace {
-    std::unique_ptr<std::byte, FreeBytes> arena;
-    std::vector<TensorBase> planned;  // per value id: a tensor over its arena buffer, if planned
-    std::vector<TensorBase> env;      // per value id: the value while it is live
+    Device device = Device::cpu;
+    std::unique_ptr<Arena> arena;
+    std::vector<TensorBase> planned;    // per value id: a tensor over its arena buffer, if planned
+    std::vector<TensorBase> env;        // per value id: the value while it is live
+    std::vector<TensorBase> constants;  // off the cpu, per node: a Const's value moved to the device
     std::vector<TensorBase> in, out, effect_sources;
   };
 
   struct Pool {
     std::mutex mutex;
     std::vector<std::unique_ptr<Workspace>> idle;
+  };
+  struct Pools {
+    Pool cpu, thrust;
+    Pool& of(Device device) { return device == Device::cpu ? cpu : thrust; }
   };
 
   /// A workspace taken from the pool for one call and given back after it.
@@ -147,21 +183,57 @@ class Program {
     std::unique_ptr<Workspace> m_ws;
   };
 
-  std::unique_ptr<Workspace> make_workspace() const {
+  /// The device a call runs on: that of its inputs, which must agree (a one-element cpu tensor
+  /// goes with any device, as in eager ops).
+  Device device_of_inputs(std::span<const TensorBase> inputs) const {
+    const TensorBase* first = nullptr;
+    std::size_t first_index = 0;
+    for (std::size_t i = 0; i < inputs.size(); ++i) {
+      const TensorBase& t = inputs[i];
+      if (t.device() == Device::cpu && t.numel() == 1) continue;
+      if (!first) {
+        first = &t;
+        first_index = i;
+      } else if (t.device() != first->device()) {
+        throw ValueError(xgrad::detail::concat(
+            "jit: ", m_graph->name, ": input ", first_index, " (", describe_input(first_index), ") is on ",
+            device_name(first->device()), " but input ", i, " (", describe_input(i), ") is on ",
+            device_name(t.device()), "; a compiled graph runs on one device: move them with .to(device)"));
+      }
+    }
+    return first ? first->device() : Device::cpu;
+  }
+
+  std::string describe_input(std::size_t i) const {
+    const ir::Value& v = *m_graph->inputs[i];
+    return v.name.empty() ? ir::type_str(v.dtype, v.shape)
+                          : xgrad::detail::concat(v.name, ": ", ir::type_str(v.dtype, v.shape));
+  }
+
+  std::unique_ptr<Workspace> make_workspace(Device device) const {
     auto ws = std::make_unique<Workspace>();
+    ws->device = device;
     const ir::Graph& g = *m_graph;
     ws->env.resize(g.values.size());
     ws->planned.resize(g.values.size());
+    if (device != Device::cpu) {
+      ws->constants.resize(g.nodes.size());
+      for (std::size_t k = 0; k < g.nodes.size(); ++k) {
+        const TensorBase& c = g.nodes[k]->constant;
+        if (g.nodes[k]->op == "Const" && c.numel() > 1) ws->constants[k] = moved_copy(c, device);
+      }
+    }
     if (!m_plan) return ws;
     const std::size_t bytes = std::max<std::size_t>(m_plan->arena_bytes, MemoryPlan::kAlignment);
-    ws->arena.reset(static_cast<std::byte*>(std::aligned_alloc(MemoryPlan::kAlignment, bytes)));
-    if (!ws->arena) throw std::bad_alloc();
-    if (m_options.poison_freed_buffers) std::memset(ws->arena.get(), 0xFF, bytes);
+    ws->arena = std::make_unique<Arena>(bytes, device);
+    if (m_options.poison_freed_buffers)
+      kernels::fill(device, ws->arena->data(), static_cast<std::int64_t>(bytes), std::byte{0xFF});
     for (const auto& v : g.values) {
       const std::ptrdiff_t offset = m_plan->offset[static_cast<std::size_t>(v->id)];
       if (offset == MemoryPlan::kNotPlanned) continue;
-      auto storage = std::make_shared<Storage>(Storage::Borrowed{}, ws->arena.get() + offset,
-                                               static_cast<std::size_t>(v->shape.numel()) * dtype_size(v->dtype));
+      auto storage =
+          std::make_shared<Storage>(Storage::Borrowed{}, ws->arena->data() + offset,
+                                    static_cast<std::size_t>(v->shape.numel()) * dtype_size(v->dtype), device);
       ws->planned[static_cast<std::size_t>(v->id)] =
           TensorBase(std::make_shared<TensorImpl>(v->shape, v->dtype, std::move(storage)));
     }
@@ -177,6 +249,29 @@ class Program {
     return ws;
   }
 
+  /// A copy of `t` on `device`.
+  static TensorBase moved_copy(const TensorBase& t, Device device) {
+    TensorBase copy(TensorImpl::allocate(t.shape(), t.dtype(), device));
+    xgrad::detail::copy_bytes(copy.impl()->storage->data(), device, t.impl()->storage->data(), t.device(),
+                              static_cast<std::size_t>(t.numel()) * dtype_size(t.dtype()));
+    return copy;
+  }
+
+  /// A node's output j, when made on the cpu during a call on `device`, moved there (into its
+  /// planned buffer when it has one); a one-element result may stay, as scalars do.
+  void move_to_device(Workspace& ws, const ir::Node& node, std::size_t j, Device device) const {
+    TensorBase& t = ws.out[j];
+    if (t.device() == device || t.numel() == 1) return;
+    const TensorBase& planned = ws.planned[static_cast<std::size_t>(node.outputs[j]->id)];
+    if (!planned.defined()) {
+      t = moved_copy(t, device);
+      return;
+    }
+    xgrad::detail::copy_bytes(planned.impl()->storage->data(), device, t.impl()->storage->data(), Device::cpu,
+                              planned.impl()->storage->bytes());
+    t = planned;
+  }
+
   static void check_output(const ir::Node& node, const ir::Value& v, const TensorBase& t) {
     if (!t.defined() || t.dtype() != v.dtype || !(t.shape() == v.shape))
       throw std::logic_error(xgrad::detail::concat("xgrad internal error: ", node.op, " (", node.loc.str(), ") made ",
@@ -190,7 +285,8 @@ class Program {
   static void keep_in_plan(const Workspace& ws, const ir::Value& v, TensorBase& t) {
     const TensorBase& planned = ws.planned[static_cast<std::size_t>(v.id)];
     if (!planned.defined() || t.impl()->storage == planned.impl()->storage || !t.impl()->storage->borrowed()) return;
-    std::memcpy(planned.impl()->storage->data(), t.impl()->storage->data(), planned.impl()->storage->bytes());
+    xgrad::detail::copy_bytes(planned.impl()->storage->data(), ws.device, t.impl()->storage->data(), t.device(),
+                              planned.impl()->storage->bytes());
     t = planned;
   }
 
@@ -213,17 +309,14 @@ class Program {
     sources.clear();
   }
 
-  static TensorBase copy_of(const TensorBase& t) {
-    auto copy = TensorImpl::allocate(t.shape(), t.dtype());
-    std::memcpy(copy->storage->data(), t.impl()->storage->data(), copy->storage->bytes());
-    return TensorBase(copy);
-  }
+  static TensorBase copy_of(const TensorBase& t) { return moved_copy(t, t.device()); }
 
   static void write_into(const TensorBase& dst, const TensorBase& src) {
     Storage& to = *dst.impl()->storage;
     const Storage& from = *src.impl()->storage;
     if (&to != &from)
-      std::memcpy(to.data(), from.data(), static_cast<std::size_t>(dst.numel()) * dtype_size(dst.dtype()));
+      xgrad::detail::copy_bytes(to.data(), to.device(), from.data(), from.device(),
+                                static_cast<std::size_t>(dst.numel()) * dtype_size(dst.dtype()));
     to.bump_version();
   }
 
@@ -231,7 +324,7 @@ class Program {
   ProgramOptions m_options;
   std::vector<std::vector<int>> m_release;  // per node: the values no later node reads
   std::optional<MemoryPlan> m_plan;
-  std::unique_ptr<Pool> m_pool;
+  std::unique_ptr<Pools> m_pools;
 };
 
 }  // namespace xgrad::backend

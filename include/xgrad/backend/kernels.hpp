@@ -9,11 +9,13 @@
 #include "xgrad/backend/cpu/copy.hpp"
 #include "xgrad/backend/cpu/pool.hpp"
 #include "xgrad/backend/cpu/reduce.hpp"
+#include "xgrad/backend/cpu/resize.hpp"
 #include "xgrad/backend/cpu/softmax_xent.hpp"
 #include "xgrad/core/device.hpp"
 #if defined(XGRAD_WITH_THRUST)
 #include "xgrad/backend/thrust/conv_pool.hpp"
 #include "xgrad/backend/thrust/copy.hpp"
+#include "xgrad/backend/thrust/resize.hpp"
 #include "xgrad/backend/thrust/softmax_xent.hpp"
 #endif
 
@@ -31,6 +33,14 @@ template <class T> void strided_copy(Device device, const Shape& shape, const T*
                                      T* dst, const cpu::Strides& dst_strides) {
   XGRAD_ON_THRUST(device, strided_copy(shape, src, src_strides, dst, dst_strides));
   cpu::strided_copy(shape, src, src_strides, dst, dst_strides);
+}
+
+/// dst[i] = f(i) for i < n, in parallel; f is a host-and-device functor (XGRAD_HD).
+template <class T, class F> void tabulate(Device device, T* dst, std::int64_t n, F f) {
+  XGRAD_ON_THRUST(device, tabulate(dst, n, f));
+  cpu::parallel_for(0, n, 1 << 15, [&](std::int64_t lo, std::int64_t hi) {
+    for (std::int64_t i = lo; i < hi; ++i) dst[i] = f(i);
+  });
 }
 
 template <class T> void fill(Device device, T* dst, std::int64_t n, T value) {
@@ -94,6 +104,21 @@ template <class T> void avg_pool2d_forward(Device device, const cpu::Pool2dGeome
 template <class T> void avg_pool2d_backward(Device device, const cpu::Pool2dGeometry& g, const T* gy, T* gx) {
   XGRAD_ON_THRUST(device, avg_pool2d_backward(g, gy, gx));
   cpu::avg_pool2d_backward(g, gy, gx);
+}
+
+/// See cpu::resize_bilinear_forward.
+template <class T> void resize_bilinear_forward(Device device, std::int64_t n, std::int64_t c, std::int64_t h,
+                                                std::int64_t w, std::int64_t out_h, std::int64_t out_w,
+                                                bool align_corners, const T* x, T* y) {
+  XGRAD_ON_THRUST(device, resize_bilinear_forward(n, c, h, w, out_h, out_w, align_corners, x, y));
+  cpu::resize_bilinear_forward(n, c, h, w, out_h, out_w, align_corners, x, y);
+}
+/// See cpu::resize_bilinear_backward.
+template <class T> void resize_bilinear_backward(Device device, std::int64_t n, std::int64_t c, std::int64_t h,
+                                                 std::int64_t w, std::int64_t out_h, std::int64_t out_w,
+                                                 bool align_corners, const T* gy, T* gx) {
+  XGRAD_ON_THRUST(device, resize_bilinear_backward(n, c, h, w, out_h, out_w, align_corners, gy, gx));
+  cpu::resize_bilinear_backward(n, c, h, w, out_h, out_w, align_corners, gy, gx);
 }
 
 /// See cpu::softmax_xent_forward.

@@ -6,6 +6,14 @@
 
 #include "xgrad/core/error.hpp"
 
+/// Marks a function that Thrust kernels call: host and device code under nvcc (the CUDA
+/// build), a plain function everywhere else.
+#if defined(__CUDACC__)
+#define XGRAD_HD __host__ __device__
+#else
+#define XGRAD_HD
+#endif
+
 namespace xgrad {
 
 /// cpu runs on the xsimd backend; thrust on the Thrust backend (CUDA under nvcc, else OpenMP

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "xgrad/core/device.hpp"
 #include "xgrad/core/error.hpp"
 
 namespace xgrad {
@@ -24,8 +25,8 @@ class Shape {
   Shape(const std::vector<std::int64_t>& dims) { assign(dims.begin(), dims.end()); }
   template <class It> Shape(It first, It last) { assign(first, last); }
 
-  int ndim() const { return m_rank; }
-  std::int64_t operator[](int axis) const { return m_dims[axis]; }
+  XGRAD_HD int ndim() const { return m_rank; }
+  XGRAD_HD std::int64_t operator[](int axis) const { return m_dims[axis]; }
   std::int64_t& operator[](int axis) { return m_dims[axis]; }
   const std::int64_t* begin() const { return m_dims.data(); }
   const std::int64_t* end() const { return m_dims.data() + m_rank; }

@@ -40,7 +40,6 @@ struct OpTraits {
   bool view = false;                           // the output may share its first input's buffer (Reshape)
   BlockKernel block = nullptr;                 // elementwise ops that fusion can put in a group
   const MergedBlockKernels* merged = nullptr;  // unary ops with a batch body
-  bool thrust = false;                         // has a Device::thrust kernel
 };
 
 namespace ir {

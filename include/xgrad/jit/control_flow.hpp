@@ -33,7 +33,11 @@ inline std::string types_text(const Types& types) {
   return "(" + out + ")";
 }
 
-inline bool scalar_bool(const TensorBase& t) { return *static_cast<const bool*>(t.impl()->storage->data()); }
+inline bool scalar_bool(const TensorBase& t) {
+  bool value = false;
+  xgrad::detail::copy_bytes(&value, Device::cpu, t.impl()->storage->data(), t.device(), sizeof value);
+  return value;
+}
 
 inline void check_predicate(std::string_view op, const TensorBase& pred, SourceLoc loc) {
   if (pred.dtype() != DType::boolean || pred.numel() != 1)

@@ -13,6 +13,7 @@
 
 #include "xgrad/core/error.hpp"
 #include "xgrad/core/factory.hpp"
+#include "xgrad/ops/elementwise.hpp"
 
 namespace xgrad::init {
 

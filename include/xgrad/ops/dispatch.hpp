@@ -73,9 +73,8 @@ inline Device device_of(std::span<const TensorBase> inputs) {
 }
 
 /// The device an op on `inputs` runs on, or a ValueError naming the op when they are on
-/// different devices (a one-element cpu tensor goes with any) or the op has no kernel there.
-inline Device check_devices(std::string_view op, SourceLoc loc, std::span<const TensorBase> inputs,
-                            const OpTraits& traits) {
+/// different devices (a one-element cpu tensor goes with any). Every op has a kernel on each.
+inline Device check_devices(std::string_view op, SourceLoc loc, std::span<const TensorBase> inputs) {
   const TensorBase* first = nullptr;
   for (const TensorBase& t : inputs) {
     if (t.is_symbolic() || (t.device() == Device::cpu && t.numel() == 1)) continue;
@@ -89,10 +88,7 @@ inline Device check_devices(std::string_view op, SourceLoc loc, std::span<const 
                         "); xgrad never copies between devices silently: move them with .to(device)");
     }
   }
-  const Device device = device_of(inputs);
-  if (device == Device::thrust && !traits.thrust)
-    throw_value_error(op, loc, "no Device::thrust kernel yet; run it on the cpu (.to(xg::Device::cpu))");
-  return device;
+  return device_of(inputs);
 }
 
 /// Runs elementwise op Op on Device::thrust into out (the CPU backend's drivers run it on cpu).
@@ -118,7 +114,7 @@ TensorBase primitive(std::string_view op, SourceLoc loc, std::span<const TensorB
         [compute](std::span<const TensorBase> in, std::span<TensorBase> out) { out[0] = compute(in, out[0]); },
         make_attrs(), traits)[0];
   }
-  check_devices(op, loc, inputs, traits);
+  check_devices(op, loc, inputs);
   return compute(inputs, TensorBase());
 }
 template <class Compute, class MakeAttrs = NoAttrs>
@@ -206,7 +202,6 @@ template <class Op> OpTraits with_block(BlockKernel block, const MergedBlockKern
   OpTraits traits = Op::traits;
   traits.block = block;
   traits.merged = merged;
-  traits.thrust = true;  // every elementwise op runs on Device::thrust (map_on_thrust)
   return traits;
 }
 

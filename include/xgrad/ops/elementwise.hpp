@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cmath>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 
@@ -11,6 +12,7 @@
 #include <immintrin.h>
 #endif
 
+#include "xgrad/backend/math.hpp"
 #include "xgrad/core/factory.hpp"
 #include "xgrad/ops/dispatch.hpp"
 
@@ -36,7 +38,7 @@ struct Neg : UnaryDefaults {
   static constexpr std::string_view name = "Neg";
   static constexpr OpTraits traits{.elementwise = true, .linear = true};
   static constexpr bool reads_inputs = false;
-  template <class V> static V apply(const V& x) { return -x; }
+  template <class V> XGRAD_HD static V apply(const V& x) { return -x; }
   template <class T> static Tensor<T> grad(const Tensor<T>&, const Tensor<T>&, const Tensor<T>& g) { return -g; }
 };
 
@@ -44,13 +46,13 @@ struct Exp : UnaryDefaults {
   static constexpr std::string_view name = "Exp";
   static constexpr bool reads_inputs = false;
   static constexpr bool reads_output = true;
-  template <class V> static V apply(const V& x) { return xsimd::exp(x); }
+  template <class V> XGRAD_HD static V apply(const V& x) { return math::exp(x); }
   template <class T> static Tensor<T> grad(const Tensor<T>&, const Tensor<T>& y, const Tensor<T>& g) { return g * y; }
 };
 
 struct Log : UnaryDefaults {
   static constexpr std::string_view name = "Log";
-  template <class V> static V apply(const V& x) { return xsimd::log(x); }
+  template <class V> XGRAD_HD static V apply(const V& x) { return math::log(x); }
   template <class T> static Tensor<T> grad(const Tensor<T>& x, const Tensor<T>&, const Tensor<T>& g) { return g / x; }
 };
 
@@ -58,7 +60,7 @@ struct Sqrt : UnaryDefaults {
   static constexpr std::string_view name = "Sqrt";
   static constexpr bool reads_inputs = false;
   static constexpr bool reads_output = true;
-  template <class V> static V apply(const V& x) { return xsimd::sqrt(x); }
+  template <class V> XGRAD_HD static V apply(const V& x) { return math::sqrt(x); }
   template <class T> static Tensor<T> grad(const Tensor<T>&, const Tensor<T>& y, const Tensor<T>& g) {
     return g * T(0.5) / y;
   }
@@ -69,7 +71,7 @@ struct Rsqrt : UnaryDefaults {
   static constexpr bool reads_inputs = false;
   static constexpr bool reads_output = true;
   // 1 / sqrt rather than xsimd::rsqrt, whose hardware estimate has only ~12 bits.
-  template <class V> static V apply(const V& x) { return V(1) / xsimd::sqrt(x); }
+  template <class V> XGRAD_HD static V apply(const V& x) { return V(1) / math::sqrt(x); }
   template <class T> static Tensor<T> grad(const Tensor<T>&, const Tensor<T>& y, const Tensor<T>& g) {
     return g * T(-0.5) * y * y * y;
   }
@@ -79,7 +81,7 @@ struct Tanh : UnaryDefaults {
   static constexpr std::string_view name = "Tanh";
   static constexpr bool reads_inputs = false;
   static constexpr bool reads_output = true;
-  template <class V> static V apply(const V& x) { return xsimd::tanh(x); }
+  template <class V> XGRAD_HD static V apply(const V& x) { return math::tanh(x); }
   template <class T> static Tensor<T> grad(const Tensor<T>&, const Tensor<T>& y, const Tensor<T>& g) {
     return g * (T(1) - y * y);
   }
@@ -89,7 +91,7 @@ struct Sigmoid : UnaryDefaults {
   static constexpr std::string_view name = "Sigmoid";
   static constexpr bool reads_inputs = false;
   static constexpr bool reads_output = true;
-  template <class V> static V apply(const V& x) { return V(1) / (V(1) + xsimd::exp(-x)); }
+  template <class V> XGRAD_HD static V apply(const V& x) { return V(1) / (V(1) + math::exp(-x)); }
   template <class T> static Tensor<T> grad(const Tensor<T>&, const Tensor<T>& y, const Tensor<T>& g) {
     return g * y * (T(1) - y);
   }
@@ -101,7 +103,7 @@ struct Relu : UnaryDefaults {
   // compiled graph can fuse the ReLU into the producer of x (a GEMM's or conv's epilogue).
   static constexpr bool reads_inputs = false;
   static constexpr bool reads_output = true;
-  template <class V> static V apply(const V& x) { return xsimd::max(x, V(0)); }
+  template <class V> XGRAD_HD static V apply(const V& x) { return math::max(x, V(0)); }
   template <class T> static Tensor<T> grad(const Tensor<T>&, const Tensor<T>& y, const Tensor<T>& g) {
     return where(y > T(0), g, T(0));
   }
@@ -110,7 +112,7 @@ struct Relu : UnaryDefaults {
 struct Sign : UnaryDefaults {
   static constexpr std::string_view name = "Sign";
   static constexpr bool reads_inputs = false;
-  template <class V> static V apply(const V& x) {
+  template <class V> XGRAD_HD static V apply(const V& x) {
     if constexpr (detail::is_batch<V>)
       return xsimd::select(x > V(0), V(1), xsimd::select(x < V(0), V(-1), V(0)));
     else
@@ -123,7 +125,7 @@ struct Sign : UnaryDefaults {
 
 struct Abs : UnaryDefaults {
   static constexpr std::string_view name = "Abs";
-  template <class V> static V apply(const V& x) { return xsimd::abs(x); }
+  template <class V> XGRAD_HD static V apply(const V& x) { return math::abs(x); }
   template <class T> static Tensor<T> grad(const Tensor<T>& x, const Tensor<T>&, const Tensor<T>& g) {
     return g * sign(x);
   }
@@ -131,7 +133,7 @@ struct Abs : UnaryDefaults {
 
 struct Square : UnaryDefaults {
   static constexpr std::string_view name = "Square";
-  template <class V> static V apply(const V& x) { return x * x; }
+  template <class V> XGRAD_HD static V apply(const V& x) { return x * x; }
   template <class T> static Tensor<T> grad(const Tensor<T>& x, const Tensor<T>&, const Tensor<T>& g) {
     return g * T(2) * x;
   }
@@ -139,7 +141,7 @@ struct Square : UnaryDefaults {
 
 struct Sin : UnaryDefaults {
   static constexpr std::string_view name = "Sin";
-  template <class V> static V apply(const V& x) { return xsimd::sin(x); }
+  template <class V> XGRAD_HD static V apply(const V& x) { return math::sin(x); }
   template <class T> static Tensor<T> grad(const Tensor<T>& x, const Tensor<T>&, const Tensor<T>& g) {
     return g * cos(x);
   }
@@ -147,7 +149,7 @@ struct Sin : UnaryDefaults {
 
 struct Cos : UnaryDefaults {
   static constexpr std::string_view name = "Cos";
-  template <class V> static V apply(const V& x) { return xsimd::cos(x); }
+  template <class V> XGRAD_HD static V apply(const V& x) { return math::cos(x); }
   template <class T> static Tensor<T> grad(const Tensor<T>& x, const Tensor<T>&, const Tensor<T>& g) {
     return -(g * sin(x));
   }
@@ -164,7 +166,7 @@ struct Add : BinaryDefaults {
   static constexpr std::string_view name = "Add";
   static constexpr OpTraits traits{.elementwise = true, .commutative = true, .linear = true};
   static constexpr bool reads_inputs = false;
-  template <class V> static V apply(const V& a, const V& b) { return a + b; }
+  template <class V> XGRAD_HD static V apply(const V& a, const V& b) { return a + b; }
   template <class T> static auto grad(const Tensor<T>&, const Tensor<T>&, const Tensor<T>&, const Tensor<T>& g) {
     return std::pair{g, g};
   }
@@ -174,7 +176,7 @@ struct Sub : BinaryDefaults {
   static constexpr std::string_view name = "Sub";
   static constexpr OpTraits traits{.elementwise = true, .linear = true};
   static constexpr bool reads_inputs = false;
-  template <class V> static V apply(const V& a, const V& b) { return a - b; }
+  template <class V> XGRAD_HD static V apply(const V& a, const V& b) { return a - b; }
   template <class T> static auto grad(const Tensor<T>&, const Tensor<T>&, const Tensor<T>&, const Tensor<T>& g) {
     return std::pair{g, -g};
   }
@@ -183,7 +185,7 @@ struct Sub : BinaryDefaults {
 struct Mul : BinaryDefaults {
   static constexpr std::string_view name = "Mul";
   static constexpr OpTraits traits{.elementwise = true, .commutative = true};
-  template <class V> static V apply(const V& a, const V& b) { return a * b; }
+  template <class V> XGRAD_HD static V apply(const V& a, const V& b) { return a * b; }
   template <class T> static auto grad(const Tensor<T>& a, const Tensor<T>& b, const Tensor<T>&, const Tensor<T>& g) {
     return std::pair{g * b, g * a};
   }
@@ -192,7 +194,7 @@ struct Mul : BinaryDefaults {
 struct Div : BinaryDefaults {
   static constexpr std::string_view name = "Div";
   static constexpr bool reads_output = true;
-  template <class V> static V apply(const V& a, const V& b) { return a / b; }
+  template <class V> XGRAD_HD static V apply(const V& a, const V& b) { return a / b; }
   template <class T> static auto grad(const Tensor<T>&, const Tensor<T>& b, const Tensor<T>& y, const Tensor<T>& g) {
     auto ga = g / b;
     return std::pair{ga, -(ga * y)};
@@ -202,11 +204,11 @@ struct Div : BinaryDefaults {
 struct Pow : BinaryDefaults {
   static constexpr std::string_view name = "Pow";
   static constexpr bool reads_output = true;
-  template <class V> static V apply(const V& a, const V& b) {
+  template <class V> XGRAD_HD static V apply(const V& a, const V& b) {
     if constexpr (std::is_integral_v<V>)
       return static_cast<V>(std::pow(a, b));
     else
-      return xsimd::pow(a, b);
+      return math::pow(a, b);
   }
   template <class T> static auto grad(const Tensor<T>& a, const Tensor<T>& b, const Tensor<T>& y, const Tensor<T>& g) {
     return std::pair{g * b * pow(a, b - T(1)), g * y * log(a)};
@@ -216,7 +218,7 @@ struct Pow : BinaryDefaults {
 struct Maximum : BinaryDefaults {
   static constexpr std::string_view name = "Maximum";
   static constexpr OpTraits traits{.elementwise = true, .commutative = true};
-  template <class V> static V apply(const V& a, const V& b) { return xsimd::max(a, b); }
+  template <class V> XGRAD_HD static V apply(const V& a, const V& b) { return math::max(a, b); }
   // Ties split the gradient evenly, so the rule is symmetric in a and b.
   template <class T> static auto grad(const Tensor<T>& a, const Tensor<T>& b, const Tensor<T>&, const Tensor<T>& g) {
     // Scalars, not full tensors: under jit they are small constants of the graph.
@@ -228,7 +230,7 @@ struct Maximum : BinaryDefaults {
 struct Minimum : BinaryDefaults {
   static constexpr std::string_view name = "Minimum";
   static constexpr OpTraits traits{.elementwise = true, .commutative = true};
-  template <class V> static V apply(const V& a, const V& b) { return xsimd::min(a, b); }
+  template <class V> XGRAD_HD static V apply(const V& a, const V& b) { return math::min(a, b); }
   template <class T> static auto grad(const Tensor<T>& a, const Tensor<T>& b, const Tensor<T>&, const Tensor<T>& g) {
     // Scalars, not full tensors: under jit they are small constants of the graph.
     auto share = where(less(a, b), scalar_like(g, T(1)), where(equal(a, b), scalar_like(g, T(0.5)), T(0)));
@@ -242,22 +244,22 @@ struct ComparisonDefaults : BinaryDefaults {
 struct Equal : ComparisonDefaults {
   static constexpr std::string_view name = "Equal";
   static constexpr OpTraits traits{.elementwise = true, .commutative = true};
-  template <class V> static bool apply(const V& a, const V& b) { return a == b; }
+  template <class V> XGRAD_HD static bool apply(const V& a, const V& b) { return a == b; }
 };
 struct Less : ComparisonDefaults {
   static constexpr std::string_view name = "Less";
-  template <class V> static bool apply(const V& a, const V& b) { return a < b; }
+  template <class V> XGRAD_HD static bool apply(const V& a, const V& b) { return a < b; }
 };
 struct Greater : ComparisonDefaults {
   static constexpr std::string_view name = "Greater";
-  template <class V> static bool apply(const V& a, const V& b) { return a > b; }
+  template <class V> XGRAD_HD static bool apply(const V& a, const V& b) { return a > b; }
 };
 
 struct Where {
   static constexpr std::string_view name = "Select";
   static constexpr OpTraits traits{.elementwise = true};
   // c is a bool, or a mask when a and b are batches.
-  template <class M, class V> static V apply(const M& c, const V& a, const V& b) {
+  template <class M, class V> XGRAD_HD static V apply(const M& c, const V& a, const V& b) {
     if constexpr (detail::is_batch<V>)
       return xsimd::select(c, a, b);
     else
@@ -271,10 +273,10 @@ struct Where {
 struct Fma {
   static constexpr std::string_view name = "Fma";
   static constexpr OpTraits traits{.elementwise = true};
-  template <class V> static V apply(const V& a, const V& b, const V& c) {
+  template <class V> XGRAD_HD static V apply(const V& a, const V& b, const V& c) {
     if constexpr (detail::is_batch<V>) {
       using T = typename V::value_type;
-      constexpr bool f32 = std::is_same_v<T, float>;
+      [[maybe_unused]] constexpr bool f32 = std::is_same_v<T, float>;
 #if defined(__AVX512F__)
       if constexpr (sizeof(V) == 64 && f32) return V(_mm512_fmadd_ps(a, b, c));
       if constexpr (sizeof(V) == 64 && !f32) return V(_mm512_fmadd_pd(a, b, c));
@@ -296,6 +298,11 @@ struct Fma {
     }
   }
 };
+
+/// The ops a fused group may hold, numbered by their place here on Device::thrust, where one
+/// functor runs a whole group (backend/thrust/fused.hpp).
+using Fusible = std::tuple<Neg, Exp, Log, Sqrt, Rsqrt, Tanh, Sigmoid, Relu, Sign, Abs, Square, Sin, Cos, Add, Sub, Mul,
+                           Div, Pow, Maximum, Minimum, Equal, Less, Greater, Where, Fma>;
 
 }  // namespace op
 

@@ -35,7 +35,7 @@ template <class T> void write_into(std::string_view op, Tensor<T>& dst, const Te
     return;
   }
   const TensorBase both[] = {dst, src};
-  const Device device = check_devices(op, loc, both, OpTraits{.thrust = true});
+  const Device device = check_devices(op, loc, both);
   if (src.device() != dst.device()) {  // a cpu scalar into a device tensor
     kernels::fill(device, dst.data(), dst.numel(), src.item());
   } else if (src.shape() == dst.shape()) {

@@ -52,7 +52,7 @@ template <FloatingPoint T> Tensor<T> matmul(const Tensor<T>& a, const Tensor<T>&
         const T* pb = y.data();
         T* pc = out.data();
 #if defined(XGRAD_WITH_THRUST)
-        if (device == Device::thrust) {  // eager only: compiled graphs, and so epilogues, run on the cpu
+        if (device == Device::thrust) {  // no epilogue: there a fused group runs after its anchor
           thrust_backend::batched_gemm(plan, count, m, n, k, pa, a_rs, a_cs, pb, b_rs, b_cs, pc);
           return TensorBase(out);
         }
@@ -81,8 +81,7 @@ template <FloatingPoint T> Tensor<T> matmul(const Tensor<T>& a, const Tensor<T>&
       [=] {
         return std::vector<ir::Attr>{{"transpose_a", transpose_a ? "true" : "false"},
                                      {"transpose_b", transpose_b ? "true" : "false"}};
-      },
-      OpTraits{.thrust = true}));
+      }));
 
   if constexpr (FloatingPoint<T>) {
     if (detail::should_record(a, b)) {

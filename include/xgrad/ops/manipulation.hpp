@@ -50,7 +50,7 @@ Tensor<T> reshape(const Tensor<T>& x, const std::vector<std::int64_t>& dims, Sou
       [shape] {
         return std::vector<ir::Attr>{{"shape", shape.str()}};
       },
-      OpTraits{.view = true, .thrust = true}));
+      OpTraits{.view = true}));
   if constexpr (FloatingPoint<T>) {
     if (detail::should_record(x)) {
       Shape in_shape = x.shape();
@@ -97,8 +97,7 @@ Tensor<T> transpose(const Tensor<T>& x, std::vector<std::int64_t> perm = {}, Sou
       },
       [perm] {
         return std::vector<ir::Attr>{{"perm", Shape(perm).str()}};
-      },
-      OpTraits{.thrust = true}));
+      }));
   if constexpr (FloatingPoint<T>) {
     if (detail::should_record(x)) {
       std::vector<std::int64_t> inverse(rank);
@@ -136,7 +135,7 @@ template <Element T> Tensor<T> broadcast_to(const Tensor<T>& x, const Shape& sha
       [shape] {
         return std::vector<ir::Attr>{{"shape", shape.str()}};
       },
-      OpTraits{.block = cpu::copy_block<T>, .thrust = true}));  // fusion gathers broadcast inputs per block
+      OpTraits{.block = cpu::copy_block<T>}));  // fusion gathers broadcast inputs per block
   if constexpr (FloatingPoint<T>) {
     if (detail::should_record(x)) {
       Shape in_shape = x.shape();
@@ -217,8 +216,7 @@ template <Element T> Tensor<T> slice(const Tensor<T>& x, const std::vector<std::
       },
       [begin, size] {
         return std::vector<ir::Attr>{{"begin", Shape(begin).str()}, {"size", Shape(size).str()}};
-      },
-      OpTraits{.thrust = true}));
+      }));
   if constexpr (FloatingPoint<T>) {
     if (detail::should_record(x)) {
       Shape in_shape = x.shape();
@@ -247,8 +245,7 @@ template <Numeric T> Tensor<T> slice_backward(const Tensor<T>& g, const Shape& i
       },
       [begin] {
         return std::vector<ir::Attr>{{"begin", Shape(begin).str()}};
-      },
-      OpTraits{.thrust = true}));
+      }));
   if constexpr (FloatingPoint<T>) {
     if (detail::should_record(g)) {
       std::vector<std::int64_t> size = g.shape().to_vector();
@@ -299,8 +296,7 @@ Tensor<T> concat(const std::vector<Tensor<T>>& xs, std::int64_t axis = 0, Source
       },
       [a] {
         return std::vector<ir::Attr>{{"axis", std::to_string(a)}};
-      },
-      OpTraits{.thrust = true}));
+      }));
   if constexpr (FloatingPoint<T>) {
     bool any = false;
     for (const auto& x : xs) any = any || detail::should_record(x);
@@ -352,8 +348,7 @@ template <Element U, Element T> Tensor<U> cast(const Tensor<T>& x, SourceLoc loc
         },
         [] {
           return std::vector<ir::Attr>{{"to", std::string(dtype_short_name(dtype_of<U>()))}};
-        },
-        OpTraits{.thrust = true}));
+        }));
     if constexpr (FloatingPoint<T> && FloatingPoint<U>) {
       if (detail::should_record(x)) {
         detail::record(out, "Cast", loc, {x}, {}, false,

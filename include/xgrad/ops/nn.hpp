@@ -96,7 +96,7 @@ Tensor<T> conv2d_apply(const Tensor<T>& x, const Tensor<T>& w, const cpu::Conv2d
         kernels::conv2d_forward(device, geo, Tensor<T>(in[0]).data(), Tensor<T>(in[1]).data(), out.data(), done);
         return TensorBase(out);
       },
-      [geo] { return conv_attrs(geo); }, OpTraits{.thrust = true}));
+      [geo] { return conv_attrs(geo); }));
   if (should_record(x, w)) {
     // Each gradient costs a convolution: compute only those an input needs.
     const bool need_x = x.requires_grad(), need_w = w.requires_grad();
@@ -120,7 +120,7 @@ Tensor<T> conv2d_input_grad(const Tensor<T>& g, const Tensor<T>& w, const cpu::C
         kernels::conv2d_backward_input(device, geo, Tensor<T>(in[0]).data(), Tensor<T>(in[1]).data(), out.data());
         return TensorBase(out);
       },
-      [geo] { return conv_attrs(geo); }, OpTraits{.thrust = true}));
+      [geo] { return conv_attrs(geo); }));
   if (should_record(g, w)) {
     const bool need_g = g.requires_grad(), need_w = w.requires_grad();
     record(gx, "Conv2DBackpropInput", loc, {g, w}, {g, w}, false,
@@ -143,7 +143,7 @@ Tensor<T> conv2d_weight_grad(const Tensor<T>& x, const Tensor<T>& g, const cpu::
         kernels::conv2d_backward_weight(device, geo, Tensor<T>(in[0]).data(), Tensor<T>(in[1]).data(), out.data());
         return TensorBase(out);
       },
-      [geo] { return conv_attrs(geo); }, OpTraits{.thrust = true}));
+      [geo] { return conv_attrs(geo); }));
   if (should_record(x, g)) {
     const bool need_x = x.requires_grad(), need_g = g.requires_grad();
     record(gw, "Conv2DBackpropFilter", loc, {x, g}, {x, g}, false,
@@ -220,7 +220,7 @@ Tensor<T> max_pool_scatter(const Tensor<T>& x, const Tensor<T>& gy, const cpu::P
         kernels::max_pool2d_scatter(device, geo, Tensor<T>(in[0]).data(), Tensor<T>(in[1]).data(), out.data());
         return TensorBase(out);
       },
-      [geo] { return pool_attrs(geo); }, OpTraits{.thrust = true}));
+      [geo] { return pool_attrs(geo); }));
   if (should_record(gy)) {
     record(gx, "MaxPoolGrad", loc, {x, gy}, {x}, false, [x, geo, loc](const TensorBase&, const TensorBase& u) {
       return autograd::Grads{TensorBase(), max_pool_select(x, Tensor<T>(u), geo, loc)};
@@ -240,7 +240,7 @@ Tensor<T> max_pool_select(const Tensor<T>& x, const Tensor<T>& v, const cpu::Poo
         kernels::max_pool2d_select(device, geo, Tensor<T>(in[0]).data(), Tensor<T>(in[1]).data(), out.data());
         return TensorBase(out);
       },
-      [geo] { return pool_attrs(geo); }, OpTraits{.thrust = true}));
+      [geo] { return pool_attrs(geo); }));
   if (should_record(v)) {
     record(out, "MaxPoolGradGrad", loc, {x, v}, {x}, false, [x, geo, loc](const TensorBase&, const TensorBase& u) {
       return autograd::Grads{TensorBase(), max_pool_scatter(x, Tensor<T>(u), geo, loc)};
@@ -262,7 +262,7 @@ Tensor<T> avg_pool_spread(const Tensor<T>& gy, const cpu::Pool2dGeometry& geo, S
         kernels::avg_pool2d_backward(device, geo, Tensor<T>(in[0]).data(), out.data());
         return TensorBase(out);
       },
-      [geo] { return pool_attrs(geo); }, OpTraits{.thrust = true}));
+      [geo] { return pool_attrs(geo); }));
   if (should_record(gy)) {
     record(gx, "AvgPoolGrad", loc, {gy}, {}, false, [geo, loc](const TensorBase&, const TensorBase& u) {
       return autograd::Grads{avg_pool_apply(Tensor<T>(u), geo, loc)};
@@ -280,7 +280,7 @@ template <FloatingPoint T> Tensor<T> avg_pool_apply(const Tensor<T>& x, const cp
         kernels::avg_pool2d_forward(device, geo, Tensor<T>(in[0]).data(), out.data());
         return TensorBase(out);
       },
-      [geo] { return pool_attrs(geo); }, OpTraits{.thrust = true}));
+      [geo] { return pool_attrs(geo); }));
   if (should_record(x)) {
     record(y, "AvgPool", loc, {x}, {}, false, [geo, loc](const TensorBase&, const TensorBase& g) {
       return autograd::Grads{avg_pool_spread(Tensor<T>(g), geo, loc)};
@@ -305,7 +305,7 @@ template <FloatingPoint T> Tensor<T> max_pool2d(const Tensor<T>& x, std::int64_t
         kernels::max_pool2d_forward(device, geo, Tensor<T>(in[0]).data(), out.data());
         return TensorBase(out);
       },
-      [geo] { return detail::pool_attrs(geo); }, OpTraits{.thrust = true}));
+      [geo] { return detail::pool_attrs(geo); }));
   if (detail::should_record(x)) {
     detail::record(y, "MaxPool", loc, {x}, {x}, false, [x, geo, loc](const TensorBase&, const TensorBase& g) {
       return autograd::Grads{detail::max_pool_scatter(x, Tensor<T>(g), geo, loc)};
@@ -347,9 +347,9 @@ template <FloatingPoint T> Tensor<T> resize_adjoint(const Tensor<T>& gy, const R
   Tensor<T> gx(primitive(
       "ResizeBilinearGrad", loc, {gy}, dtype_of<T>(), Shape{r.n, r.c, r.h, r.w},
       [r](std::span<const TensorBase> in, const TensorBase& dest) {
-        auto out = detail::output<T>(dest, Shape{r.n, r.c, r.h, r.w});
-        cpu::resize_bilinear_backward(r.n, r.c, r.h, r.w, r.out_h, r.out_w, r.align_corners, Tensor<T>(in[0]).data(),
-                                      out.data());
+        auto out = detail::output<T>(dest, Shape{r.n, r.c, r.h, r.w}, in[0].device());
+        kernels::resize_bilinear_backward(out.device(), r.n, r.c, r.h, r.w, r.out_h, r.out_w, r.align_corners,
+                                          Tensor<T>(in[0]).data(), out.data());
         return TensorBase(out);
       },
       [r] { return resize_attrs(r); }));
@@ -365,9 +365,9 @@ template <FloatingPoint T> Tensor<T> resize_apply(const Tensor<T>& x, const Resi
   Tensor<T> y(primitive(
       "ResizeBilinear", loc, {x}, dtype_of<T>(), Shape{r.n, r.c, r.out_h, r.out_w},
       [r](std::span<const TensorBase> in, const TensorBase& dest) {
-        auto out = detail::output<T>(dest, Shape{r.n, r.c, r.out_h, r.out_w});
-        cpu::resize_bilinear_forward(r.n, r.c, r.h, r.w, r.out_h, r.out_w, r.align_corners, Tensor<T>(in[0]).data(),
-                                     out.data());
+        auto out = detail::output<T>(dest, Shape{r.n, r.c, r.out_h, r.out_w}, in[0].device());
+        kernels::resize_bilinear_forward(out.device(), r.n, r.c, r.h, r.w, r.out_h, r.out_w, r.align_corners,
+                                         Tensor<T>(in[0]).data(), out.data());
         return TensorBase(out);
       },
       [r] { return resize_attrs(r); }));
@@ -413,6 +413,25 @@ Tensor<T> softmax(const Tensor<T>& x, std::int64_t axis = -1, SourceLoc loc = So
   return exp(log_softmax(x, axis, loc), loc);
 }
 
+namespace detail {
+
+inline void check_labels(std::string_view op, const TensorBase& labels, std::int64_t classes, SourceLoc loc) {
+  std::vector<std::int32_t> host;  // device labels are read through a copy
+  if (labels.device() != Device::cpu) host = Tensor<std::int32_t>(labels).to_vector();
+  const std::int32_t* l = host.empty() ? Tensor<std::int32_t>(labels).data() : host.data();
+  if (std::int64_t i = cpu::first_bad_label(l, labels.numel(), classes); i >= 0)
+    throw_value_error(op, loc, "label ", l[i], " at index ", i, " is outside [0, ", classes, ")");
+}
+
+/// Element k of a one-hot tensor: 1 where its class is its row's label.
+template <class T> struct OneHotElement {
+  const std::int32_t* labels;
+  std::int64_t classes;
+  XGRAD_HD T operator()(std::int64_t k) const { return labels[k / classes] == k % classes ? T(1) : T(0); }
+};
+
+}  // namespace detail
+
 /// [labels..., num_classes] with 1 at each label; labels outside [0, num_classes) throw.
 template <FloatingPoint T>
 Tensor<T> one_hot(const Tensor<std::int32_t>& labels, std::int64_t num_classes, SourceLoc loc = SourceLoc::current()) {
@@ -423,14 +442,10 @@ Tensor<T> one_hot(const Tensor<std::int32_t>& labels, std::int64_t num_classes, 
   return Tensor<T>(detail::primitive(
       "OneHot", loc, {labels}, dtype_of<T>(), shape,
       [shape, num_classes, loc](std::span<const TensorBase> in, const TensorBase& dest) {
-        auto out = detail::output<T>(dest, shape);
-        std::fill_n(out.data(), out.numel(), T(0));
-        const std::int32_t* l = Tensor<std::int32_t>(in[0]).data();
-        for (std::int64_t i = 0, n = in[0].numel(); i < n; ++i) {
-          if (l[i] < 0 || l[i] >= num_classes)
-            throw_value_error("OneHot", loc, "label ", l[i], " at index ", i, " is outside [0, ", num_classes, ")");
-          out.data()[i * num_classes + l[i]] = T(1);
-        }
+        detail::check_labels("OneHot", in[0], num_classes, loc);
+        auto out = detail::output<T>(dest, shape, in[0].device());
+        kernels::tabulate(out.device(), out.data(), out.numel(),
+                          detail::OneHotElement<T>{Tensor<std::int32_t>(in[0]).data(), num_classes});
         return TensorBase(out);
       },
       [num_classes] {
@@ -439,14 +454,6 @@ Tensor<T> one_hot(const Tensor<std::int32_t>& labels, std::int64_t num_classes, 
 }
 
 namespace detail {
-
-inline void check_labels(std::string_view op, const TensorBase& labels, std::int64_t classes, SourceLoc loc) {
-  std::vector<std::int32_t> host;  // device labels are read through a copy
-  if (labels.device() != Device::cpu) host = Tensor<std::int32_t>(labels).to_vector();
-  const std::int32_t* l = host.empty() ? Tensor<std::int32_t>(labels).data() : host.data();
-  if (std::int64_t i = cpu::first_bad_label(l, labels.numel(), classes); i >= 0)
-    throw_value_error(op, loc, "label ", l[i], " at index ", i, " is outside [0, ", classes, ")");
-}
 
 template <FloatingPoint T> Tensor<T> softmax_xent_grad(const Tensor<T>& logits, const Tensor<std::int32_t>& labels,
                                                        const Tensor<T>& g, SourceLoc loc);
@@ -467,7 +474,7 @@ Tensor<T> softmax_xent_losses(const Tensor<T>& logits, const Tensor<std::int32_t
         kernels::softmax_xent_forward(device, x, l, rows, classes, out.data());
         return TensorBase(out);
       },
-      NoAttrs{}, OpTraits{.thrust = true}));
+      NoAttrs{}));
   if (should_record(logits)) {
     record(losses, "SoftmaxCrossEntropy", loc, {logits, labels}, {logits, labels}, false,
            [logits, labels, loc](const TensorBase&, const TensorBase& g) {
@@ -493,7 +500,7 @@ template <FloatingPoint T> Tensor<T> softmax_xent_grad(const Tensor<T>& logits, 
         kernels::softmax_xent_backward(device, x, l, g, shape[0], shape[1], out.data());
         return TensorBase(out);
       },
-      NoAttrs{}, OpTraits{.thrust = true}));
+      NoAttrs{}));
   if (should_record(logits, g)) {
     // Second derivatives, from composite ops: with p = softmax(logits) and u the incoming
     // gradient, d/dg = sum(u * (p - onehot)) and d/dlogits = g * (p u - p sum(p u)).

@@ -8,42 +8,49 @@
 #include <limits>
 #include <span>
 
-#include "xgrad/backend/cpu/thread_pool.hpp"
+#include "xgrad/backend/kernels.hpp"
 #include "xgrad/ops/dispatch.hpp"
 
 namespace xgrad {
 
 namespace detail {
 /// splitmix64's finalizer: a bijection that mixes every input bit into every output bit.
-inline std::uint64_t mix64(std::uint64_t z) {
+XGRAD_HD inline std::uint64_t mix64(std::uint64_t z) {
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
   return z ^ (z >> 31);
 }
+
+/// Element i of the samples of one key: the top `digits` bits of a mixed counter, scaled.
+template <class T> struct UniformSample {
+  std::uint64_t stream;  // the mixed key
+  XGRAD_HD T operator()(std::int64_t i) const {
+    constexpr int bits = std::numeric_limits<T>::digits;  // 24 for float, 53 for double
+    constexpr T unit = T(1) / static_cast<T>(std::uint64_t{1} << bits);
+    return static_cast<T>(mix64(stream + static_cast<std::uint64_t>(i) * 0x9e3779b97f4a7c15ULL) >> (64 - bits)) * unit;
+  }
+};
 }  // namespace detail
 
-/// Samples of U[0, 1) of `shape`, determined by the int64 scalar `key` alone.
+/// Samples of U[0, 1) of `shape`, determined by the int64 scalar `key` alone. They are made on
+/// the key's device, or on the default device when the key is a cpu scalar.
 template <FloatingPoint T>
 Tensor<T> random_uniform(const Tensor<std::int64_t>& key, const Shape& shape, SourceLoc loc = SourceLoc::current()) {
   detail::OpScope scope("RandomUniform", loc, {key});
   if (key.numel() != 1) throw_shape_error("RandomUniform", loc, "key must hold one value, got shape ", key.shape());
   detail::check_sizes("RandomUniform", shape, loc);
+  const Device device = key.is_symbolic() || key.device() == Device::cpu ? default_device() : key.device();
+  detail::check_available(device, "RandomUniform");
   return Tensor<T>(detail::primitive(
       "RandomUniform", loc, {key}, dtype_of<T>(), shape,
-      [shape](std::span<const TensorBase> in, const TensorBase& dest) {
-        auto out = detail::output<T>(dest, shape);
-        const auto stream = detail::mix64(static_cast<std::uint64_t>(Tensor<std::int64_t>(in[0]).data()[0]));
-        constexpr int bits = std::numeric_limits<T>::digits;  // 24 for float, 53 for double
-        constexpr T unit = T(1) / static_cast<T>(std::uint64_t{1} << bits);
-        T* o = out.data();
-        cpu::parallel_for(0, out.numel(), 1 << 15, [&](std::int64_t lo, std::int64_t hi) {
-          for (std::int64_t i = lo; i < hi; ++i)
-            o[i] = static_cast<T>(detail::mix64(stream + static_cast<std::uint64_t>(i) * 0x9e3779b97f4a7c15ULL) >>
-                                  (64 - bits)) *
-                   unit;
-        });
+      [shape, device](std::span<const TensorBase> in, const TensorBase& dest) {
+        auto out = detail::output<T>(dest, shape, in[0].device() == Device::cpu ? device : in[0].device());
+        const detail::UniformSample<T> sample{
+            detail::mix64(static_cast<std::uint64_t>(Tensor<std::int64_t>(in[0]).item()))};
+        kernels::tabulate(out.device(), out.data(), out.numel(), sample);
         return TensorBase(out);
-      }));
+      },
+      detail::NoAttrs{}));
 }
 
 }  // namespace xgrad

@@ -17,8 +17,8 @@ namespace xgrad {
 namespace op {
 
 struct SumReducer {
-  template <class T> static T identity() { return T(0); }
-  template <class V> static V combine(const V& a, const V& b) { return a + b; }
+  template <class T> XGRAD_HD static T identity() { return T(0); }
+  template <class V> XGRAD_HD static V combine(const V& a, const V& b) { return a + b; }
   template <class B> static auto horizontal(const B& b) { return xsimd::hadd(b); }
 };
 
@@ -32,12 +32,12 @@ template <class Select> struct ExtremumReducer {
   }
 };
 struct MaxReducer : ExtremumReducer<MaxReducer> {
-  template <class T> static T identity() { return std::numeric_limits<T>::lowest(); }
-  template <class V> static V combine(const V& a, const V& b) { return xsimd::max(a, b); }
+  template <class T> XGRAD_HD static T identity() { return std::numeric_limits<T>::lowest(); }
+  template <class V> XGRAD_HD static V combine(const V& a, const V& b) { return math::max(a, b); }
 };
 struct MinReducer : ExtremumReducer<MinReducer> {
-  template <class T> static T identity() { return std::numeric_limits<T>::max(); }
-  template <class V> static V combine(const V& a, const V& b) { return xsimd::min(a, b); }
+  template <class T> XGRAD_HD static T identity() { return std::numeric_limits<T>::max(); }
+  template <class V> XGRAD_HD static V combine(const V& a, const V& b) { return math::min(a, b); }
 };
 
 }  // namespace op
@@ -124,8 +124,7 @@ template <Numeric T> Tensor<T> sum_to(const Tensor<T>& x, const Shape& shape, So
       },
       [shape] {
         return std::vector<ir::Attr>{{"shape", shape.str()}};
-      },
-      OpTraits{.thrust = true}));
+      }));
   if constexpr (FloatingPoint<T>) {
     if (detail::should_record(x)) {
       Shape in_shape = x.shape();
@@ -170,8 +169,7 @@ template <class R, class T> Tensor<T> extremum(std::string_view op, const Tensor
       },
       [&shapes] {
         return std::vector<ir::Attr>{{"shape", shapes.kept.str()}};
-      },
-      OpTraits{.thrust = true}));
+      }));
   if constexpr (FloatingPoint<T>) {
     if (should_record(x)) {
       record(kept, op, loc, {x}, {x}, true, [x](const TensorBase& y, const TensorBase& g) {
@@ -220,8 +218,7 @@ template <Numeric T> Tensor<std::int32_t> argmax(const Tensor<T>& x, std::int64_
       },
       [a] {
         return std::vector<ir::Attr>{{"axis", std::to_string(a)}};
-      },
-      OpTraits{.thrust = true}));
+      }));
 }
 
 }  // namespace xgrad

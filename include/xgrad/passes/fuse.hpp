@@ -20,6 +20,10 @@
 #include <vector>
 
 #include "xgrad/backend/cpu/fused.hpp"
+#if defined(XGRAD_WITH_THRUST)
+#include "xgrad/backend/thrust/fused.hpp"
+#include "xgrad/ops/elementwise.hpp"
+#endif
 #include "xgrad/passes/rewrite.hpp"
 
 namespace xgrad::passes {
@@ -42,6 +46,23 @@ inline std::unique_ptr<ir::Node> body_copy(const ir::Node& node, std::vector<ir:
   copy->inputs = std::move(inputs);
   return copy;
 }
+
+#if defined(XGRAD_WITH_THRUST)
+/// Runs a fused node's body node by node, each through its own kernel: how a group runs off
+/// the cpu when the device has no fused kernel for it.
+inline void run_body(const ir::Graph& body, std::span<const TensorBase> in, std::span<TensorBase> out) {
+  std::vector<TensorBase> env(body.values.size()), node_in, node_out;
+  for (std::size_t i = 0; i < body.inputs.size(); ++i) env[static_cast<std::size_t>(body.inputs[i]->id)] = in[i];
+  for (const auto& node : body.nodes) {
+    node_in.clear();
+    for (const ir::Value* v : node->inputs) node_in.push_back(env[static_cast<std::size_t>(v->id)]);
+    node_out.assign(1, TensorBase());
+    node->kernel(node_in, node_out);
+    env[static_cast<std::size_t>(node->outputs[0]->id)] = std::move(node_out[0]);
+  }
+  for (std::size_t j = 0; j < body.outputs.size(); ++j) out[j] = env[static_cast<std::size_t>(body.outputs[j]->id)];
+}
+#endif
 
 /// The Fused node standing for `members` (indices into g.nodes, in order) and, when given,
 /// the `anchor` node whose output only they read: the group then runs as the anchor's
@@ -109,6 +130,13 @@ inline std::unique_ptr<ir::Node> make_fused(const ir::Graph& g, const std::vecto
     steps.push_back(std::move(step));
     body->append(std::move(copy));
   }
+#if defined(XGRAD_WITH_THRUST)
+  using DeviceGroup = thrust_backend::FusedGroup<op::Fusible>;
+  std::vector<DeviceGroup::Step> device_steps;
+  for (const auto& step : steps) device_steps.push_back({step.op, step.args, step.dtype, step.result});
+  auto device_group = std::make_shared<const std::optional<DeviceGroup>>(
+      DeviceGroup::make(shape, input_types, device_steps, output_slots));
+#endif
   // In place: output j may take input i's buffer when i has the output's shape and element
   // size and no step after the one writing j reads i. Not an anchor's input: the anchor may
   // still be reading it while the group writes its first parts.
@@ -154,7 +182,24 @@ inline std::unique_ptr<ir::Node> make_fused(const ir::Graph& g, const std::vecto
   }
   auto kernel = std::make_shared<const cpu::FusedKernel>(shape, input_types, std::move(steps), std::move(output_slots),
                                                          std::move(epilogue_of));
-  fused->kernel = [kernel](std::span<const TensorBase> in, std::span<TensorBase> out) { (*kernel)(in, out); };
+  ir::Kernel on_cpu = [kernel](std::span<const TensorBase> in, std::span<TensorBase> out) { (*kernel)(in, out); };
+#if defined(XGRAD_WITH_THRUST)
+  // Device::thrust: the anchor (as its own node), then the group as one functor.
+  ir::Kernel anchor_kernel = anchor ? anchor->kernel : ir::Kernel();
+  fused->kernel = [on_cpu, device_group, anchor_kernel, anchor_inputs, body = std::shared_ptr<const ir::Graph>(body)](
+                      std::span<const TensorBase> in, std::span<TensorBase> out) {
+    if (std::none_of(in.begin(), in.end(), [](const TensorBase& t) { return t.device() != Device::cpu; }))
+      return on_cpu(in, out);
+    if (!*device_group) return run_body(*body, in, out);
+    if (!anchor_kernel) return (**device_group)(in, out);
+    std::vector<TensorBase> group_in(in.begin(), in.end());
+    anchor_kernel(in.first(static_cast<std::size_t>(anchor_inputs)), out.last(1));
+    group_in.push_back(out.back());
+    (**device_group)(group_in, out.first(out.size() - 1));
+  };
+#else
+  fused->kernel = std::move(on_cpu);
+#endif
   fused->subgraphs.push_back(std::move(body));
   for (ir::Value* v : fused->outputs) v->producer = fused.get();
   return fused;

@@ -17,6 +17,7 @@
 #endif
 
 #include "xgrad/backend/cpu/thread_pool.hpp"
+#include "xgrad/core/device.hpp"
 #include "xgrad/core/shape.hpp"
 
 namespace xgrad::cpu {
@@ -59,14 +60,14 @@ template <int N> struct BroadcastPlan {
     }
   }
 
-  std::int64_t inner() const { return rank ? dims[rank - 1] : 1; }
-  std::int64_t outer() const {
+  XGRAD_HD std::int64_t inner() const { return rank ? dims[rank - 1] : 1; }
+  XGRAD_HD std::int64_t outer() const {
     std::int64_t n = 1;
     for (int i = 0; i + 1 < rank; ++i) n *= dims[i];
     return n;
   }
   /// Offset of outer row `row` in input k.
-  std::int64_t row_offset(int k, std::int64_t row) const {
+  XGRAD_HD std::int64_t row_offset(int k, std::int64_t row) const {
     std::int64_t off = 0;
     for (int i = rank - 2; i >= 0; --i) {
       off += (row % dims[i]) * strides[k][i];
@@ -74,12 +75,19 @@ template <int N> struct BroadcastPlan {
     }
     return off;
   }
-  std::int64_t inner_stride(int k) const { return rank ? strides[k][rank - 1] : 0; }
+  XGRAD_HD std::int64_t inner_stride(int k) const { return rank ? strides[k][rank - 1] : 0; }
 };
 
 namespace detail {
 
-template <class T> inline constexpr bool simd_type = std::is_same_v<T, float> || std::is_same_v<T, double>;
+/// Op bodies (XGRAD_HD under nvcc) must never see an xsimd batch in nvcc's device pass, which
+/// rejects vector types in device code: there the CPU backend's loops take their scalar form.
+template <class T> inline constexpr bool simd_type =
+#if defined(__CUDA_ARCH__)
+    false;
+#else
+    std::is_same_v<T, float> || std::is_same_v<T, double>;
+#endif
 
 template <class Op, class T>
 concept SimdBody = simd_type<T> && requires(xsimd::batch<T> v) {

@@ -11,6 +11,7 @@
 #include <xsimd/xsimd.hpp>
 
 #include "xgrad/backend/cpu/thread_pool.hpp"
+#include "xgrad/core/device.hpp"
 
 namespace xgrad::cpu {
 
@@ -33,7 +34,7 @@ struct PoolSpan {
   int64_t size() const { return hi - lo; }
 };
 
-inline PoolSpan pool_span(int64_t o, int64_t stride, int64_t pad, int64_t k, int64_t in) {
+XGRAD_HD inline PoolSpan pool_span(int64_t o, int64_t stride, int64_t pad, int64_t k, int64_t in) {
   const int64_t start = o * stride - pad;
   const int64_t lo = std::clamp<int64_t>(start, 0, in);
   return {lo, std::clamp<int64_t>(start + k, lo, in)};

@@ -24,14 +24,14 @@ template <class T, class F> void for_outputs(std::int64_t count, T* out, F f) {
 }
 
 /// The first integer q >= 0 with q * stride >= v, for v possibly negative.
-inline std::int64_t ceil_div_at_least_zero(std::int64_t v, std::int64_t stride) {
+XGRAD_HD inline std::int64_t ceil_div_at_least_zero(std::int64_t v, std::int64_t stride) {
   return v <= 0 ? 0 : (v + stride - 1) / stride;
 }
 
 template <class T> struct ConvForwardFn {
   cpu::Conv2dGeometry g;
   const T *x, *w;
-  T operator()(std::int64_t i) const {  // y[n, co, oh, ow]
+  XGRAD_HD T operator()(std::int64_t i) const {  // y[n, co, oh, ow]
     const std::int64_t ow = i % g.out_w, oh = i / g.out_w % g.out_h, co = i / (g.out_w * g.out_h) % g.c_out,
                        n = i / (g.out_w * g.out_h * g.c_out);
     T acc(0);
@@ -52,7 +52,7 @@ template <class T> struct ConvForwardFn {
 template <class T> struct ConvBackwardInputFn {
   cpu::Conv2dGeometry g;
   const T *gy, *w;
-  T operator()(std::int64_t i) const {  // gx[n, ci, ih, iw]
+  XGRAD_HD T operator()(std::int64_t i) const {  // gx[n, ci, ih, iw]
     const std::int64_t iw = i % g.w, ih = i / g.w % g.h, ci = i / (g.w * g.h) % g.c_in, n = i / (g.w * g.h * g.c_in);
     T acc(0);
     for (std::int64_t co = 0; co < g.c_out; ++co)
@@ -73,7 +73,7 @@ template <class T> struct ConvBackwardInputFn {
 template <class T> struct ConvBackwardWeightFn {
   cpu::Conv2dGeometry g;
   const T *x, *gy;
-  T operator()(std::int64_t i) const {  // gw[co, ci, a, b]
+  XGRAD_HD T operator()(std::int64_t i) const {  // gw[co, ci, a, b]
     const std::int64_t b = i % g.kw, a = i / g.kw % g.kh, ci = i / (g.kw * g.kh) % g.c_in,
                        co = i / (g.kw * g.kh * g.c_in);
     T acc(0);
@@ -95,7 +95,7 @@ template <class T> struct ConvBackwardWeightFn {
 struct PoolWindow {
   std::int64_t plane, row_lo, row_hi, col_lo, col_hi;
 };
-inline PoolWindow pool_window(const cpu::Pool2dGeometry& g, std::int64_t i) {
+XGRAD_HD inline PoolWindow pool_window(const cpu::Pool2dGeometry& g, std::int64_t i) {
   const std::int64_t ow = i % g.out_w, oh = i / g.out_w % g.out_h, plane = i / (g.out_w * g.out_h);
   const auto rows = cpu::detail::pool_span(oh, g.stride_h, g.pad_top, g.kh, g.h);
   const auto cols = cpu::detail::pool_span(ow, g.stride_w, g.pad_left, g.kw, g.w);
@@ -103,8 +103,8 @@ inline PoolWindow pool_window(const cpu::Pool2dGeometry& g, std::int64_t i) {
 }
 
 /// Calls f(o) for each output index o, in order, whose window holds input (ih, iw) of `plane`.
-template <class F> void for_each_window_holding(const cpu::Pool2dGeometry& g, std::int64_t plane, std::int64_t ih,
-                                                std::int64_t iw, F&& f) {
+template <class F> XGRAD_HD void for_each_window_holding(const cpu::Pool2dGeometry& g, std::int64_t plane,
+                                                         std::int64_t ih, std::int64_t iw, F&& f) {
   // Output rows whose window can hold row ih: oh * stride - pad <= ih < oh * stride - pad + kh.
   const std::int64_t oh_lo = ceil_div_at_least_zero(ih + g.pad_top - g.kh + 1, g.stride_h),
                      ow_lo = ceil_div_at_least_zero(iw + g.pad_left - g.kw + 1, g.stride_w);
@@ -115,7 +115,8 @@ template <class F> void for_each_window_holding(const cpu::Pool2dGeometry& g, st
 
 /// Index within the plane of the first maximum of window `win` in row-major order (a NaN
 /// before any number), or -1 for an empty window.
-template <class T> std::int64_t window_argmax(const cpu::Pool2dGeometry& g, const T* plane, const PoolWindow& win) {
+template <class T>
+XGRAD_HD std::int64_t window_argmax(const cpu::Pool2dGeometry& g, const T* plane, const PoolWindow& win) {
   std::int64_t best = -1;
   for (std::int64_t ih = win.row_lo; ih < win.row_hi; ++ih)
     for (std::int64_t iw = win.col_lo; iw < win.col_hi; ++iw) {
@@ -135,7 +136,7 @@ template <class T> std::int64_t window_argmax(const cpu::Pool2dGeometry& g, cons
 template <class T> struct MaxPoolFn {
   cpu::Pool2dGeometry g;
   const T* x;
-  T operator()(std::int64_t i) const {
+  XGRAD_HD T operator()(std::int64_t i) const {
     const PoolWindow win = pool_window(g, i);
     const T* plane = x + win.plane * g.h * g.w;
     const std::int64_t k = window_argmax(g, plane, win);
@@ -147,7 +148,7 @@ template <class T> struct MaxPoolFn {
 template <class T> struct MaxPoolSelectFn {
   cpu::Pool2dGeometry g;
   const T *x, *v;
-  T operator()(std::int64_t i) const {
+  XGRAD_HD T operator()(std::int64_t i) const {
     const PoolWindow win = pool_window(g, i);
     const std::int64_t k = window_argmax(g, x + win.plane * g.h * g.w, win);
     return k < 0 ? T(0) : v[win.plane * g.h * g.w + k];
@@ -159,7 +160,7 @@ template <class T> struct MaxPoolSelectFn {
 template <class T> struct MaxPoolScatterFn {
   cpu::Pool2dGeometry g;
   const T *x, *gy;
-  T operator()(std::int64_t i) const {
+  XGRAD_HD T operator()(std::int64_t i) const {
     const std::int64_t iw = i % g.w, ih = i / g.w % g.h, plane = i / (g.w * g.h);
     T acc(0);
     for_each_window_holding(g, plane, ih, iw, [&](std::int64_t o) {
@@ -173,7 +174,7 @@ template <class T> struct MaxPoolScatterFn {
 template <class T> struct AvgPoolFn {
   cpu::Pool2dGeometry g;
   const T* x;
-  T operator()(std::int64_t i) const {
+  XGRAD_HD T operator()(std::int64_t i) const {
     const PoolWindow win = pool_window(g, i);
     if (win.row_hi == win.row_lo || win.col_hi == win.col_lo) return T(0);
     const T* plane = x + win.plane * g.h * g.w;
@@ -191,7 +192,7 @@ template <class T> struct AvgPoolFn {
 template <class T> struct AvgPoolBackwardFn {
   cpu::Pool2dGeometry g;
   const T* gy;
-  T operator()(std::int64_t i) const {
+  XGRAD_HD T operator()(std::int64_t i) const {
     const std::int64_t iw = i % g.w, ih = i / g.w % g.h, plane = i / (g.w * g.h);
     T acc(0);
     for_each_window_holding(g, plane, ih, iw, [&](std::int64_t o) {

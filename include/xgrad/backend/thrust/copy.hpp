@@ -11,6 +11,7 @@
 #include <thrust/iterator/counting_iterator.h>
 #include <thrust/iterator/transform_iterator.h>
 #include <thrust/reduce.h>
+#include <thrust/tabulate.h>
 #include <thrust/transform.h>
 
 #include "xgrad/backend/cpu/copy.hpp"
@@ -29,7 +30,7 @@ template <class T> struct StridedCopyFn {
   cpu::Strides src_strides;
   T* dst;
   cpu::Strides dst_strides;
-  void operator()(std::int64_t i) const {
+  XGRAD_HD void operator()(std::int64_t i) const {
     std::int64_t so = 0, dof = 0;
     for (int k = shape.ndim() - 1; k >= 0; --k) {
       const std::int64_t idx = i % shape[k];
@@ -44,7 +45,7 @@ template <class T> struct StridedCopyFn {
 template <class R, class T> struct ReduceFn {
   const T* x;
   std::int64_t reduced, inner;
-  T operator()(std::int64_t k) const {  // output k of [outer, inner]
+  XGRAD_HD T operator()(std::int64_t k) const {  // output k of [outer, inner]
     const T* src = x + (k / inner) * reduced * inner + k % inner;
     T acc = R::template identity<T>();
     for (std::int64_t r = 0; r < reduced; ++r) acc = R::combine(acc, src[r * inner]);
@@ -53,13 +54,13 @@ template <class R, class T> struct ReduceFn {
 };
 
 template <class R> struct CombineFn {
-  template <class T> T operator()(const T& a, const T& b) const { return R::combine(a, b); }
+  template <class T> XGRAD_HD T operator()(const T& a, const T& b) const { return R::combine(a, b); }
 };
 
 template <class T, class I> struct ArgmaxFn {
   const T* x;
   std::int64_t reduced, inner;
-  I operator()(std::int64_t k) const {  // the first largest; NaN counts as largest (cpu::argmax)
+  XGRAD_HD I operator()(std::int64_t k) const {  // the first largest; NaN counts as largest (cpu::argmax)
     const T* src = x + (k / inner) * reduced * inner + k % inner;
     std::int64_t best = 0;
     for (std::int64_t r = 1; r < reduced; ++r) {
@@ -71,7 +72,7 @@ template <class T, class I> struct ArgmaxFn {
 };
 
 template <class U, class T> struct CastFn {
-  U operator()(const T& v) const { return static_cast<U>(v); }
+  XGRAD_HD U operator()(const T& v) const { return static_cast<U>(v); }
 };
 
 }  // namespace detail
@@ -81,6 +82,11 @@ template <class T> void strided_copy(const Shape& shape, const T* src, const cpu
                                      const cpu::Strides& dst_strides) {
   thrust::for_each(thrust::device, detail::indices(), detail::indices(shape.numel()),
                    detail::StridedCopyFn<T>{shape, src, src_strides, dst, dst_strides});
+}
+
+/// dst[i] = f(i) for i < n; f is a host-and-device functor (XGRAD_HD).
+template <class T, class F> void tabulate(T* dst, std::int64_t n, F f) {
+  thrust::tabulate(thrust::device, thrust::device_ptr<T>(dst), thrust::device_ptr<T>(dst) + n, f);
 }
 
 template <class T> void fill(T* dst, std::int64_t n, T value) {

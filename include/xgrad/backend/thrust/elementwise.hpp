@@ -34,14 +34,14 @@ template <class Op, class R, class... T> struct ElementwiseFn {
   cpu::BroadcastPlan<N> plan;
   std::tuple<Operand<T>...> in;
 
-  R operator()(std::int64_t i) const {
+  XGRAD_HD R operator()(std::int64_t i) const {
     const std::int64_t inner = plan.inner(), row = i / inner, col = i % inner;
     return [&]<std::size_t... k>(std::index_sequence<k...>) { return static_cast<R>(Op::apply(load<k>(row, col)...)); }
     (std::index_sequence_for<T...>{});
   }
 
  private:
-  template <std::size_t k> auto load(std::int64_t row, std::int64_t col) const {
+  template <std::size_t k> XGRAD_HD auto load(std::int64_t row, std::int64_t col) const {
     const auto& x = std::get<k>(in);
     if (!x.data) return x.value;
     const int input = static_cast<int>(k);

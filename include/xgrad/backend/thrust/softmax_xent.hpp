@@ -11,13 +11,15 @@
 #include <thrust/iterator/counting_iterator.h>
 #include <thrust/transform.h>
 
+#include "xgrad/core/device.hpp"
+
 namespace xgrad::thrust_backend {
 
 namespace detail {
 
 /// A row's maximum and the sum of exp(x - maximum) over it (cpu::softmax_row).
 template <class T> struct RowStats { T shift, sum; };
-template <class T> RowStats<T> row_stats(const T* x, std::int64_t classes) {
+template <class T> XGRAD_HD RowStats<T> row_stats(const T* x, std::int64_t classes) {
   T shift = x[0];
   for (std::int64_t c = 1; c < classes; ++c) shift = x[c] > shift ? x[c] : shift;
   T sum = 0;
@@ -29,7 +31,7 @@ template <class T> struct XentForwardFn {
   const T* logits;
   const std::int32_t* labels;
   std::int64_t classes;
-  T operator()(std::int64_t i) const {
+  XGRAD_HD T operator()(std::int64_t i) const {
     const T* x = logits + i * classes;
     const RowStats<T> s = row_stats(x, classes);
     return std::log(s.sum) - (x[labels[i]] - s.shift);
@@ -42,7 +44,7 @@ template <class T> struct XentBackwardFn {
   const T* g;
   std::int64_t classes;
   T* grad;
-  void operator()(std::int64_t i) const {
+  XGRAD_HD void operator()(std::int64_t i) const {
     const T* x = logits + i * classes;
     T* out = grad + i * classes;
     const RowStats<T> s = row_stats(x, classes);
