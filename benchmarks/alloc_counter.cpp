@@ -76,6 +76,12 @@ std::uint64_t operator_new_calls() noexcept { return g_operator_new_calls.load(s
 
 // ---- allocation ------------------------------------------------------------------------------
 
+#if defined(__NVCC__)
+// nvcc takes the global operator new for host-and-device; these replace the host one only.
+#pragma nv_diagnostic push
+#pragma nv_diag_suppress 20011
+#endif
+
 void* operator new(std::size_t bytes) { return allocate(bytes); }
 void* operator new[](std::size_t bytes) { return allocate(bytes); }
 void* operator new(std::size_t bytes, const std::nothrow_t&) noexcept { return allocate_nothrow(bytes); }
@@ -88,6 +94,10 @@ void* operator new(std::size_t bytes, std::align_val_t align, const std::nothrow
 void* operator new[](std::size_t bytes, std::align_val_t align, const std::nothrow_t&) noexcept {
   return allocate_aligned_nothrow(bytes, align);
 }
+
+#if defined(__NVCC__)
+#pragma nv_diagnostic pop
+#endif
 
 // ---- deallocation: malloc and aligned_alloc memory both go back through std::free ------------
 

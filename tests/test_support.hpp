@@ -15,7 +15,21 @@
 #include <system_error>
 #include <vector>
 
+#include <xgrad/xgrad.hpp>
+
 namespace xgrad::testing {
+
+/// A program with all three control-flow primitives: a branch on the data, a fixed loop, a loop
+/// until a condition.
+inline Tensor<double> control_flow_program(const Tensor<double>& x, const Tensor<double>& w) {
+  using T = Tensor<double>;
+  auto y = cond(
+      sum(x) > 0.0, [&w](const T& a) { return a * w; }, [](const T& a) { return exp(a); }, x);
+  auto z = fori_loop(
+      0, 3, [&w](Tensor<std::int32_t> i, const T& c) { return tanh(c * w + cast<double>(i)); }, y);
+  return while_loop([](const T& c) { return sum(c * c) < 40.0; }, [](const T& c) { return c * 1.5; }, z,
+                    {.max_iters = 50});
+}
 
 inline bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 

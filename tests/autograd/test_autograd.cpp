@@ -26,8 +26,8 @@ void check_close(const xg::Tensor<T>& actual, const std::vector<double>& expecte
   auto v = actual.to_vector();
   REQUIRE(v.size() == expected.size());
   for (std::size_t i = 0; i < v.size(); ++i) {
-    INFO("element ", i, ": got ", v[i], ", expected ", expected[i]);
-    CHECK(std::abs(static_cast<double>(v[i]) - expected[i]) <= tol * (1.0 + std::abs(expected[i])));
+    CHECK_MESSAGE(std::abs(static_cast<double>(v[i]) - expected[i]) <= tol * (1.0 + std::abs(expected[i])),
+                  "element " << i << ": got " << v[i] << ", expected " << expected[i]);
   }
 }
 

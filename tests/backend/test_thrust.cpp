@@ -308,14 +308,7 @@ TEST_CASE("thrust: a fused group runs on the device as one functor, bit for bit 
 
 TEST_CASE("thrust: cond, fori_loop and while_loop run on the device, eagerly and compiled, with gradients") {
   using T = xg::Tensor<double>;
-  auto program = [](const T& x, const T& w) {
-    auto y = xg::cond(
-        xg::sum(x) > 0.0, [&w](const T& a) { return a * w; }, [](const T& a) { return xg::exp(a); }, x);
-    auto z = xg::fori_loop(
-        0, 3, [&w](xg::Tensor<std::int32_t> i, const T& c) { return xg::tanh(c * w + xg::cast<double>(i)); }, y);
-    return xg::while_loop([](const T& c) { return xg::sum(c * c) < 40.0; }, [](const T& c) { return c * 1.5; }, z,
-                          {.max_iters = 50});
-  };
+  const auto program = xgrad::testing::control_flow_program;
   auto gradients = xg::grad(program, xg::argnums<0, 1>);
   auto jitted = xg::jit(program);
   auto jitted_gradients = xg::jit(gradients);
@@ -433,6 +426,47 @@ TEST_CASE("thrust: LeNet5 trains 100 steps on Device::thrust with the cpu run's 
     }
   }
   xg::set_mode(saved_mode);
+}
+
+TEST_CASE("thrust: reductions over long segments, cut into chunks reduced in parallel, match the cpu backend") {
+  // Few outputs over long axes take the two-pass path; the sums differ from the cpu's in
+  // rounding only, the extrema not at all.
+  const auto x = xg::randn<double>({3, 5000, 2}, 7);
+  const auto xd = x.to(xg::Device::thrust);
+  auto same = [](const auto& on_device, const auto& on_cpu, double rel) {
+    CHECK(on_device.device() == xg::Device::thrust);
+    REQUIRE(on_device.shape() == on_cpu.shape());
+    const auto d = on_device.to_vector(), c = on_cpu.to_vector();
+    for (std::size_t i = 0; i < c.size(); ++i) CHECK(close(d[i], c[i], rel));
+  };
+  same(xg::sum(xd, {1}), xg::sum(x, {1}), 1e-12);
+  same(xg::mean(xd, {1}), xg::mean(x, {1}), 1e-12);
+  same(xg::max(xd, {1}), xg::max(x, {1}), 0);
+  same(xg::min(xd, {0, 1}), xg::min(x, {0, 1}), 0);
+  same(xg::sum(xd, {2}), xg::sum(x, {2}), 1e-12);  // short segments: one pass
+  const auto ones = xg::ones<std::int32_t>({2, 1000});
+  same(xg::sum(ones.to(xg::Device::thrust), {1}), xg::sum(ones, {1}), 0);
+}
+
+TEST_CASE("thrust: a convolution whose im2col matrix exceeds the scratch budget runs in chunks of images") {
+  // 16 x 4 x 4 taps over 182 x 182 positions: 8.5M elements of col per image, over half the 2^24
+  // budget, so each of the 3 images is its own chunk (the weight gradient sums across chunks).
+  auto run = [](xg::Device device) {
+    DefaultDevice on(device);
+    auto x = xg::randn<double>({3, 16, 185, 185}, 11).to(device).set_requires_grad(true);
+    auto w = xg::randn<double>({2, 16, 4, 4}, 12).to(device).set_requires_grad(true);
+    auto y = xg::conv2d(x, w);
+    xg::sum(y * xg::randn<double>(y.shape(), 13).to(device)).backward();
+    return std::vector<std::vector<double>>{y.to_vector(), x.grad().to_vector(), w.grad().to_vector()};
+  };
+  const auto on_device = run(xg::Device::thrust), on_cpu = run(xg::Device::cpu);
+  for (std::size_t k = 0; k < on_cpu.size(); ++k) {
+    CAPTURE(k);
+    REQUIRE(on_device[k].size() == on_cpu[k].size());
+    std::size_t mismatches = 0;
+    for (std::size_t i = 0; i < on_cpu[k].size(); ++i) mismatches += !close(on_device[k][i], on_cpu[k][i], 1e-10);
+    CHECK(mismatches == 0);
+  }
 }
 
 #endif  // XGRAD_WITH_THRUST

@@ -40,15 +40,7 @@ template <class F> T numeric_grad(F f, const T& x) {
   return xg::tensor<double>(g, x.shape());
 }
 
-// A program with all three: a branch on the data, a fixed loop, a loop until a condition.
-T program(const T& x, const T& w) {
-  auto y = xg::cond(
-      xg::sum(x) > 0.0, [&w](const T& a) { return a * w; }, [](const T& a) { return xg::exp(a); }, x);
-  auto z = xg::fori_loop(
-      0, 3, [&w](xg::Tensor<std::int32_t> i, const T& c) { return xg::tanh(c * w + xg::cast<double>(i)); }, y);
-  return xg::while_loop([](const T& c) { return xg::sum(c * c) < 40.0; }, [](const T& c) { return c * 1.5; }, z,
-                        {.max_iters = 50});
-}
+constexpr auto program = &xgrad::testing::control_flow_program;
 
 }  // namespace
 

@@ -368,28 +368,31 @@ void merged_run(const void* const* in, const std::int64_t* stride, T* out, std::
 /// Op(P(a, b[, c])): P's operands are the kernel's inputs.
 template <class Op, class P, class T>
 void unary_after_block(const void* const* in, const std::int64_t* stride, void* out, std::int64_t n) {
-  detail::merged_run<detail::batch_arity<P, T>>(
-      in, stride, static_cast<T*>(out), n, [](const auto&... v) { return Op::apply(detail::opaque(P::apply(v...))); });
+  if constexpr (detail::simd_type<T>)  // false in nvcc's device pass, which cannot hold batches
+    detail::merged_run<detail::batch_arity<P, T>>(in, stride, static_cast<T*>(out), n, [](const auto&... v) {
+      return Op::apply(detail::opaque(P::apply(v...)));
+    });
 }
 
 /// E(..., Op(x), ...) with Op(x) as E's operand `pos`: input 0 is x, then E's other operands.
 template <class Op, class E, std::size_t pos, class T>
 void unary_into_block(const void* const* in, const std::int64_t* stride, void* out, std::int64_t n) {
   constexpr std::size_t arity = detail::batch_arity<E, T>;
-  detail::merged_run<arity>(in, stride, static_cast<T*>(out), n, [](const auto& x, const auto&... rest) {
-    const auto u = detail::opaque(Op::apply(x));
-    const auto others = std::tie(rest...);
-    auto operand = [&]<std::size_t j>(std::integral_constant<std::size_t, j>) -> const auto& {
-      if constexpr (j == pos)
-        return u;
-      else
-        return std::get<(j < pos ? j : j - 1)>(others);
-    };
-    return [&]<std::size_t... j>(std::index_sequence<j...>) {
-      return E::apply(operand(std::integral_constant<std::size_t, j>{})...);
-    }
-    (std::make_index_sequence<arity>{});
-  });
+  if constexpr (detail::simd_type<T>)  // false in nvcc's device pass, which cannot hold batches
+    detail::merged_run<arity>(in, stride, static_cast<T*>(out), n, [](const auto& x, const auto&... rest) {
+      const auto u = detail::opaque(Op::apply(x));
+      const auto others = std::tie(rest...);
+      auto operand = [&]<std::size_t j>(std::integral_constant<std::size_t, j>) -> const auto& {
+        if constexpr (j == pos)
+          return u;
+        else
+          return std::get<(j < pos ? j : j - 1)>(others);
+      };
+      return [&]<std::size_t... j>(std::index_sequence<j...>) {
+        return E::apply(operand(std::integral_constant<std::size_t, j>{})...);
+      }
+      (std::make_index_sequence<arity>{});
+    });
 }
 
 }  // namespace xgrad::cpu

@@ -1,18 +1,26 @@
-// Device::thrust convolution and pooling: each output element computed directly from its window
-// (one functor call per element, gathers only: no atomics). The semantics are the cpu kernels'
-// (backend/cpu/conv.hpp, pool.hpp): count_include_pad = false for averages, an empty window
-// gives 0, and max pooling's argmax is the first maximum in row-major order, a NaN first.
+// Device::thrust convolution and pooling. A convolution is im2col + GEMM: the input patches
+// each output position reads become the columns of a matrix (col), and batched_gemm (cuBLAS on a
+// GPU) multiplies it by the weights; its gradients are the transposed products, with col2im
+// (im2col's adjoint, as a gather) back to the input. Pooling computes each output element from
+// its window (gathers only: no atomics). The semantics are the cpu kernels' (backend/cpu/conv.hpp,
+// pool.hpp): count_include_pad = false for averages, an empty window gives 0, and max pooling's
+// argmax is the first maximum in row-major order, a NaN first.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include <thrust/device_ptr.h>
 #include <thrust/execution_policy.h>
+#include <thrust/fill.h>
+#include <thrust/for_each.h>
 #include <thrust/iterator/counting_iterator.h>
 #include <thrust/transform.h>
 
 #include "xgrad/backend/cpu/conv.hpp"
 #include "xgrad/backend/cpu/pool.hpp"
+#include "xgrad/backend/thrust/gemm.hpp"
+#include "xgrad/backend/thrust/memory.hpp"
 
 namespace xgrad::thrust_backend {
 
@@ -28,68 +36,71 @@ XGRAD_HD inline std::int64_t ceil_div_at_least_zero(std::int64_t v, std::int64_t
   return v <= 0 ? 0 : (v + stride - 1) / stride;
 }
 
-template <class T> struct ConvForwardFn {
+/// col[n][K = (ci, a, b)][P = (oh, ow)] for the images from `first`: the input element kernel
+/// tap (ci, a, b) reads at output position (oh, ow), 0 in the padding.
+template <class T> struct Im2ColFn {
   cpu::Conv2dGeometry g;
-  const T *x, *w;
-  XGRAD_HD T operator()(std::int64_t i) const {  // y[n, co, oh, ow]
-    const std::int64_t ow = i % g.out_w, oh = i / g.out_w % g.out_h, co = i / (g.out_w * g.out_h) % g.c_out,
-                       n = i / (g.out_w * g.out_h * g.c_out);
-    T acc(0);
-    for (std::int64_t ci = 0; ci < g.c_in; ++ci)
-      for (std::int64_t a = 0; a < g.kh; ++a) {
-        const std::int64_t ih = oh * g.stride_h - g.pad_top + a * g.dil_h;
-        if (ih < 0 || ih >= g.h) continue;
-        for (std::int64_t b = 0; b < g.kw; ++b) {
-          const std::int64_t iw = ow * g.stride_w - g.pad_left + b * g.dil_w;
-          if (iw < 0 || iw >= g.w) continue;
-          acc += x[((n * g.c_in + ci) * g.h + ih) * g.w + iw] * w[((co * g.c_in + ci) * g.kh + a) * g.kw + b];
-        }
-      }
-    return acc;
+  const T* x;
+  std::int64_t first;
+  XGRAD_HD T operator()(std::int64_t i) const {
+    const std::int64_t ow = i % g.out_w, oh = i / g.out_w % g.out_h, tap = i / (g.out_w * g.out_h);
+    const std::int64_t b = tap % g.kw, a = tap / g.kw % g.kh, ci = tap / (g.kw * g.kh) % g.c_in,
+                       n = first + tap / (g.kw * g.kh * g.c_in);
+    const std::int64_t ih = oh * g.stride_h - g.pad_top + a * g.dil_h, iw = ow * g.stride_w - g.pad_left + b * g.dil_w;
+    return ih < 0 || ih >= g.h || iw < 0 || iw >= g.w ? T(0) : x[((n * g.c_in + ci) * g.h + ih) * g.w + iw];
   }
 };
 
-template <class T> struct ConvBackwardInputFn {
+/// gx[n, ci, ih, iw], n counted from the chunk's first image: the sum of the col entries im2col
+/// fills from that input element (im2col's adjoint, gathered so no two threads write one element).
+template <class T> struct Col2ImFn {
   cpu::Conv2dGeometry g;
-  const T *gy, *w;
-  XGRAD_HD T operator()(std::int64_t i) const {  // gx[n, ci, ih, iw]
+  const T* col;
+  XGRAD_HD T operator()(std::int64_t i) const {
     const std::int64_t iw = i % g.w, ih = i / g.w % g.h, ci = i / (g.w * g.h) % g.c_in, n = i / (g.w * g.h * g.c_in);
+    const std::int64_t positions = g.out_h * g.out_w;
     T acc(0);
-    for (std::int64_t co = 0; co < g.c_out; ++co)
-      for (std::int64_t a = 0; a < g.kh; ++a) {
-        const std::int64_t th = ih + g.pad_top - a * g.dil_h;  // = oh * stride_h
-        if (th < 0 || th % g.stride_h != 0 || th / g.stride_h >= g.out_h) continue;
-        for (std::int64_t b = 0; b < g.kw; ++b) {
-          const std::int64_t tw = iw + g.pad_left - b * g.dil_w;
-          if (tw < 0 || tw % g.stride_w != 0 || tw / g.stride_w >= g.out_w) continue;
-          acc += gy[((n * g.c_out + co) * g.out_h + th / g.stride_h) * g.out_w + tw / g.stride_w] *
-                 w[((co * g.c_in + ci) * g.kh + a) * g.kw + b];
-        }
+    for (std::int64_t a = 0; a < g.kh; ++a) {
+      const std::int64_t th = ih + g.pad_top - a * g.dil_h;  // = oh * stride_h
+      if (th < 0 || th % g.stride_h != 0 || th / g.stride_h >= g.out_h) continue;
+      for (std::int64_t b = 0; b < g.kw; ++b) {
+        const std::int64_t tw = iw + g.pad_left - b * g.dil_w;
+        if (tw < 0 || tw % g.stride_w != 0 || tw / g.stride_w >= g.out_w) continue;
+        const std::int64_t tap = (ci * g.kh + a) * g.kw + b;
+        acc += col[(n * g.c_in * g.kh * g.kw + tap) * positions + th / g.stride_h * g.out_w + tw / g.stride_w];
       }
+    }
     return acc;
   }
 };
 
-template <class T> struct ConvBackwardWeightFn {
-  cpu::Conv2dGeometry g;
-  const T *x, *gy;
-  XGRAD_HD T operator()(std::int64_t i) const {  // gw[co, ci, a, b]
-    const std::int64_t b = i % g.kw, a = i / g.kw % g.kh, ci = i / (g.kw * g.kh) % g.c_in,
-                       co = i / (g.kw * g.kh * g.c_in);
-    T acc(0);
-    for (std::int64_t n = 0; n < g.n; ++n)
-      for (std::int64_t oh = 0; oh < g.out_h; ++oh) {
-        const std::int64_t ih = oh * g.stride_h - g.pad_top + a * g.dil_h;
-        if (ih < 0 || ih >= g.h) continue;
-        for (std::int64_t ow = 0; ow < g.out_w; ++ow) {
-          const std::int64_t iw = ow * g.stride_w - g.pad_left + b * g.dil_w;
-          if (iw < 0 || iw >= g.w) continue;
-          acc += gy[((n * g.c_out + co) * g.out_h + oh) * g.out_w + ow] * x[((n * g.c_in + ci) * g.h + ih) * g.w + iw];
-        }
-      }
-    return acc;
+/// gw[j] = (gw[j] when accumulating) + the per-image partial products partial[n][j], in image order.
+template <class T> struct SumImagesFn {
+  const T* partial;
+  T* gw;
+  std::int64_t size, images;
+  bool accumulate;
+  XGRAD_HD void operator()(std::int64_t j) const {
+    T acc = accumulate ? gw[j] : T(0);
+    for (std::int64_t n = 0; n < images; ++n) acc += partial[n * size + j];
+    gw[j] = acc;
   }
 };
+
+/// Calls f(first, count) for runs of images whose col matrices together stay under a budget, so
+/// the scratch col buffer stays bounded however large the batch.
+template <class F> void for_image_chunks(const cpu::Conv2dGeometry& g, F f) {
+  constexpr std::int64_t kColBudget = std::int64_t{1} << 24;  // elements
+  const std::int64_t per_image = std::max<std::int64_t>(1, g.c_in * g.kh * g.kw * g.out_h * g.out_w);
+  const std::int64_t chunk = std::clamp<std::int64_t>(kColBudget / per_image, 1, std::max<std::int64_t>(1, g.n));
+  for (std::int64_t first = 0; first < g.n; first += chunk) f(first, std::min(chunk, g.n - first));
+}
+
+/// The batch plan of `images` matrix products; a shared operand is the same matrix for all.
+inline cpu::BroadcastPlan<2> image_batch(std::int64_t images, bool a_shared) {
+  const Shape batch{images}, one{1};
+  return cpu::BroadcastPlan<2>(batch, {a_shared ? &one : &batch, &batch});
+}
 
 /// Window o's in-bounds rows and columns, and its plane, for pooling output index i.
 struct PoolWindow {
@@ -205,15 +216,48 @@ template <class T> struct AvgPoolBackwardFn {
 
 }  // namespace detail
 
+/// y[n] = w (c_out x K) @ col[n] (K x P), per chunk of images.
 template <class T> void conv2d_forward(const cpu::Conv2dGeometry& g, const T* x, const T* w, T* y) {
-  detail::for_outputs(g.n * g.c_out * g.out_h * g.out_w, y, detail::ConvForwardFn<T>{g, x, w});
+  const std::int64_t taps = g.c_in * g.kh * g.kw, positions = g.out_h * g.out_w;
+  detail::for_image_chunks(g, [&](std::int64_t first, std::int64_t images) {
+    Scratch<T> col(static_cast<std::size_t>(images * taps * positions));
+    detail::for_outputs(images * taps * positions, col.data(), detail::Im2ColFn<T>{g, x, first});
+    batched_gemm(detail::image_batch(images, true), images, g.c_out, positions, taps, w, taps, 1, col.data(), positions,
+                 1, y + first * g.c_out * positions);
+  });
 }
+
+/// gcol[n] = w^T (K x c_out) @ gy[n] (c_out x P), then col2im into gx.
 template <class T> void conv2d_backward_input(const cpu::Conv2dGeometry& g, const T* gy, const T* w, T* gx) {
-  detail::for_outputs(g.n * g.c_in * g.h * g.w, gx, detail::ConvBackwardInputFn<T>{g, gy, w});
+  const std::int64_t taps = g.c_in * g.kh * g.kw, positions = g.out_h * g.out_w;
+  detail::for_image_chunks(g, [&](std::int64_t first, std::int64_t images) {
+    Scratch<T> col(static_cast<std::size_t>(images * taps * positions));
+    batched_gemm(detail::image_batch(images, true), images, taps, positions, g.c_out, w, 1, taps,
+                 gy + first * g.c_out * positions, positions, 1, col.data());
+    detail::for_outputs(images * g.c_in * g.h * g.w, gx + first * g.c_in * g.h * g.w,
+                        detail::Col2ImFn<T>{g, col.data()});
+  });
 }
+
+/// gw = the sum over n of gy[n] (c_out x P) @ col[n]^T (P x K): per-image products, then their sum.
 template <class T> void conv2d_backward_weight(const cpu::Conv2dGeometry& g, const T* x, const T* gy, T* gw) {
-  detail::for_outputs(g.c_out * g.c_in * g.kh * g.kw, gw, detail::ConvBackwardWeightFn<T>{g, x, gy});
+  const std::int64_t taps = g.c_in * g.kh * g.kw, positions = g.out_h * g.out_w, size = g.c_out * taps;
+  if (g.n == 0) {
+    thrust::fill_n(thrust::device, thrust::device_ptr<T>(gw), size, T(0));
+    return;
+  }
+  detail::for_image_chunks(g, [&](std::int64_t first, std::int64_t images) {
+    Scratch<T> col(static_cast<std::size_t>(images * taps * positions));
+    Scratch<T> partial(static_cast<std::size_t>(images * size));
+    detail::for_outputs(images * taps * positions, col.data(), detail::Im2ColFn<T>{g, x, first});
+    batched_gemm(detail::image_batch(images, false), images, g.c_out, taps, positions, gy + first * g.c_out * positions,
+                 positions, 1, col.data(), 1, positions, partial.data());
+    thrust::counting_iterator<std::int64_t> begin(0);
+    thrust::for_each(thrust::device, begin, begin + size,
+                     detail::SumImagesFn<T>{partial.data(), gw, size, images, first > 0});
+  });
 }
+
 template <class T> void max_pool2d_forward(const cpu::Pool2dGeometry& g, const T* x, T* y) {
   detail::for_outputs(g.n * g.c * g.out_h * g.out_w, y, detail::MaxPoolFn<T>{g, x});
 }

@@ -1,7 +1,9 @@
 // Device::thrust data movement and reductions: the Thrust forms of backend/cpu/copy.hpp and
-// backend/cpu/reduce.hpp, each one thrust::transform (or reduce) over output indices.
+// backend/cpu/reduce.hpp, each one thrust::transform (or reduce) over output indices, a
+// reduction over long segments in two passes.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include <thrust/device_ptr.h>
@@ -15,6 +17,7 @@
 #include <thrust/transform.h>
 
 #include "xgrad/backend/cpu/copy.hpp"
+#include "xgrad/backend/thrust/memory.hpp"
 
 namespace xgrad::thrust_backend {
 
@@ -49,6 +52,21 @@ template <class R, class T> struct ReduceFn {
     const T* src = x + (k / inner) * reduced * inner + k % inner;
     T acc = R::template identity<T>();
     for (std::int64_t r = 0; r < reduced; ++r) acc = R::combine(acc, src[r * inner]);
+    return acc;
+  }
+};
+
+/// Partial c of output k (i = k * chunks + c): the R-combination of the chunk's stretch of the
+/// reduced axis.
+template <class R, class T> struct PartialReduceFn {
+  const T* x;
+  std::int64_t reduced, inner, chunks, chunk_len;
+  XGRAD_HD T operator()(std::int64_t i) const {
+    const std::int64_t k = i / chunks, lo = i % chunks * chunk_len,
+                       hi = lo + chunk_len < reduced ? lo + chunk_len : reduced;
+    const T* src = x + (k / inner) * reduced * inner + k % inner;
+    T acc = R::template identity<T>();
+    for (std::int64_t r = lo; r < hi; ++r) acc = R::combine(acc, src[r * inner]);
     return acc;
   }
 };
@@ -98,17 +116,32 @@ template <class U, class T> void cast(const T* src, U* dst, std::int64_t n) {
                     thrust::device_ptr<U>(dst), detail::CastFn<U, T>{});
 }
 
-/// y[o, j] = R-combination of x[o, r, j] over r (cpu::reduce); one output: a parallel reduce.
+/// y[o, j] = R-combination of x[o, r, j] over r (cpu::reduce). One output: a parallel reduce.
+/// Outputs too few to keep the device busy, over long segments: each segment is cut into chunks
+/// reduced in parallel, then each output combines its chunks' partial results.
 template <class R, class T>
 void reduce(const T* x, T* y, std::int64_t outer, std::int64_t reduced, std::int64_t inner) {
-  if (outer * inner == 1) {
+  const std::int64_t outputs = outer * inner;
+  if (outputs == 1) {
     const T value =
         thrust::reduce(thrust::device, thrust::device_ptr<const T>(x), thrust::device_ptr<const T>(x) + reduced,
                        R::template identity<T>(), detail::CombineFn<R>{});
     fill(y, 1, value);
     return;
   }
-  thrust::transform(thrust::device, detail::indices(), detail::indices(outer * inner), thrust::device_ptr<T>(y),
+  constexpr std::int64_t kBusy = std::int64_t{1} << 14, kMinChunk = 64;  // parallel tasks wanted; chunk length
+  if (outputs < kBusy && reduced >= 2 * kMinChunk) {
+    const std::int64_t wanted = std::min((reduced + kMinChunk - 1) / kMinChunk, (kBusy + outputs - 1) / outputs);
+    const std::int64_t chunk_len = (reduced + wanted - 1) / wanted, chunks = (reduced + chunk_len - 1) / chunk_len;
+    Scratch<T> partial(static_cast<std::size_t>(outputs * chunks));
+    thrust::transform(thrust::device, detail::indices(), detail::indices(outputs * chunks),
+                      thrust::device_ptr<T>(partial.data()),
+                      detail::PartialReduceFn<R, T>{x, reduced, inner, chunks, chunk_len});
+    thrust::transform(thrust::device, detail::indices(), detail::indices(outputs), thrust::device_ptr<T>(y),
+                      detail::ReduceFn<R, T>{partial.data(), chunks, 1});
+    return;
+  }
+  thrust::transform(thrust::device, detail::indices(), detail::indices(outputs), thrust::device_ptr<T>(y),
                     detail::ReduceFn<R, T>{x, reduced, inner});
 }
 

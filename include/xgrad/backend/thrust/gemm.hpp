@@ -1,8 +1,8 @@
 // Device::thrust matrix products: a batch of C = op(A) @ op(B) over broadcast batch axes. On a
 // GPU (THRUST_DEVICE_SYSTEM_CUDA) cuBLAS computes them. Elsewhere, and for layouts cuBLAS does not
-// take, one thrust::transform over C's elements, each a dot product along k read through the
-// operands' strides (so transposes are never materialized): correct on every Thrust system, not
-// a fast GEMM.
+// take, one thrust::for_each over 4 x 4 tiles of C, each accumulated in registers along k from
+// the operands' strides (so transposes are never materialized): every element of A and B read
+// serves four products, and each element of C is one fma chain along k.
 #pragma once
 
 #include <algorithm>
@@ -15,8 +15,8 @@
 
 #include <thrust/device_ptr.h>
 #include <thrust/execution_policy.h>
+#include <thrust/for_each.h>
 #include <thrust/iterator/counting_iterator.h>
-#include <thrust/transform.h>
 
 #if THRUST_DEVICE_SYSTEM == THRUST_DEVICE_SYSTEM_CUDA
 #include <cublas_v2.h>
@@ -28,22 +28,37 @@ namespace xgrad::thrust_backend {
 
 namespace detail {
 
-template <class T> struct GemmFn {
+inline constexpr std::int64_t kGemmTile = 4;
+
+/// Computes tile `index` of the batch: rows r0.. and columns c0.. of matrix i of C.
+template <class T> struct GemmTileFn {
   cpu::BroadcastPlan<2> plan;  // over the batch axes; its strides count matrices
   std::int64_t m, n, k;
   const T* a;
   std::int64_t a_rs, a_cs;
   const T* b;
   std::int64_t b_rs, b_cs;
+  T* c;
+  std::int64_t tiles_m, tiles_n;
 
-  XGRAD_HD T operator()(std::int64_t index) const {
-    const std::int64_t i = index / (m * n), row = index % (m * n) / n, col = index % n;
+  XGRAD_HD void operator()(std::int64_t index) const {
+    const std::int64_t i = index / (tiles_m * tiles_n), tile = index % (tiles_m * tiles_n);
+    const std::int64_t r0 = tile / tiles_n * kGemmTile, c0 = tile % tiles_n * kGemmTile;
+    const std::int64_t rows = m - r0 < kGemmTile ? m - r0 : kGemmTile, cols = n - c0 < kGemmTile ? n - c0 : kGemmTile;
     const std::int64_t outer = i / plan.inner(), inner = i % plan.inner();
-    const T* pa = a + (plan.row_offset(0, outer) + inner * plan.inner_stride(0)) * m * k + row * a_rs;
-    const T* pb = b + (plan.row_offset(1, outer) + inner * plan.inner_stride(1)) * k * n + col * b_cs;
-    T acc(0);
-    for (std::int64_t p = 0; p < k; ++p) acc = std::fma(pa[p * a_cs], pb[p * b_rs], acc);
-    return acc;
+    const T* pa = a + (plan.row_offset(0, outer) + inner * plan.inner_stride(0)) * m * k + r0 * a_rs;
+    const T* pb = b + (plan.row_offset(1, outer) + inner * plan.inner_stride(1)) * k * n + c0 * b_cs;
+    T acc[kGemmTile][kGemmTile] = {};
+    for (std::int64_t p = 0; p < k; ++p) {
+      T av[kGemmTile], bv[kGemmTile];
+      for (std::int64_t r = 0; r < kGemmTile; ++r) av[r] = r < rows ? pa[r * a_rs + p * a_cs] : T(0);
+      for (std::int64_t q = 0; q < kGemmTile; ++q) bv[q] = q < cols ? pb[p * b_rs + q * b_cs] : T(0);
+      for (std::int64_t r = 0; r < kGemmTile; ++r)
+        for (std::int64_t q = 0; q < kGemmTile; ++q) acc[r][q] = std::fma(av[r], bv[q], acc[r][q]);
+    }
+    T* pc = c + i * m * n + r0 * n + c0;
+    for (std::int64_t r = 0; r < rows; ++r)
+      for (std::int64_t q = 0; q < cols; ++q) pc[r * n + q] = acc[r][q];
   }
 };
 
@@ -129,9 +144,11 @@ template <class T> void batched_gemm(const cpu::BroadcastPlan<2>& plan, std::int
 #if THRUST_DEVICE_SYSTEM == THRUST_DEVICE_SYSTEM_CUDA
   if (detail::cublas_batched_gemm(plan, count, m, n, k, a, a_rs, a_cs, b, b_rs, b_cs, c)) return;
 #endif
+  const std::int64_t tiles_m = (m + detail::kGemmTile - 1) / detail::kGemmTile,
+                     tiles_n = (n + detail::kGemmTile - 1) / detail::kGemmTile;
   thrust::counting_iterator<std::int64_t> first(0);
-  thrust::transform(thrust::device, first, first + count * m * n, thrust::device_ptr<T>(c),
-                    detail::GemmFn<T>{plan, m, n, k, a, a_rs, a_cs, b, b_rs, b_cs});
+  thrust::for_each(thrust::device, first, first + count * tiles_m * tiles_n,
+                   detail::GemmTileFn<T>{plan, m, n, k, a, a_rs, a_cs, b, b_rs, b_cs, c, tiles_m, tiles_n});
 }
 
 }  // namespace xgrad::thrust_backend

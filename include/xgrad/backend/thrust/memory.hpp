@@ -22,6 +22,19 @@ inline void* allocate(std::size_t bytes) {
 
 inline void free(void* p) { thrust::device_free(thrust::device_ptr<std::byte>(static_cast<std::byte*>(p))); }
 
+/// An uninitialized device array for a kernel's intermediate values, freed when it goes.
+template <class T> class Scratch {
+ public:
+  explicit Scratch(std::size_t count) : m_data(static_cast<T*>(allocate(count * sizeof(T)))) {}
+  ~Scratch() { free(m_data); }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  T* data() const { return m_data; }
+
+ private:
+  T* m_data;
+};
+
 inline void copy_to_device(void* device_dst, const void* host_src, std::size_t bytes) {
   const auto* src = static_cast<const std::byte*>(host_src);
   thrust::copy(src, src + bytes, thrust::device_ptr<std::byte>(static_cast<std::byte*>(device_dst)));
