@@ -236,6 +236,43 @@ TEST_CASE("passes: simplify moves ReLU's gradient through max pooling's, onto th
         std::string::npos);
 }
 
+TEST_CASE("passes: simplify finds max pooling's argmax once for the forward and the backward, outside strict") {
+  // Overlapping windows (kernel 3, stride 2, same padding) so an element can win two windows,
+  // and values on a coarse grid so windows tie.
+  auto f = [](xg::Tensor<double> x) {
+    return xg::grad([](xg::Tensor<double> v) {
+      auto p = xg::max_pool2d(v, 3, 2, xg::PadMode::same);
+      return xg::sum(p * p);
+    })(x);
+  };
+  auto x = xg::cast<double>(xg::cast<std::int32_t>(xg::randn<double>({2, 3, 9, 8}, 4) * 2.0)) / 2.0;
+  const std::string ir = optimized(f, xg::JitConfig{.level = xg::JitLevel::O1}, x);
+  CHECK(ir.find("i32[2, 3, 5, 4] = MaxPoolArgmax(") != std::string::npos);
+  CHECK(ir.find("f64[2, 3, 5, 4] = MaxPoolTake(") != std::string::npos);
+  CHECK(ir.find("f64[2, 3, 9, 8] = MaxPoolPut(") != std::string::npos);
+  CHECK(ir.find("MaxPoolGrad(") == std::string::npos);
+  CHECK(ir.find("= MaxPool(") == std::string::npos);
+  const auto want = f(x).to_vector();
+  for (auto level : {xg::JitLevel::O1, xg::JitLevel::O2}) {
+    const auto got = xg::jit(f, {.level = level})(x).to_vector();
+    REQUIRE(got.size() == want.size());
+    CHECK(std::memcmp(got.data(), want.data(), want.size() * sizeof(double)) == 0);
+  }
+  const std::string strict = optimized(f, xg::JitConfig{.level = xg::JitLevel::O1, .strict = true}, x);
+  CHECK(strict.find("MaxPoolGrad(") != std::string::npos);
+  CHECK(strict.find("MaxPoolArgmax(") == std::string::npos);
+
+  // The two ops the rewrite makes are adjoint, as their gradient rules say: <take(v), u> = <v, put(u)>.
+  const xg::cpu::Pool2dGeometry geo{2, 3, 9, 8, 3, 3, 2, 2, 1, 0, 5, 4};  // same padding: 1 row above, no column
+  const auto idx = xg::detail::max_pool_argmax(x, geo, xg::SourceLoc::current());
+  auto v = xg::randn<double>({2, 3, 9, 8}, 5), u = xg::randn<double>({2, 3, 5, 4}, 6);
+  const double lhs = xg::sum(xg::detail::max_pool_take(v, idx, geo, xg::SourceLoc::current()) * u).item();
+  const double rhs = xg::sum(v * xg::detail::max_pool_put(idx, u, geo, xg::SourceLoc::current())).item();
+  CHECK(lhs == doctest::Approx(rhs).epsilon(1e-12));
+  CHECK(xg::detail::max_pool_take(x, idx, geo, xg::SourceLoc::current()).to_vector() ==
+        xg::max_pool2d(x, 3, 2, xg::PadMode::same).to_vector());
+}
+
 TEST_CASE("passes: optimized graphs compute what eager computes; bad pass names are refused") {
   auto f = [](xg::Tensor<double> v, xg::Tensor<double> w) {
     auto h = xg::tanh(xg::matmul(v, w) * 1.0) + xg::tanh(xg::matmul(v, w) * 1.0);

@@ -97,6 +97,20 @@ template <class T> void max_pool2d_select(Device device, const cpu::Pool2dGeomet
   XGRAD_ON_THRUST(device, max_pool2d_select(g, x, v, out));
   cpu::max_pool2d_select(g, x, v, out);
 }
+template <class T> void max_pool2d_argmax(Device device, const cpu::Pool2dGeometry& g, const T* x, std::int32_t* idx) {
+  XGRAD_ON_THRUST(device, max_pool2d_argmax(g, x, idx));
+  cpu::max_pool2d_argmax(g, x, idx);
+}
+template <class T>
+void max_pool2d_take(Device device, const cpu::Pool2dGeometry& g, const std::int32_t* idx, const T* v, T* out) {
+  XGRAD_ON_THRUST(device, max_pool2d_take(g, idx, v, out));
+  cpu::max_pool2d_take(g, idx, v, out);
+}
+template <class T>
+void max_pool2d_put(Device device, const cpu::Pool2dGeometry& g, const std::int32_t* idx, const T* gy, T* gx) {
+  XGRAD_ON_THRUST(device, max_pool2d_put(g, idx, gy, gx));
+  cpu::max_pool2d_put(g, idx, gy, gx);
+}
 template <class T> void avg_pool2d_forward(Device device, const cpu::Pool2dGeometry& g, const T* x, T* y) {
   XGRAD_ON_THRUST(device, avg_pool2d_forward(g, x, y));
   cpu::avg_pool2d_forward(g, x, y);

@@ -249,6 +249,66 @@ Tensor<T> max_pool_select(const Tensor<T>& x, const Tensor<T>& v, const cpu::Poo
   return out;
 }
 
+/// The plane offset of each window's first maximum in x (int32, -1 for an empty window): the
+/// argmax max pooling's forward and backward share in a compiled graph, where a pass rewrites
+/// them to max_pool_take and max_pool_put (passes/simplify.hpp). An index: no gradient.
+template <FloatingPoint T>
+Tensor<std::int32_t> max_pool_argmax(const Tensor<T>& x, const cpu::Pool2dGeometry& geo, SourceLoc loc) {
+  return Tensor<std::int32_t>(primitive(
+      "MaxPoolArgmax", loc, {x}, DType::int32, Shape{geo.n, geo.c, geo.out_h, geo.out_w},
+      [geo](std::span<const TensorBase> in, const TensorBase& dest) {
+        const Device device = device_of(in);
+        auto out = detail::output<std::int32_t>(dest, Shape{geo.n, geo.c, geo.out_h, geo.out_w}, device);
+        kernels::max_pool2d_argmax(device, geo, Tensor<T>(in[0]).data(), out.data());
+        return TensorBase(out);
+      },
+      [geo] { return pool_attrs(geo); }));
+}
+
+template <FloatingPoint T> Tensor<T> max_pool_put(const Tensor<std::int32_t>& idx, const Tensor<T>& gy,
+                                                  const cpu::Pool2dGeometry& geo, SourceLoc loc);
+
+/// out[o] = v at window o's argmax idx[o]: max pooling is max_pool_take(x, max_pool_argmax(x)).
+template <FloatingPoint T> Tensor<T> max_pool_take(const Tensor<T>& v, const Tensor<std::int32_t>& idx,
+                                                   const cpu::Pool2dGeometry& geo, SourceLoc loc) {
+  Tensor<T> out(primitive(
+      "MaxPoolTake", loc, {v, idx}, dtype_of<T>(), Shape{geo.n, geo.c, geo.out_h, geo.out_w},
+      [geo](std::span<const TensorBase> in, const TensorBase& dest) {
+        const Device device = device_of(in);
+        auto out = detail::output<T>(dest, Shape{geo.n, geo.c, geo.out_h, geo.out_w}, device);
+        kernels::max_pool2d_take(device, geo, Tensor<std::int32_t>(in[1]).data(), Tensor<T>(in[0]).data(), out.data());
+        return TensorBase(out);
+      },
+      [geo] { return pool_attrs(geo); }));
+  if (should_record(v)) {
+    record(out, "MaxPoolTake", loc, {v, idx}, {idx}, false, [idx, geo, loc](const TensorBase&, const TensorBase& u) {
+      return autograd::Grads{max_pool_put(idx, Tensor<T>(u), geo, loc), TensorBase()};
+    });
+  }
+  return out;
+}
+
+/// gx = each gy[o] added at its window's argmax idx[o], zeros elsewhere: max pooling's gradient
+/// with the argmax given, and the adjoint of max_pool_take.
+template <FloatingPoint T> Tensor<T> max_pool_put(const Tensor<std::int32_t>& idx, const Tensor<T>& gy,
+                                                  const cpu::Pool2dGeometry& geo, SourceLoc loc) {
+  Tensor<T> gx(primitive(
+      "MaxPoolPut", loc, {idx, gy}, dtype_of<T>(), Shape{geo.n, geo.c, geo.h, geo.w},
+      [geo](std::span<const TensorBase> in, const TensorBase& dest) {
+        const Device device = device_of(in);
+        auto out = detail::output<T>(dest, Shape{geo.n, geo.c, geo.h, geo.w}, device);
+        kernels::max_pool2d_put(device, geo, Tensor<std::int32_t>(in[0]).data(), Tensor<T>(in[1]).data(), out.data());
+        return TensorBase(out);
+      },
+      [geo] { return pool_attrs(geo); }));
+  if (should_record(gy)) {
+    record(gx, "MaxPoolPut", loc, {idx, gy}, {idx}, false, [idx, geo, loc](const TensorBase&, const TensorBase& u) {
+      return autograd::Grads{TensorBase(), max_pool_take(Tensor<T>(u), idx, geo, loc)};
+    });
+  }
+  return gx;
+}
+
 template <FloatingPoint T> Tensor<T> avg_pool_apply(const Tensor<T>& x, const cpu::Pool2dGeometry& geo, SourceLoc loc);
 
 /// Spreads gy evenly over each window: avg_pool2d's gradient (and adjoint).

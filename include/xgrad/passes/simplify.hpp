@@ -2,15 +2,18 @@
 // computes. Exact rewrites always apply (among them ReLU's gradient moved through max pooling's
 // onto the smaller pooled tensor); those that can change a result's bits (x + 0 maps
 // -0 to +0; exp(log x), a * b + c as an fma and a sum of k copies as one multiply round
-// differently) only without PassContext::strict.
+// differently; max pooling's argmax, shared by forward and backward, may pick -0 over +0)
+// only without PassContext::strict.
 #pragma once
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <vector>
 
 #include "xgrad/ops/elementwise.hpp"
 #include "xgrad/ops/manipulation.hpp"
+#include "xgrad/ops/nn.hpp"
 #include "xgrad/passes/rewrite.hpp"
 #include "xgrad/passes/splice.hpp"
 
@@ -20,23 +23,26 @@ namespace detail {
 
 inline bool same_type(const ir::Value* a, const ir::Value* b) { return a->dtype == b->dtype && a->shape == b->shape; }
 
-/// A Transpose node's perm, read back from its attribute "[1, 0, 2]".
-inline std::vector<std::int64_t> permutation(const ir::Node& transpose) {
-  std::vector<std::int64_t> perm;
+/// The non-negative integers of an attribute printed as a list, "[1, 0, 2]".
+inline std::vector<std::int64_t> numbers(const ir::Attr& attr) {
+  std::vector<std::int64_t> out;
   std::int64_t value = 0;
   bool in_number = false;
-  for (char c : transpose.attrs.at(0).value) {
+  for (char c : attr.value) {
     if (c >= '0' && c <= '9') {
       value = value * 10 + (c - '0');
       in_number = true;
     } else if (in_number) {
-      perm.push_back(value);
+      out.push_back(value);
       value = 0;
       in_number = false;
     }
   }
-  return perm;
+  return out;
 }
+
+/// A Transpose node's perm.
+inline std::vector<std::int64_t> permutation(const ir::Node& transpose) { return numbers(transpose.attrs.at(0)); }
 
 /// The value `node` can be replaced by, or null.
 inline ir::Value* simpler(const ir::Node& node, const PassContext& ctx) {
@@ -166,6 +172,12 @@ inline ir::Value* multiply_add(ir::Graph& g, std::size_t at, const PassContext& 
   return nullptr;
 }
 
+/// Where `node` is in g's program order.
+inline std::size_t position_of(const ir::Graph& g, const ir::Node* node) {
+  return static_cast<std::size_t>(
+      std::find_if(g.nodes.begin(), g.nodes.end(), [&](const auto& p) { return p.get() == node; }) - g.nodes.begin());
+}
+
 /// True when `v` is a Const whose elements are all +0 (not -0).
 inline bool is_positive_zero(const ir::Value* v) {
   if (!is_constant(v, 0)) return false;
@@ -196,11 +208,7 @@ inline bool mask_through_max_pool_grad(ir::Graph& g, std::size_t& at) {
   ir::Value* y = grad->inputs[0];
   const DType dtype = y->dtype;
   if (dtype != DType::float32 && dtype != DType::float64) return false;
-  auto position = [&](const ir::Node* n) {
-    return static_cast<std::size_t>(
-        std::find_if(g.nodes.begin(), g.nodes.end(), [&](const auto& p) { return p.get() == n; }) - g.nodes.begin());
-  };
-  const std::size_t grad_at = position(grad);
+  const std::size_t grad_at = position_of(g, grad);
   const ir::Node* pool = nullptr;
   for (std::size_t k = 0; k < grad_at && !pool; ++k) {
     const ir::Node& n = *g.nodes[k];
@@ -217,6 +225,55 @@ inline bool mask_through_max_pool_grad(ir::Graph& g, std::size_t& at) {
       dtype == DType::float32 ? masked(std::type_identity<float>{}) : masked(std::type_identity<double>{});
   at += g.nodes.size() - size_before;  // the Select moved back by the nodes spliced in before it
   replace_uses(g, g.nodes[at]->outputs[0], grad->outputs[0]);
+  return true;
+}
+
+/// The geometry of a MaxPool node, read back from its shapes and attributes.
+inline cpu::Pool2dGeometry pool_geometry_of(const ir::Node& pool) {
+  const Shape &in = pool.inputs[0]->shape, &out = pool.outputs[0]->shape;
+  std::vector<std::int64_t> v;  // kernel, stride, pad: two each
+  for (const ir::Attr& a : pool.attrs)
+    for (std::int64_t n : numbers(a)) v.push_back(n);
+  return {in[0], in[1], in[2], in[3], v.at(0), v.at(1), v.at(2), v.at(3), v.at(4), v.at(5), out[2], out[3]};
+}
+
+/// MaxPool(x) and MaxPoolGrad(x, g) with the same attributes -> MaxPoolTake(x, a) and
+/// MaxPoolPut(a, g), a = MaxPoolArgmax(x): each window's argmax found once instead of in the
+/// forward's max and again in the backward. Not strict: where +0 and -0 tie, the max kernel may
+/// return either, the argmax the first. True when it rewrote the MaxPoolGrad at `at`, which then
+/// indexes the (dead) MaxPoolGrad again.
+inline bool share_max_pool_argmax(ir::Graph& g, std::size_t& at, const PassContext& ctx) {
+  ir::Node* grad = g.nodes[at].get();
+  if (ctx.strict || grad->op != "MaxPoolGrad") return false;
+  ir::Value* x = grad->inputs[0];
+  const DType dtype = x->dtype;
+  if ((dtype != DType::float32 && dtype != DType::float64) || x->shape[2] * x->shape[3] > INT32_MAX) return false;
+  std::size_t pool_at = 0;
+  while (pool_at < at && !(g.nodes[pool_at]->op == "MaxPool" && g.nodes[pool_at]->inputs[0] == x &&
+                           g.nodes[pool_at]->attrs == grad->attrs))
+    ++pool_at;
+  if (pool_at == at) return false;
+  ir::Node* pool = g.nodes[pool_at].get();
+  const cpu::Pool2dGeometry geo = pool_geometry_of(*pool);
+  auto rewrite = [&]<class T>(std::type_identity<T>) {
+    ir::Value* argmax = splice(g, pool_at, {x}, *pool, [&](std::span<const TensorBase> in) {
+      return TensorBase(xgrad::detail::max_pool_argmax(Tensor<T>(in[0]), geo, pool->loc));
+    });
+    ir::Value* pooled = splice(g, position_of(g, pool), {x, argmax}, *pool, [&](std::span<const TensorBase> in) {
+      return TensorBase(xgrad::detail::max_pool_take(Tensor<T>(in[0]), Tensor<std::int32_t>(in[1]), geo, pool->loc));
+    });
+    replace_uses(g, pool->outputs[0], pooled);
+    ir::Value* gx =
+        splice(g, position_of(g, grad), {argmax, grad->inputs[1]}, *grad, [&](std::span<const TensorBase> in) {
+          return TensorBase(xgrad::detail::max_pool_put(Tensor<std::int32_t>(in[0]), Tensor<T>(in[1]), geo, grad->loc));
+        });
+    replace_uses(g, grad->outputs[0], gx);
+  };
+  if (dtype == DType::float32)
+    rewrite(std::type_identity<float>{});
+  else
+    rewrite(std::type_identity<double>{});
+  at = position_of(g, grad);
   return true;
 }
 
@@ -257,6 +314,9 @@ inline bool simplify(ir::Graph& g, const PassContext& ctx) {
       changed = true;
     }
   }
+  // Once the rewrites that look for MaxPool and MaxPoolGrad (ReLU's mask) are done with them.
+  if (!changed)
+    for (std::size_t k = 0; k < g.nodes.size(); ++k) changed = detail::share_max_pool_argmax(g, k, ctx) || changed;
   return changed;
 }
 

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cassert>
+#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -311,6 +312,51 @@ template <class T> void max_pool2d_select(const Pool2dGeometry& g, const T* x, c
     detail::max_pool_argmax_chunk(g, x + first * in_plane, count, s,
                                   [&](int64_t o, int64_t a) { oc[o] = a < 0 ? T(0) : vc[a]; });
   });
+}
+
+/// idx[o] = the offset within its plane of window o's first maximum in x (the one
+/// max_pool2d_scatter picks), or -1 for an empty window. A compiled graph keeps it so the
+/// forward and the backward find the argmax once (max_pool2d_take, max_pool2d_put).
+template <class T> void max_pool2d_argmax(const Pool2dGeometry& g, const T* x, int32_t* idx) {
+  assert(g.h * g.w <= INT32_MAX);
+  const int64_t in_plane = g.h * g.w;
+  const int64_t out_plane = g.out_h * g.out_w;
+  detail::for_each_pool_chunk<T>(g, [&](int64_t first, int64_t count, detail::PoolScratch<T>& s) {
+    int32_t* ic = idx + first * out_plane;
+    detail::max_pool_argmax_chunk(g, x + first * in_plane, count, s, [&](int64_t o, int64_t a) {
+      ic[o] = a < 0 ? -1 : static_cast<int32_t>(a - o / out_plane * in_plane);
+    });
+  });
+}
+
+/// out[o] = v[idx[o]] in o's plane (0 where idx is -1): max_pool2d_select with the argmax given.
+template <class T> void max_pool2d_take(const Pool2dGeometry& g, const int32_t* idx, const T* v, T* out) {
+  const int64_t in_plane = g.h * g.w;
+  const int64_t out_plane = g.out_h * g.out_w;
+  parallel_for(0, g.n * g.c, std::max<int64_t>(1, detail::k_pool_min_parallel_work / std::max<int64_t>(1, out_plane)),
+               [&](int64_t lo, int64_t hi) {
+                 for (int64_t p = lo; p < hi; ++p) {
+                   const T* vp = v + p * in_plane;
+                   for (int64_t o = p * out_plane; o < (p + 1) * out_plane; ++o)
+                     out[o] = idx[o] < 0 ? T(0) : vp[idx[o]];
+                 }
+               });
+}
+
+/// gx (input-shaped, overwritten) = 0 but gy[o] added at idx[o] of o's plane, in output order:
+/// max_pool2d_scatter with the argmax given, and the adjoint of max_pool2d_take.
+template <class T> void max_pool2d_put(const Pool2dGeometry& g, const int32_t* idx, const T* gy, T* gx) {
+  const int64_t in_plane = g.h * g.w;
+  const int64_t out_plane = g.out_h * g.out_w;
+  parallel_for(0, g.n * g.c, std::max<int64_t>(1, detail::k_pool_min_parallel_work / std::max<int64_t>(1, in_plane)),
+               [&](int64_t lo, int64_t hi) {
+                 std::fill(gx + lo * in_plane, gx + hi * in_plane, T(0));
+                 for (int64_t p = lo; p < hi; ++p) {
+                   T* gp = gx + p * in_plane;
+                   for (int64_t o = p * out_plane; o < (p + 1) * out_plane; ++o)
+                     if (idx[o] >= 0) gp[idx[o]] += gy[o];
+                 }
+               });
 }
 
 /// y = avg_pool2d(x), dividing by the number of in-bounds elements of each window

@@ -181,6 +181,42 @@ template <class T> struct MaxPoolScatterFn {
   }
 };
 
+/// The plane offset of window o's argmax (cpu::max_pool2d_argmax).
+template <class T> struct MaxPoolArgmaxFn {
+  cpu::Pool2dGeometry g;
+  const T* x;
+  XGRAD_HD std::int32_t operator()(std::int64_t i) const {
+    const PoolWindow win = pool_window(g, i);
+    return static_cast<std::int32_t>(window_argmax(g, x + win.plane * g.h * g.w, win));
+  }
+};
+
+/// out[o] = v[idx[o]] in o's plane (cpu::max_pool2d_take).
+template <class T> struct MaxPoolTakeFn {
+  cpu::Pool2dGeometry g;
+  const std::int32_t* idx;
+  const T* v;
+  XGRAD_HD T operator()(std::int64_t i) const {
+    const std::int64_t plane = i / (g.out_h * g.out_w);
+    return idx[i] < 0 ? T(0) : v[plane * g.h * g.w + idx[i]];
+  }
+};
+
+/// gx[input] = sum of gy over the windows whose argmax it is, in output order (cpu::max_pool2d_put).
+template <class T> struct MaxPoolPutFn {
+  cpu::Pool2dGeometry g;
+  const std::int32_t* idx;
+  const T* gy;
+  XGRAD_HD T operator()(std::int64_t i) const {
+    const std::int64_t iw = i % g.w, ih = i / g.w % g.h, plane = i / (g.w * g.h);
+    T acc(0);
+    for_each_window_holding(g, plane, ih, iw, [&](std::int64_t o) {
+      if (idx[o] == ih * g.w + iw) acc += gy[o];
+    });
+    return acc;
+  }
+};
+
 /// The mean over each window's in-bounds elements, summed down each column then across.
 template <class T> struct AvgPoolFn {
   cpu::Pool2dGeometry g;
@@ -266,6 +302,15 @@ template <class T> void max_pool2d_scatter(const cpu::Pool2dGeometry& g, const T
 }
 template <class T> void max_pool2d_select(const cpu::Pool2dGeometry& g, const T* x, const T* v, T* out) {
   detail::for_outputs(g.n * g.c * g.out_h * g.out_w, out, detail::MaxPoolSelectFn<T>{g, x, v});
+}
+template <class T> void max_pool2d_argmax(const cpu::Pool2dGeometry& g, const T* x, std::int32_t* idx) {
+  detail::for_outputs(g.n * g.c * g.out_h * g.out_w, idx, detail::MaxPoolArgmaxFn<T>{g, x});
+}
+template <class T> void max_pool2d_take(const cpu::Pool2dGeometry& g, const std::int32_t* idx, const T* v, T* out) {
+  detail::for_outputs(g.n * g.c * g.out_h * g.out_w, out, detail::MaxPoolTakeFn<T>{g, idx, v});
+}
+template <class T> void max_pool2d_put(const cpu::Pool2dGeometry& g, const std::int32_t* idx, const T* gy, T* gx) {
+  detail::for_outputs(g.n * g.c * g.h * g.w, gx, detail::MaxPoolPutFn<T>{g, idx, gy});
 }
 template <class T> void avg_pool2d_forward(const cpu::Pool2dGeometry& g, const T* x, T* y) {
   detail::for_outputs(g.n * g.c * g.out_h * g.out_w, y, detail::AvgPoolFn<T>{g, x});
