@@ -1,4 +1,4 @@
-// LeNet5 in LibTorch, the counterpart of xgrad::models::LeNet5 for bench_torch.cpp (the train
+// LeNet5 in LibTorch, the counterpart of xgrad::models::LeNet5 for suite_libtorch.cpp (the train
 // step's speed) and lenet5_torch_accuracy.cpp (its accuracy): valid 5x5 convolutions, ReLU and
 // 2x2 max pooling, then dense layers of 120, 84 and 10 units.
 #pragma once

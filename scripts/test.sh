@@ -1,20 +1,30 @@
 #!/usr/bin/env bash
-# Builds and runs the test suite: once optimized, once under AddressSanitizer + UBSan; then
-# compiles and links the CUDA build (tests, examples, benchmarks) with nvcc: no GPU to run it.
+# Builds and runs the test suite: once optimized (then the benchmark suite's driver tests and
+# every suite row once), once under AddressSanitizer + UBSan; then compiles and links the CUDA
+# build (tests, examples, benchmarks) with nvcc: no GPU to run it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/ensure_packages.sh g++ cmake make ccache xtensor-dev libxsimd-dev doctest-dev zlib1g-dev dataset-fashion-mnist \
-  libbenchmark-dev libopenblas-dev
+  libbenchmark-dev libopenblas-dev python3
 jobs="$(nproc)"
 
 # Device::thrust runs through Thrust's OpenMP system here and its serial one under the
 # sanitizers (Thrust from the CUDA toolkit at /usr/local/cuda; no GPU needed).
 cmake -S . -B build-test -DCMAKE_BUILD_TYPE=Release -DXGRAD_BUILD_TESTS=ON -DXGRAD_BUILD_EXAMPLES=ON \
-  -DXGRAD_THRUST_SYSTEM=OMP
+  -DXGRAD_BUILD_BENCHMARKS=ON -DXGRAD_BENCH_TORCH=OFF -DXGRAD_THRUST_SYSTEM=OMP
 cmake --build build-test -j"$jobs"
 (cd build-test && ctest --output-on-failure)
 build-test/examples/worked_examples > /dev/null
 (cd build-test && examples/mode_switch > /dev/null)
+
+# The benchmark suite's driver and report (made-up results), then every row of the suite once,
+# quickly, through the driver (xgrad's rows on both devices): a row that fails fails the run. No
+# timing is checked.
+python3 -m unittest discover -s benchmarks -p 'test_*.py'
+python3 benchmarks/run_suite.py --bench build-test/benchmarks/xgrad_bench --quick --rounds 1 --min-time 0.001 \
+  --devices cpu --out build-test/suite --docs build-test/suite/report
+python3 benchmarks/run_suite.py --bench build-test/benchmarks/xgrad_bench --quick --rounds 1 --min-time 0.001 \
+  --devices thrust --suites dispatch,cache_hit,conv,mlp_step --out build-test/suite-thrust
 
 # find_package(xgrad) against an installed copy.
 rm -rf build-test/prefix build-test/consumer

@@ -65,12 +65,6 @@ struct TwoLayer : xg::nn::Module {
   }
 };
 
-/// Restores eager mode even when a check fails.
-struct GraphMode {
-  GraphMode() { xg::set_mode(xg::Mode::graph); }
-  ~GraphMode() { xg::set_mode(xg::Mode::eager); }
-};
-
 }  // namespace
 
 TEST_CASE("nn::Module: named parameters, and one line switches between eager and compiled") {
@@ -85,7 +79,7 @@ TEST_CASE("nn::Module: named parameters, and one line switches between eager and
   auto x = xg::randn<float>({3, 4}, 9);
   auto eager = net(x);
   CHECK(net.traces == 1);
-  GraphMode graph;
+  xg::mode_scope graph(xg::Mode::graph);  // eager again after the test, even when a check fails
   auto compiled = net(x);
   net(x);
   CHECK(net.traces == 2);  // traced once, then cached

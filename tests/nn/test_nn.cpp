@@ -455,6 +455,31 @@ TEST_CASE("Model: train gives the same per-step losses eagerly and as one compil
   CHECK(recorded[0].train_ended == 1);
 }
 
+TEST_CASE("Model: set_jit_config sets the level the train step compiles at; mode_scope nests") {
+  xg::mode_scope graph(xg::Mode::graph);
+  {
+    xg::mode_scope eager(xg::Mode::eager);
+    CHECK(xg::get_mode() == xg::Mode::eager);
+  }
+  CHECK(xg::get_mode() == xg::Mode::graph);
+  const Batch batch = quadrant_batches(1, 8, 90).front();
+  float first_loss[2] = {};
+  std::size_t nodes[2] = {};
+  for (int optimized = 0; optimized < 2; ++optimized) {
+    xg::init::set_seed(13);
+    SmallNet net;
+    xg::nn::SoftmaxCrossEntropy loss({.sparse = true, .reduction = xg::Reduction::mean});
+    xg::optim::SGD opt(net.parameters(), 0.1f);
+    xg::Model model(net, loss, opt);
+    model.train_step(batch.images, batch.labels);  // compiled at the default level, O2
+    model.set_jit_config({.level = optimized ? xg::JitLevel::O2 : xg::JitLevel::O0, .name = "step"});
+    nodes[optimized] = model.lower_train_step(batch.images, batch.labels).num_nodes();
+    first_loss[optimized] = model.train_step(batch.images, batch.labels);
+  }
+  CHECK(nodes[0] > nodes[1]);  // O0 keeps every op; O2 fuses and folds
+  CHECK(first_loss[0] == doctest::Approx(first_loss[1]).epsilon(1e-5));
+}
+
 TEST_CASE("Model: LossMonitor, TimeMonitor and fit print what MindSpore prints") {
   ModeGuard mode;
   xg::set_mode(xg::Mode::eager);

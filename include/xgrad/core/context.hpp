@@ -23,6 +23,18 @@ inline void set_mode(Mode mode) { detail::context().mode = mode; }
 /// The current execution mode (Mode::eager by default).
 inline Mode get_mode() { return detail::context().mode; }
 
+/// Scope guard: the execution mode inside the scope, the previous one restored after it.
+class mode_scope {
+ public:
+  explicit mode_scope(Mode mode) : m_previous(get_mode()) { set_mode(mode); }
+  ~mode_scope() { set_mode(m_previous); }
+  mode_scope(const mode_scope&) = delete;
+  mode_scope& operator=(const mode_scope&) = delete;
+
+ private:
+  Mode m_previous;
+};
+
 /// True when ops record on the autodiff tape.
 inline bool is_grad_enabled() { return detail::context().grad_enabled; }
 

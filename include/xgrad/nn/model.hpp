@@ -73,6 +73,13 @@ class Model {
     return out;
   }
 
+  /// How graph mode compiles the train step (level, name, ...; default: O2, "train_step").
+  /// The step is compiled again, with this configuration, on its next call.
+  void set_jit_config(JitConfig config) {
+    m_jit_config = std::move(config);
+    m_compiled_step.reset();
+  }
+
   nn::Module& network() { return m_network; }
   optim::Optimizer& optimizer() { return m_optimizer; }
 
@@ -93,8 +100,7 @@ class Model {
   };
   Jitted<Step>& compiled_step() {
     if (!m_compiled_step)
-      m_compiled_step =
-          std::make_unique<Jitted<Step>>(Step{this}, JitConfig{.name = "train_step"}, SourceLoc::current());
+      m_compiled_step = std::make_unique<Jitted<Step>>(Step{this}, m_jit_config, SourceLoc::current());
     return *m_compiled_step;
   }
 
@@ -136,6 +142,7 @@ class Model {
   const nn::Loss& m_loss;
   optim::Optimizer& m_optimizer;
   Metrics m_metrics;
+  JitConfig m_jit_config{.name = "train_step"};
   std::unique_ptr<Jitted<Step>> m_compiled_step;
 };
 

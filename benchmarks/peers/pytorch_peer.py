@@ -1,0 +1,119 @@
+"""PyTorch worker of the benchmark suite (harness.py has the protocol): eager and torch.compile."""
+
+import os
+import types
+
+import harness
+from harness import Unsupported
+from workloads import fashion_mnist_batch, mlp_widths
+
+torch = None  # imported in version_of, so a missing PyTorch is reported, not raised at import
+
+
+def version_of():
+    global torch
+    # Compile from scratch: inductor's on-disk caches would turn the compile suite into cache hits.
+    os.environ.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "0")
+    os.environ.setdefault("TORCHINDUCTOR_AUTOGRAD_CACHE", "0")
+    import torch as module
+
+    torch = module
+    return torch.__version__
+
+
+def configure(threads):
+    version = version_of()
+    torch.set_num_threads(threads)
+    return version
+
+
+def primitives():
+    """The ops harness.function_and_inputs builds the one-function workloads from."""
+
+    def softmax(x):
+        return torch.softmax(x, -1)
+
+    def total(x, axis=None):
+        return x.sum() if axis is None else x.sum(axis)
+
+    def grad(f, argnums, inputs):
+        for i in argnums:
+            inputs[i].requires_grad_()
+
+        def gradients(*args):
+            return torch.autograd.grad(f(*args), [args[i] for i in argnums])
+
+        return gradients
+
+    return types.SimpleNamespace(
+        tensor=torch.from_numpy, add=torch.add, exp=torch.exp, tanh=torch.tanh, sigmoid=torch.sigmoid,
+        matmul=torch.matmul, conv2d=torch.nn.functional.conv2d, softmax=softmax, sum=total, grad=grad,
+        recorded=lambda x: x.requires_grad_())
+
+
+def lenet5():
+    """The seed's LeNet5: valid 5x5 convolutions without bias, ReLU, 2x2 max pooling, dense 120-84-10."""
+    nn = torch.nn
+    return nn.Sequential(
+        nn.Conv2d(1, 6, 5, bias=False), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(6, 16, 5, bias=False), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(400, 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU(), nn.Linear(84, 10))
+
+
+def mlp(widths):
+    layers = []
+    for i in range(len(widths) - 1):
+        layers.append(torch.nn.Linear(widths[i], widths[i + 1]))
+        if i + 2 < len(widths):
+            layers.append(torch.nn.ReLU())
+    return torch.nn.Sequential(*layers)
+
+
+def train_step(net, inputs, labels):
+    """The step as a function: forward, mean cross-entropy, backward, momentum SGD."""
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
+
+    def step():
+        optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(net(inputs), labels)
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    return step
+
+
+def model_step(workload):
+    """The train step (and its inputs) of an mlp_step, lenet5_step or compile workload."""
+    torch.manual_seed(1)
+    if workload.suite == "lenet5_step" or workload.name.startswith("lenet5"):
+        images, labels = fashion_mnist_batch()
+        return train_step(lenet5(), torch.from_numpy(images), torch.from_numpy(labels).long())
+    widths, batch = mlp_widths(workload.name.removeprefix("mlp_"))
+    inputs = torch.randn(batch, widths[0], generator=torch.Generator().manual_seed(42))
+    return train_step(mlp(widths), inputs, torch.arange(batch) * 7 % widths[-1])
+
+
+def make_call(workload, mode, threads):
+    if mode not in ("eager", "compile"):
+        raise Unsupported(f"unknown mode {mode}")
+    if workload.suite == "compile":
+        if mode != "compile":
+            raise Unsupported("the compile suite times compilers")
+
+        def compile_afresh():
+            torch._dynamo.reset()  # forget compiled code: each call compiles again
+            return torch.compile(model_step(workload))()
+
+        return compile_afresh
+    if workload.suite in ("mlp_step", "lenet5_step"):
+        step = model_step(workload)
+        return step if mode == "eager" else torch.compile(step)
+    f, inputs = harness.function_and_inputs(workload, primitives())
+    if mode == "compile":
+        f = torch.compile(f)
+    return lambda: f(*inputs)
+
+
+if __name__ == "__main__":
+    harness.main("pytorch", configure, make_call)

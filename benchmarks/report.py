@@ -1,0 +1,315 @@
+"""Turns run_suite.py's results.json into BENCHMARKS.md and one SVG chart per suite.
+
+    python3 benchmarks/report.py build-bench/suite/results.json docs
+
+The markdown lists, for every workload, xgrad's fastest implementation against the fastest peer
+(LibTorch, PyTorch eager and torch.compile, JAX eager and jit, MindSpore PyNative and GRAPH),
+and says plainly where xgrad is behind; then each suite's times (median over the rounds, with
+min-max), heap allocations per call and peak memory. A chart shows, per workload, each side's
+time divided by xgrad's fastest on a log axis: bars left of 1 are faster than xgrad.
+"""
+
+import html
+import math
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from workloads import SUITES  # noqa: E402
+
+# Every side, in table order: (id, label, chart colour). Peers are the sides after the references.
+SIDES = [
+    ("xgrad:eager", "xgrad eager", "#7fb2e5"),
+    ("xgrad:jit_O0", "xgrad jit O0", None),
+    ("xgrad:jit_O1", "xgrad jit O1", None),
+    ("xgrad:jit_O2", "xgrad jit O2", "#1f5fa8"),
+    ("xgrad-thrust:eager", "xgrad thrust eager", "#a9cce3"),
+    ("xgrad-thrust:jit_O0", "xgrad thrust jit O0", None),
+    ("xgrad-thrust:jit_O1", "xgrad thrust jit O1", None),
+    ("xgrad-thrust:jit_O2", "xgrad thrust jit O2", "#5d8aa8"),
+    ("ref:hand", "hand loop", "#9a9a9a"),
+    ("ref:openblas", "OpenBLAS", "#9a9a9a"),
+    ("libtorch", "LibTorch", "#e8743b"),
+    ("pytorch:eager", "PyTorch eager", "#f5b041"),
+    ("pytorch:compile", "torch.compile", "#c0392b"),
+    ("jax:eager", "JAX eager", "#82c99b"),
+    ("jax:jit", "JAX jit", "#1e8449"),
+    ("mindspore:pynative", "MindSpore PyNative", "#c39bd3"),
+    ("mindspore:graph", "MindSpore GRAPH", "#6c3483"),
+]
+LABEL = {side: label for side, label, _ in SIDES}
+XGRAD = [s for s, _, _ in SIDES if s.startswith("xgrad")]
+PEERS = [s for s, _, _ in SIDES if not s.startswith(("xgrad", "ref:"))]
+# The tables leave out the Thrust device's O0 and O1 (results.json has them).
+TABLE_SIDES = [s for s, _, _ in SIDES if not (s.startswith("xgrad-thrust:") and s.endswith(("O0", "O1")))]
+
+
+def side_of(impl, device):
+    """The side of an xgrad_bench row: its impl on a device ("eager", "thrust") -> "xgrad-thrust:eager"."""
+    if impl == "libtorch":
+        return impl
+    if impl.startswith(("eager", "jit_")):
+        return ("xgrad:" if device == "cpu" else f"xgrad-{device}:") + impl
+    return f"ref:{impl}"
+
+
+def peer_of(side):
+    return side.split(":")[0]
+
+
+def format_time(ns):
+    for unit, scale in (("s", 1e9), ("ms", 1e6), ("µs", 1e3)):
+        if ns >= scale:
+            return f"{ns / scale:.3g} {unit}"
+    return f"{ns:.3g} ns"
+
+
+def format_count(value):
+    if value is None:
+        return "–"
+    return f"{value:.0f}" if value >= 10 or value == int(value) else f"{value:.1f}"
+
+
+def absent(results, side, entry):
+    """Why a side has no time for a workload ("not installed", "n/a", ...), or None if it has one."""
+    if side in entry["sides"] and "median_ns" in entry["sides"][side]:
+        return None
+    if side == "libtorch" and not results["libtorch_built"]:
+        return "not installed"
+    if side.startswith("xgrad-") and side.split(":")[0][len("xgrad-"):] not in results["devices"]:
+        return "not built"
+    if side != "libtorch" and not side.startswith(("xgrad", "ref:")):
+        status = results["peers"][peer_of(side)]["status"]
+        if status != "installed":
+            return status
+    got = entry["sides"].get(side)
+    if got is None or "unsupported" in got:
+        return "n/a"
+    return "error" if "error" in got else "missing"
+
+
+def fastest(entry, sides):
+    timed = [(entry["sides"][s]["median_ns"], s) for s in sides if "median_ns" in entry["sides"].get(s, {})]
+    return min(timed) if timed else None
+
+
+def verdict(entry):
+    """(xgrad best, best peer, ratio, words) for a workload; None parts where a side is missing.
+    For the compile suite xgrad's side is its default level, O2, not the fastest (O0 optimizes nothing)."""
+    mine = fastest(entry, ["xgrad:jit_O2"] if entry["suite"] == "compile" else XGRAD)
+    theirs = fastest(entry, PEERS)
+    if mine is None or theirs is None:
+        return mine, theirs, None, "no peer measured" if mine else "xgrad not measured"
+    ratio = mine[0] / theirs[0]
+    if ratio <= 1:
+        words = f"ahead: {1 / ratio:.2f}x faster than {LABEL[theirs[1]]}" if ratio > 0.01 else \
+            f"ahead: {1 / ratio:.0f}x faster than {LABEL[theirs[1]]}"
+    else:
+        words = f"**behind {LABEL[theirs[1]]}: {ratio:.2f}x slower**"
+    return mine, theirs, ratio, words
+
+
+def time_cell(results, side, entry):
+    why = absent(results, side, entry)
+    if why:
+        return why
+    got = entry["sides"][side]
+    return f"{format_time(got['median_ns'])}<br><sub>{format_time(got['min_ns'])} – {format_time(got['max_ns'])}</sub>"
+
+
+def markdown(results, chart_dir_name):
+    machine = results["machine"]
+    lines = [
+        "# xgrad benchmarks",
+        "",
+        "<!-- Generated by benchmarks/report.py from the suite's results.json: edit the generator, not this file. -->",
+        "",
+        f"Generated {results['date']} by `{results['command']}`"
+        f" ({results['rounds']} rounds, {results['min_time_s']} s per measurement, {results['seconds']} s in all"
+        f"{', quick mode' if results['quick'] else ''}); xgrad's rows on {' and '.join(results['devices'])}"
+        f"{' (Thrust on the host: its OpenMP or serial system)' if 'thrust' in results['devices'] else ''}.",
+        "",
+        f"Machine: {machine['cpu']}, {machine['cpus']} CPUs ({machine['threads_per_core']} thread(s) per core)"
+        f"{', AVX-512' if machine['flags_avx512'] else ''}; {machine['caches']}; Linux {machine['kernel']};"
+        f" {machine['compiler']}; xgrad {machine['commit']}.",
+        "",
+        "Peers: LibTorch (C++, Debian's libtorch-dev) "
+        + ("built" if results["libtorch_built"] else "not installed")
+        + "; "
+        + "; ".join(f"{name} {info.get('version', '')} ({info['status']})".replace("  ", " ")
+                    for name, info in results["peers"].items())
+        + ". `benchmarks/peers/setup_venv.sh` installs the Python peers.",
+        "",
+        "How to read: every time is the median over the rounds (min – max below it), wall clock per call, on the",
+        "workload's thread count; the rounds alternate all sides (A B C A B C ...), so a drifting machine moves them",
+        "alike. *allocs* are heap allocations (malloc and friends) per call, *peak* the resident memory the workload",
+        "needs (inputs, warm-up and loop) in MiB. benchmarks/README.md defines every workload and counter;",
+        "docs/BENCHMARK_HISTORY.md keeps the analyses and figures of earlier sessions.",
+        "",
+    ]
+    for problem in results["problems"]:
+        lines += [f"> Problem during the run: {problem.splitlines()[0]}", ""]
+
+    lines += ["## xgrad against the fastest peer", "",
+              "xgrad's fastest implementation (eager or a jit level, on either device; for `compile`, jit O2) against",
+              "the fastest peer implementation (LibTorch, PyTorch eager or torch.compile, JAX eager or jit, MindSpore",
+              "PyNative or GRAPH). Below 1, xgrad takes less time.", "",
+              "| workload | xgrad's fastest | fastest peer | xgrad / peer time | verdict |", "|---|---|---|---|---|"]
+    for key, entry in results["workloads"].items():
+        mine, theirs, ratio, words = verdict(entry)
+        lines.append("| " + " | ".join([
+            f"`{key}`",
+            f"{LABEL[mine[1]]} {format_time(mine[0])}" if mine else "–",
+            f"{LABEL[theirs[1]]} {format_time(theirs[0])}" if theirs else "–",
+            f"{ratio:.2f}" if ratio and ratio >= 0.01 else f"{ratio:.2g}" if ratio else "–", words]) + " |")
+    lines.append("")
+
+    lines += headline(results)
+    for suite, description in SUITES.items():
+        entries = {k: e for k, e in results["workloads"].items() if e["suite"] == suite}
+        if not entries:
+            continue
+        sides = [s for s in TABLE_SIDES if any(absent(results, s, e) != "n/a" for e in entries.values())]
+        lines += [f"## {suite}", "", description + ".", "", f"![{suite}]({chart_dir_name}/{suite}.svg)", ""]
+        lines += ["| workload | " + " | ".join(LABEL[s] for s in sides) + " |", "|---" * (len(sides) + 1) + "|"]
+        for key, entry in entries.items():
+            name = f"`{key.split('/')[1]}`<br><sub>{html.escape(entry['what'])}</sub>"
+            lines.append("| " + " | ".join([name] + [time_cell(results, s, entry) for s in sides]) + " |")
+        lines += ["", "allocs / call · peak MiB:", ""]
+        lines += ["| workload | " + " | ".join(LABEL[s] for s in sides) + " |", "|---" * (len(sides) + 1) + "|"]
+        for key, entry in entries.items():
+            cells = []
+            for side in sides:
+                got = entry["sides"].get(side, {})
+                if "median_ns" not in got:
+                    cells.append("–")
+                    continue
+                peak = got.get("peak_MiB")
+                cells.append(f"{format_count(got.get('allocs'))} · {'–' if peak is None else f'{peak:.1f}'}")
+            lines.append("| " + " | ".join([f"`{key.split('/')[1]}`"] + cells) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+# The seed notebook's question, asked of every framework: how much faster is the LeNet5 train step
+# compiled than op by op? (eager side, compiled side) per framework.
+HEADLINE_PAIRS = [("xgrad", "xgrad:eager", "xgrad:jit_O2"), ("MindSpore", "mindspore:pynative", "mindspore:graph"),
+                  ("PyTorch", "pytorch:eager", "pytorch:compile"), ("JAX", "jax:eager", "jax:jit")]
+
+
+def headline(results):
+    entries = {k: e for k, e in results["workloads"].items() if e["suite"] == "lenet5_step"}
+    if not entries:
+        return []
+    lines = ["## The seed's headline: LeNet5, compiled against eager", "",
+             "The seed notebook times MindSpore's LeNet5 train step in PyNative and in GRAPH_MODE on Fashion-MNIST;",
+             "here every framework runs that step on the same batch, op by op and compiled (xgrad: eager and jit O2).",
+             "", "| framework | workload | eager | compiled | compiled is faster by |", "|---|---|---|---|---|"]
+    for key, entry in entries.items():
+        for framework, eager, compiled in HEADLINE_PAIRS:
+            cells = [time_cell(results, eager, entry), time_cell(results, compiled, entry)]
+            both = all("median_ns" in entry["sides"].get(side, {}) for side in (eager, compiled))
+            speedup = (entry["sides"][eager]["median_ns"] / entry["sides"][compiled]["median_ns"]) if both else None
+            lines.append(f"| {framework} | `{key.split('/')[1]}` | " + " | ".join(cells) +
+                         f" | {f'{speedup:.2f}x' if speedup else '–'} |")
+    return lines + [""]
+
+
+# ---- charts ---------------------------------------------------------------------------------------
+
+CHART_SIDES = [(s, label, colour) for s, label, colour in SIDES if colour]
+
+
+def chart(results, suite):
+    """An SVG: per workload, each side's time / xgrad's fastest, as bars from 1 on a log axis."""
+    entries = {k: e for k, e in results["workloads"].items() if e["suite"] == suite}
+    rows = []  # (workload label, [(side label, colour, ratio or None, why)])
+    ratios = [1.0]
+    for key, entry in entries.items():
+        mine = fastest(entry, XGRAD)
+        bars = []
+        for side, label, colour in CHART_SIDES:
+            why = absent(results, side, entry)
+            if why == "n/a":
+                continue
+            ratio = entry["sides"][side]["median_ns"] / mine[0] if (why is None and mine) else None
+            if ratio:
+                ratios.append(ratio)
+            bars.append((label, colour, ratio, why or "xgrad not measured"))
+        rows.append((key.split("/")[1], bars))
+    low = 10 ** math.floor(math.log10(min(ratios)) - 1e-9)
+    high = 10 ** math.ceil(math.log10(max(ratios)) + 1e-9)
+    if low == high:
+        low, high = low / 10, high * 10
+
+    left, plot, bar, gap, head = 170, 600, 13, 14, 52
+    height = head + sum(18 + len(bars) * bar + gap for _, bars in rows) + 30
+    width = left + plot + 70
+
+    def x_of(ratio):
+        return left + plot * (math.log10(ratio) - math.log10(low)) / (math.log10(high) - math.log10(low))
+
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+           f'font-family="DejaVu Sans, Arial, sans-serif" font-size="11">',
+           f'<rect width="{width}" height="{height}" fill="white"/>',
+           f'<text x="10" y="18" font-size="14" font-weight="bold">{html.escape(suite)}: time relative to xgrad\'s '
+           f'fastest (log scale; left of 1 = faster than xgrad)</text>',
+           f'<text x="10" y="34" fill="#555">{html.escape(results["machine"]["cpu"])}, {results["date"]}; '
+           f'median of {results["rounds"]} alternating rounds</text>']
+    decade = low
+    while decade <= high * 1.0001:
+        x = x_of(decade)
+        out.append(f'<line x1="{x:.1f}" y1="{head - 6}" x2="{x:.1f}" y2="{height - 24}" '
+                   f'stroke="{"#333" if decade == 1 else "#ddd"}" stroke-width="{1.5 if decade == 1 else 1}"/>')
+        out.append(f'<text x="{x:.1f}" y="{height - 10}" text-anchor="middle" fill="#555">{decade:g}</text>')
+        decade *= 10
+    y = head
+    for workload, bars in rows:
+        out.append(f'<text x="10" y="{y + 12}" font-weight="bold">{html.escape(workload)}</text>')
+        y += 18
+        for label, colour, ratio, why in bars:
+            out.append(f'<text x="{left - 6}" y="{y + bar - 3}" text-anchor="end">{html.escape(label)}</text>')
+            if ratio is None:
+                out.append(f'<text x="{x_of(1) + 4:.1f}" y="{y + bar - 3}" fill="#999">{html.escape(why)}</text>')
+            else:
+                x0, x1 = sorted((x_of(1), x_of(ratio)))
+                out.append(f'<rect x="{x0:.1f}" y="{y + 1}" width="{max(x1 - x0, 1):.1f}" height="{bar - 2}" '
+                           f'fill="{colour}"><title>{html.escape(label)}: {ratio:.3g}x</title></rect>')
+                out.append(f'<text x="{x1 + 4 if ratio >= 1 else x1 - 4:.1f}" y="{y + bar - 3}" '
+                           f'text-anchor="{"start" if ratio >= 1 else "end"}" fill="#333">{ratio:.2g}x</text>')
+            y += bar
+        y += gap
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
+def write_atomically(path, text):
+    """Writes path through a temporary file and a rename, so a reader never sees half a file."""
+    temporary = path + ".tmp"
+    with open(temporary, "w") as file:
+        file.write(text)
+    os.replace(temporary, path)
+
+
+def write(results, docs_dir):
+    """Writes BENCHMARKS.md and bench/<suite>.svg under docs_dir; returns the paths."""
+    chart_dir = os.path.join(docs_dir, "bench")
+    os.makedirs(chart_dir, exist_ok=True)
+    written = []
+    for suite in SUITES:
+        if any(e["suite"] == suite for e in results["workloads"].values()):
+            path = os.path.join(chart_dir, f"{suite}.svg")
+            write_atomically(path, chart(results, suite))
+            written.append(path)
+    path = os.path.join(docs_dir, "BENCHMARKS.md")
+    write_atomically(path, markdown(results, "bench"))
+    return [path] + written
+
+
+if __name__ == "__main__":
+    import json
+
+    if len(sys.argv) != 3:
+        sys.exit("usage: report.py RESULTS_JSON DOCS_DIR")
+    with open(sys.argv[1]) as source:
+        print("\n".join(write(json.load(source), sys.argv[2])))

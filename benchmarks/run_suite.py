@@ -1,0 +1,311 @@
+#!/usr/bin/env python3
+"""Runs xgrad's benchmark suite beside its peers and writes the results.
+
+    python3 benchmarks/run_suite.py --bench build-bench/benchmarks/xgrad_bench [--quick]
+        [--suites dispatch,gemm,...] [--rounds N] [--min-time S] [--peers-venv DIR]
+        [--out DIR] [--docs DIR] [--devices cpu,thrust]
+
+scripts/bench.sh builds xgrad_bench and calls this; benchmarks/README.md describes the suite.
+
+Each round runs, suite by suite, xgrad_bench's rows of the suite (xgrad eager and jit O0/O1/O2,
+the hand-written and OpenBLAS references, LibTorch when it was built), xgrad's rows again on
+Device::thrust when xgrad_bench has the Thrust backend, and then every Python peer's implementations of the same workloads (benchmarks/peers/, one worker process per peer and
+thread count, kept for the whole run). Rounds repeat that, so every side is measured
+A B C A B C ...: a machine that drifts during the run moves all sides alike. Each figure is the
+median over the rounds, with the min and the max.
+
+Writes to --out: results.json (every sample, the medians, the machine), and with --docs the
+generated BENCHMARKS.md and one SVG chart per suite into that directory (report.py).
+"""
+
+import argparse
+import datetime
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import report  # noqa: E402
+from workloads import PEER_IMPORT, PEER_MODES, SUITES, WORKLOADS  # noqa: E402
+
+PIN_CORES = {"jax": True}  # peers whose worker is pinned to as many cores as the workload's threads
+PEER_TIMEOUT_S = 900  # one request; a first torch.compile of a train step takes tens of seconds
+
+
+def log(message):
+    print(message, file=sys.stderr, flush=True)
+
+
+class Peer:
+    """One worker process: a peer framework at one thread count (harness.py's protocol)."""
+
+    def __init__(self, name, venvs, threads, preload, log_dir):
+        self.name, self.threads = name, threads
+        self.missing = None
+        self.version = None
+        python = os.path.join(venvs, name, "bin", "python")
+        if not os.path.exists(python):
+            self.missing = f"no {python} (bash benchmarks/peers/setup_venv.sh)"
+            return
+        env = dict(os.environ)
+        for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+            env[variable] = str(threads)
+        if preload:
+            env["LD_PRELOAD"] = preload
+        # JAX's worker may run on `threads` cores only: XLA's thread flags do not bound its CPU
+        # runtime (a 1-thread matmul_1024 ran faster than one core can compute it). The others'
+        # knobs bind, and pinning them would hurt their helper threads: MindSpore's runtime hands
+        # every op between threads, which on one core took ~1.7 ms per op.
+        cores = sorted(os.sched_getaffinity(0))[:threads] if PIN_CORES.get(name) else sorted(os.sched_getaffinity(0))
+        self.stderr = open(os.path.join(log_dir, f"{name}_t{threads}.log"), "w")
+        self.process = subprocess.Popen(
+            [python, os.path.join(HERE, "peers", f"{name}_peer.py"), "--threads", str(threads)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, text=True, env=env,
+            cwd=log_dir,  # where a framework's own log files (MindSpore's rank_0/) land
+            preexec_fn=lambda: os.sched_setaffinity(0, cores))
+        self.lines = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+        hello = self._receive(PEER_TIMEOUT_S)
+        if hello is None or "ready" not in hello:
+            self.missing = (hello or {}).get("missing", "the worker did not start (see its log)")
+            self.close()
+        else:
+            self.version = hello["version"]
+
+    def _read(self):
+        for line in self.process.stdout:
+            self.lines.put(line)
+        self.lines.put(None)
+
+    def _receive(self, timeout):
+        try:
+            line = self.lines.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        return json.loads(line) if line else None
+
+    def run(self, key, mode, min_time):
+        if self.missing:
+            return {"missing": self.missing}
+        self.process.stdin.write(json.dumps({"key": key, "mode": mode, "min_time": min_time}) + "\n")
+        self.process.stdin.flush()
+        answer = self._receive(PEER_TIMEOUT_S)
+        if answer is None:
+            self.missing = f"the worker stopped or hung on {key} ({mode}); see its log"
+            self.close()
+            return {"error": self.missing}
+        return answer
+
+    def close(self):
+        if getattr(self, "process", None) and self.process.poll() is None:
+            self.process.kill()
+
+
+def run_xgrad_bench(bench, suite, min_time, device, out_dir):
+    """One pass over a suite's rows in xgrad_bench on a device (on thrust only xgrad's own rows):
+    ({(key, side): answer}, [problems])."""
+    out = os.path.join(out_dir, f"xgrad_{suite}_{device}.json")
+    rows = f"^{suite}/" if device == "cpu" else f"^{suite}/[^/]+/(eager|jit_)"
+    command = [bench, f"--benchmark_filter={rows}", f"--benchmark_min_time={min_time}",
+               f"--benchmark_out={out}", "--benchmark_out_format=json", f"--device={device}"]
+    result = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if result.returncode != 0 or not os.path.exists(out):
+        return {}, [f"xgrad_bench failed on suite {suite} (exit {result.returncode}): {result.stderr[-2000:]}"]
+    with open(out) as file:
+        data = json.load(file)
+    scale = {"ns": 1.0, "us": 1e3, "ms": 1e6, "s": 1e9}
+    answers, problems = {}, []
+    for row in data["benchmarks"]:
+        parts = row["name"].split("/")
+        key, impl = "/".join(parts[:2]), parts[2]
+        side = report.side_of(impl, device)
+        if row.get("error_occurred"):
+            answers[(key, side)] = {"error": row.get("error_message", "error")}
+            problems.append(f"{key}/{impl} on {device}: {row.get('error_message', 'error')}")
+            continue
+        answers[(key, side)] = {
+            "ns": row["real_time"] * scale[row["time_unit"]],
+            "iterations": row["iterations"],
+            "allocs": row.get("allocs/call"),
+            "buffers": row.get("buffers/call"),
+            "peak_MiB": row.get("peak_MiB"),
+        }
+    return answers, problems
+
+
+def build_heap_counter(out_dir):
+    """benchmarks/heap_count.cpp as a shared library for LD_PRELOAD, or None."""
+    library = os.path.join(out_dir, "libheap_count.so")
+    compiler = os.environ.get("CXX", "c++")
+    result = subprocess.run([compiler, "-O2", "-shared", "-fPIC", os.path.join(HERE, "heap_count.cpp"), "-o", library],
+                            capture_output=True, text=True)
+    if result.returncode != 0:
+        log(f"run_suite: could not build heap_count.cpp ({result.stderr.strip()}); peers report no allocations")
+        return None
+    return library
+
+
+def machine_description():
+    def command_output(command):
+        try:
+            return subprocess.run(command, capture_output=True, text=True, check=True).stdout
+        except (OSError, subprocess.CalledProcessError):
+            return ""
+
+    fields = {}
+    for line in command_output(["lscpu"]).splitlines():
+        name, _, value = line.partition(":")
+        fields[name.strip()] = value.strip()
+    compiler = command_output([os.environ.get("CXX", "c++"), "--version"]).splitlines()
+    commit = command_output(["git", "-C", HERE, "rev-parse", "--short", "HEAD"]).strip()
+    dirty = command_output(["git", "-C", HERE, "status", "--porcelain", "--untracked-files=no"]).strip()
+    return {
+        "cpu": fields.get("Model name", "unknown"),
+        "cpus": fields.get("CPU(s)", "?"),
+        "threads_per_core": fields.get("Thread(s) per core", "?"),
+        "caches": ", ".join(f"{k} {fields[k]}" for k in ("L1d cache", "L2 cache", "L3 cache") if k in fields),
+        "flags_avx512": "avx512f" in fields.get("Flags", ""),
+        "kernel": os.uname().release,
+        "compiler": compiler[0] if compiler else "unknown",
+        "commit": commit + ("+changes" if dirty else ""),
+    }
+
+
+def summarize(samples):
+    """Median, min and max of the times; the allocation and buffer counts' medians; the peak's max."""
+    times = sorted(s["ns"] for s in samples if "ns" in s)
+    if not times:
+        return None
+
+    def median(values):
+        values = sorted(values)
+        middle = len(values) // 2
+        return values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
+
+    def counter(name, pick):
+        values = [s[name] for s in samples if s.get(name) is not None]
+        return pick(values) if values else None
+
+    return {"median_ns": median(times), "min_ns": times[0], "max_ns": times[-1], "rounds": len(times),
+            "allocs": counter("allocs", median), "buffers": counter("buffers", median),
+            "peak_MiB": counter("peak_MiB", max)}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--bench", required=True, help="the xgrad_bench executable")
+    parser.add_argument("--quick", action="store_true",
+                        help="a first look: 3 short rounds, no Python peers unless --peers")
+    parser.add_argument("--peers", action="store_true", help="run the Python peers in --quick mode too")
+    parser.add_argument("--suites", default=",".join(SUITES), help="comma-separated suites (default: all)")
+    parser.add_argument("--rounds", type=int, help="rounds (default 5; 3 with --quick)")
+    parser.add_argument("--min-time", type=float, help="seconds per measurement (default 0.05; 0.01 with --quick)")
+    parser.add_argument("--peers-venv", default=os.path.join(HERE, "..", "build-bench", "peers-venv"),
+                        help="the peers' virtual environments, DIR/<peer> (peers/setup_venv.sh makes them)")
+    parser.add_argument("--out", default="build-bench/suite", help="where results.json and logs go")
+    parser.add_argument("--docs", help="also write BENCHMARKS.md and the SVG charts into this directory")
+    parser.add_argument("--devices", help="comma-separated devices for xgrad's rows, cpu and/or thrust "
+                        "(default: both when xgrad_bench has the Thrust backend, else cpu)")
+    args = parser.parse_args()
+
+    suites = [s.strip() for s in args.suites.split(",") if s.strip()]
+    unknown = [s for s in suites if s not in SUITES]
+    if unknown:
+        parser.error(f"--suites: unknown suite(s) {', '.join(unknown)}; the suites are {', '.join(SUITES)}")
+    rounds = args.rounds or (3 if args.quick else 5)
+    min_time = args.min_time or (0.01 if args.quick else 0.05)
+    if rounds < 1 or min_time <= 0:
+        parser.error("--rounds must be >= 1 and --min-time > 0")
+    if not os.access(args.bench, os.X_OK):
+        parser.error(f"--bench: {args.bench} is not an executable (build it first: scripts/bench.sh does)")
+    os.makedirs(args.out, exist_ok=True)
+    use_peers = not args.quick or args.peers
+    started = time.time()
+
+    listed = subprocess.run([args.bench, "--benchmark_list_tests"], capture_output=True, text=True).stdout.split()
+    has_thrust = subprocess.run([args.bench, "--device=thrust", "--benchmark_list_tests"],
+                                capture_output=True).returncode == 0
+    devices = args.devices.split(",") if args.devices else ["cpu", "thrust"] if has_thrust else ["cpu"]
+    if any(d not in ("cpu", "thrust") for d in devices) or ("thrust" in devices and not has_thrust):
+        parser.error(f"--devices: cpu and/or thrust (thrust needs a build with XGRAD_THRUST_SYSTEM), got {args.devices}")
+    libtorch_built = any(name.split("/")[2:3] == ["libtorch"] for name in listed)
+    preload = build_heap_counter(args.out) if use_peers else None
+    peers = {}
+    workloads = [w for w in WORKLOADS if w.suite in suites]
+    for name in PEER_MODES:
+        for threads in sorted({w.threads for w in workloads}):
+            if not use_peers:
+                peers[(name, threads)] = None
+                continue
+            log(f"run_suite: starting {name} ({threads} thread{'s' if threads > 1 else ''})")
+            peers[(name, threads)] = Peer(name, args.peers_venv, threads, preload, args.out)
+
+    samples = {}  # (key, side) -> [answer per round]
+    problems = []
+    for round_index in range(rounds):
+        for suite in suites:
+            log(f"run_suite: round {round_index + 1}/{rounds}, {suite}")
+            for device in devices:
+                answers, found = run_xgrad_bench(args.bench, suite, min_time, device, args.out)
+                problems += [p for p in found if p not in problems]
+                for key_side, answer in answers.items():
+                    samples.setdefault(key_side, []).append(answer)
+            for workload in (w for w in workloads if w.suite == suite):
+                for name, modes in PEER_MODES.items():
+                    peer = peers[(name, workload.threads)]
+                    if peer is None:
+                        continue
+                    for mode in modes:
+                        answer = peer.run(workload.key, mode, min_time)
+                        samples.setdefault((workload.key, f"{name}:{mode}"), []).append(answer)
+    for peer in peers.values():
+        if peer:
+            peer.close()
+
+    results = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+               "command": " ".join(sys.argv), "rounds": rounds, "min_time_s": min_time, "devices": devices,
+               "quick": args.quick, "seconds": round(time.time() - started), "machine": machine_description(),
+               "libtorch_built": libtorch_built, "peers": {}, "workloads": {}, "problems": problems}
+    for name in PEER_MODES:
+        states = [p for (n, _), p in peers.items() if n == name]
+        if not use_peers:
+            status = {"status": "not run (--quick)"}
+        elif any(p and p.version for p in states):
+            status = {"status": "installed", "version": next(p.version for p in states if p and p.version)}
+        else:
+            status = {"status": "not installed",
+                      "why": next((p.missing for p in states if p and p.missing), f"{PEER_IMPORT[name]} not importable")}
+        results["peers"][name] = status
+    for workload in workloads:
+        entry = {"suite": workload.suite, "what": workload.what, "threads": workload.threads, "sides": {}}
+        for (key, side), answers in samples.items():
+            if key != workload.key:
+                continue
+            summary = summarize(answers)
+            if summary:
+                entry["sides"][side] = summary
+                continue
+            first = answers[0]
+            why = first.get("unsupported") or first.get("missing") or first.get("error") or "no result"
+            kind = "unsupported" if "unsupported" in first else "missing" if "missing" in first else "error"
+            entry["sides"][side] = {kind: why.strip().splitlines()[-1]}
+        results["workloads"][workload.key] = entry
+    path = os.path.join(args.out, "results.json")
+    with open(path, "w") as file:
+        json.dump(results, file, indent=1)
+    log(f"run_suite: {path} ({results['seconds']} s)")
+    for problem in problems:
+        log(f"run_suite: {problem}")
+    if args.docs:
+        written = report.write(results, args.docs)
+        log("run_suite: wrote " + ", ".join(written))
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,80 @@
+"""Tests of the suite's driver and report on made-up results (no timing involved):
+    python3 -m unittest discover -s benchmarks -p 'test_*.py'
+"""
+
+import os
+import tempfile
+import unittest
+import xml.etree.ElementTree as ElementTree
+
+import report
+import run_suite
+
+
+def results_with(sides, peers_installed=True):
+    """A results.json for one gemm workload with the given {side: median ns}."""
+    status = {"status": "installed", "version": "1.0"} if peers_installed else {"status": "not installed", "why": "x"}
+    return {
+        "date": "2026-01-01 00:00 UTC", "command": "run_suite.py", "rounds": 3, "min_time_s": 0.1, "devices": ["cpu"],
+        "quick": False, "seconds": 1, "libtorch_built": "libtorch" in sides, "problems": [],
+        "machine": {"cpu": "Test CPU", "cpus": "2", "threads_per_core": "1", "caches": "", "flags_avx512": False,
+                    "kernel": "6", "compiler": "g++", "commit": "abc"},
+        "peers": {name: dict(status) for name in ("pytorch", "jax", "mindspore")},
+        "workloads": {"gemm/matmul_64": {
+            "suite": "gemm", "what": "f32[64, 64] @ f32[64, 64]", "threads": 1,
+            "sides": {side: {"median_ns": ns, "min_ns": ns * 0.9, "max_ns": ns * 1.1, "rounds": 3, "allocs": 2.0,
+                             "buffers": 1.0, "peak_MiB": 0.5} if ns else {"unsupported": "no"}
+                      for side, ns in sides.items()}}},
+    }
+
+
+class ReportTest(unittest.TestCase):
+    def test_says_plainly_when_xgrad_is_behind(self):
+        text = report.markdown(results_with({"xgrad:eager": 2000.0, "xgrad:jit_O2": 3000.0, "jax:jit": 1000.0}), "bench")
+        self.assertIn("**behind JAX jit: 2.00x slower**", text)
+        self.assertIn("| `gemm/matmul_64` | xgrad eager 2 µs | JAX jit 1 µs | 2.00 |", text)
+
+    def test_ahead_against_the_fastest_peer(self):
+        sides = {"xgrad:jit_O2": 500.0, "pytorch:eager": 4000.0, "pytorch:compile": 1000.0, "libtorch": 2000.0}
+        text = report.markdown(results_with(sides), "bench")
+        self.assertIn("ahead: 2.00x faster than torch.compile", text)
+        self.assertNotIn("behind", text)
+
+    def test_peers_not_installed_are_shown(self):
+        text = report.markdown(results_with({"xgrad:eager": 1000.0}, peers_installed=False), "bench")
+        self.assertIn("no peer measured", text)
+        row = next(line for line in text.splitlines() if line.startswith("| `matmul_64`"))
+        self.assertEqual(row.count("not installed"), 7)  # LibTorch and the six Python peer modes
+        self.assertEqual(row.count("not built"), 2)  # the Thrust device's eager and jit O2
+
+    def test_chart_is_svg_with_a_bar_per_measured_side(self):
+        sides = {"xgrad:eager": 1000.0, "xgrad:jit_O2": 800.0, "jax:jit": 400.0, "jax:eager": 0}
+        svg = report.chart(results_with(sides), "gemm")
+        root = ElementTree.fromstring(svg)
+        bars = [e for e in root.iter("{http://www.w3.org/2000/svg}rect") if e.find(
+            "{http://www.w3.org/2000/svg}title") is not None]
+        self.assertEqual(len(bars), 3)
+        self.assertIn("0.5x", svg)  # JAX jit at half xgrad's fastest time
+
+    def test_write_replaces_files_whole(self):
+        with tempfile.TemporaryDirectory() as directory:
+            written = report.write(results_with({"xgrad:eager": 1000.0}), directory)
+            self.assertEqual(sorted(os.path.basename(p) for p in written), ["BENCHMARKS.md", "gemm.svg"])
+            self.assertFalse([name for root, _, files in os.walk(directory) for name in files if name.endswith(".tmp")])
+
+
+class SummaryTest(unittest.TestCase):
+    def test_median_min_max_and_largest_peak(self):
+        samples = [{"ns": 4.0, "peak_MiB": 1.0, "allocs": 3.0}, {"ns": 1.0, "peak_MiB": 5.0, "allocs": 1.0},
+                   {"ns": 2.0, "peak_MiB": 2.0, "allocs": 2.0}, {"ns": 10.0, "peak_MiB": 0.5, "allocs": 9.0}]
+        summary = run_suite.summarize(samples)
+        self.assertEqual((summary["median_ns"], summary["min_ns"], summary["max_ns"]), (3.0, 1.0, 10.0))
+        self.assertEqual(summary["peak_MiB"], 5.0)
+        self.assertEqual(summary["allocs"], 2.5)
+
+    def test_no_times_no_summary(self):
+        self.assertIsNone(run_suite.summarize([{"unsupported": "no"}]))
+
+
+if __name__ == "__main__":
+    unittest.main()

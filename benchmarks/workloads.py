@@ -1,0 +1,122 @@
+"""The benchmark suite's workloads: one table for the driver (run_suite.py), the report and the
+Python peers. xgrad's rows (suite_xgrad.cpp, workloads.hpp) and LibTorch's (suite_libtorch.cpp)
+implement the same names with the same shapes and thread counts; a row is named
+"<suite>/<workload>/<impl>".
+"""
+
+import gzip
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Workload:
+    suite: str
+    name: str
+    what: str  # the computation and its shapes, for the report
+    threads: int = 1
+    eager: bool = True  # has an eager implementation (the compile suite has none)
+    reference: str = ""  # an in-executable reference impl besides the peers: "hand" or "openblas"
+
+    @property
+    def key(self):
+        return f"{self.suite}/{self.name}"
+
+
+SUITES = {
+    "dispatch": "per-op overhead: one op on tiny tensors (jit rows: a cache-hit call of the jitted op)",
+    "cache_hit": "a cached compiled function called on a 1-element tensor, against the same ops run eagerly",
+    "elementwise": "single ops and a 7-op chain y = tanh(1.5x + 0.25) * sigmoid(x) + x * x, float32",
+    "reductions": "sums over all or one axis, softmax over the last",
+    "gemm": "square float32 matrix products",
+    "conv": "conv2d at LeNet5's shapes (batch 32, valid, stride 1, no bias): forward, and the gradient of sum(conv2d(x, w))",
+    "mlp_step": "an MLP train step: relu hidden layers, softmax cross-entropy, backward, momentum SGD (lr 0.01, 0.9)",
+    "lenet5_step": "the seed's LeNet5 train step: forward, softmax cross-entropy, backward, momentum SGD (lr 0.01, 0.9)",
+    "compile": "trace and compile a train step (first-call cost), no run",
+}
+
+WORKLOADS = [
+    Workload("dispatch", "add_1", "a + b, f32[1]"),
+    Workload("dispatch", "add_1000", "a + b, f32[1000]"),
+    Workload("dispatch", "add_grad_1", "a + b, f32[1], a requires grad (the op is recorded for backward)"),
+    Workload("cache_hit", "chain7_1", "the 7-op chain on f32[1]"),
+    Workload("elementwise", "add_1e6", "a + b, f32[1e6]", reference="hand"),
+    Workload("elementwise", "exp_1e6", "exp(a), f32[1e6]", reference="hand"),
+    Workload("elementwise", "chain7_1e6", "the 7-op chain, f32[1e6]", reference="hand"),
+    Workload("elementwise", "chain7_1e7", "the 7-op chain, f32[1e7]", reference="hand"),
+    Workload("reductions", "sum_1e7", "sum of f32[1e7]"),
+    Workload("reductions", "sum_axis0_1024x1024", "sum over axis 0 of f32[1024, 1024]"),
+    Workload("reductions", "sum_axis1_1024x1024", "sum over axis 1 of f32[1024, 1024]"),
+    Workload("reductions", "softmax_256x1000", "softmax over the last axis of f32[256, 1000]"),
+    Workload("gemm", "matmul_64", "f32[64, 64] @ f32[64, 64]", reference="openblas"),
+    Workload("gemm", "matmul_256", "f32[256, 256] @ f32[256, 256]", reference="openblas"),
+    Workload("gemm", "matmul_1024", "f32[1024, 1024] @ f32[1024, 1024]", reference="openblas"),
+    Workload("gemm", "matmul_1024_t2", "f32[1024, 1024] @ f32[1024, 1024], 2 threads", threads=2, reference="openblas"),
+    Workload("conv", "conv1_fwd", "conv2d f32[32, 1, 32, 32] * f32[6, 1, 5, 5]"),
+    Workload("conv", "conv2_fwd", "conv2d f32[32, 6, 14, 14] * f32[16, 6, 5, 5]"),
+    Workload("conv", "conv1_grad", "d/dw sum(conv2d(x, w)), conv1's shapes"),
+    Workload("conv", "conv2_grad", "d/dx and d/dw sum(conv2d(x, w)), conv2's shapes"),
+    Workload("mlp_step", "784-128-10_b32", "MLP 784-128-10, batch 32"),
+    Workload("mlp_step", "784-256-256-10_b64", "MLP 784-256-256-10, batch 64"),
+    Workload("lenet5_step", "b32_t1", "LeNet5, batch 32 of f32[1, 32, 32], 1 thread"),
+    Workload("lenet5_step", "b32_t2", "LeNet5, batch 32 of f32[1, 32, 32], 2 threads", threads=2),
+    Workload("compile", "mlp_784-256-256-10_b64", "the MLP 784-256-256-10 train step (batch 64)", eager=False),
+    Workload("compile", "lenet5_step_b32", "the LeNet5 train step (batch 32)", eager=False),
+]
+
+BY_KEY = {w.key: w for w in WORKLOADS}
+
+# What each side runs: xgrad's implementations, the references in xgrad_bench, the Python peers'
+# modes. A peer's "eager" mode runs op by op; its compiled mode traces/compiles first.
+XGRAD_IMPLS = ["eager", "jit_O0", "jit_O1", "jit_O2"]
+PEER_MODES = {
+    "pytorch": ["eager", "compile"],  # torch.compile (inductor)
+    "jax": ["eager", "jit"],  # op-by-op dispatch; jax.jit
+    "mindspore": ["pynative", "graph"],  # PyNative; mindspore.jit (GRAPH_MODE)
+}
+PEER_IMPORT = {"pytorch": "torch", "jax": "jax", "mindspore": "mindspore"}
+
+# LeNet5 on the seed's recipe: the 10 classes, SoftmaxCrossEntropy (sparse, mean), Momentum.
+LENET_BATCH = 32
+
+
+def fashion_mnist_batch():
+    """The LeNet5 rows' batch, as xgrad_bench makes it (suite.hpp: lenet_batch): the first 32
+    train images of Fashion-MNIST (Debian's dataset-fashion-mnist, or $XGRAD_FASHION_MNIST),
+    resized bilinearly to 32x32 (pixel centres at half-integers, source clamped to the image),
+    divided by 255, normalized by 0.1307 and 0.3081: (float32 [32, 1, 32, 32], int32 [32])."""
+    import numpy as np  # the peers' environments have it; the driver does not need it
+
+    directory = os.environ.get("XGRAD_FASHION_MNIST", "/usr/share/datasets/fashion-mnist")
+
+    def read(name, header):
+        for path in (os.path.join(directory, name), os.path.join(directory, name + ".gz")):
+            if os.path.exists(path):
+                with (gzip.open if path.endswith(".gz") else open)(path, "rb") as file:
+                    return np.frombuffer(file.read(), np.uint8, offset=header)
+        raise FileNotFoundError(f"Fashion-MNIST: neither {name} nor {name}.gz in {directory}")
+
+    images = read("train-images-idx3-ubyte", 16)[: LENET_BATCH * 28 * 28].reshape(LENET_BATCH, 28, 28)
+    labels = read("train-labels-idx1-ubyte", 8)[:LENET_BATCH].astype(np.int32)
+    source = np.clip((np.arange(32) + 0.5) * 28 / 32 - 0.5, 0, 27)
+    low = source.astype(np.int64)
+    high = np.minimum(low + 1, 27)
+    weight = (source - low).astype(np.float32)
+    pixels = images.astype(np.float32)
+    rows = pixels[:, low, :] * (1 - weight)[:, None] + pixels[:, high, :] * weight[:, None]
+    resized = rows[:, :, low] * (1 - weight) + rows[:, :, high] * weight
+    normalized = (resized / 255.0 - 0.1307) / 0.3081
+    return normalized.astype(np.float32).reshape(LENET_BATCH, 1, 32, 32), labels
+CHAIN7 = "tanh(1.5x + 0.25) * sigmoid(x) + x * x"
+
+
+def mlp_widths(name):
+    """"784-256-256-10_b64" -> ([784, 256, 256, 10], 64)"""
+    widths, batch = name.split("_b")
+    return [int(w) for w in widths.split("-")], int(batch)
+
+
+CONV = {  # name: (x shape, w shape, gradient with respect to x too)
+    "conv1": ((32, 1, 32, 32), (6, 1, 5, 5), False),
+    "conv2": ((32, 6, 14, 14), (16, 6, 5, 5), True),
+}

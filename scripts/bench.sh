@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The benchmark suite: builds xgrad_bench (Release; with the LibTorch rows when libtorch-dev is
+# installed), runs every suite beside the peers that are installed, and writes the results.
+#
+#   bash scripts/bench.sh            # the full suite; regenerates docs/BENCHMARKS.md and docs/bench/*.svg
+#   bash scripts/bench.sh --quick    # a first look in under 2 minutes: 3 short rounds, no Python
+#                                    # peers; the report goes to build-bench/suite/report/
+#   bash scripts/bench.sh --peers    # first installs the peers: Debian's libtorch-dev, and PyTorch,
+#                                    # JAX and MindSpore from PyPI into build-bench/peers-venv
+#
+# Other arguments go to benchmarks/run_suite.py (--suites, --rounds, --min-time, --devices, ...).
+# Peers that are not installed are shown as such in the report.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+quick=0
+install_peers=0
+args=()
+for arg in "$@"; do
+  case "$arg" in
+    --quick) quick=1; args+=("$arg") ;;
+    --peers) install_peers=1 ;;
+    *) args+=("$arg") ;;
+  esac
+done
+
+scripts/ensure_packages.sh g++ cmake make ccache xtensor-dev libxsimd-dev zlib1g-dev libbenchmark-dev \
+  libopenblas-dev python3 python3-venv
+if ((install_peers)); then
+  scripts/ensure_packages.sh libtorch-dev
+  bash benchmarks/peers/setup_venv.sh build-bench/peers-venv || echo "bench.sh: a peer failed to install; see above"
+fi
+
+# Device::thrust is measured too when the CUDA toolkit's Thrust headers are here (on the host's
+# OpenMP system: no GPU is assumed).
+thrust=OFF
+[ -f /usr/local/cuda/include/cccl/thrust/version.h ] && thrust=OMP
+cmake -S . -B build-bench -DCMAKE_BUILD_TYPE=Release -DXGRAD_BUILD_BENCHMARKS=ON -DXGRAD_BUILD_TESTS=OFF \
+  -DXGRAD_BUILD_EXAMPLES=OFF -DXGRAD_THRUST_SYSTEM="$thrust" > /dev/null
+cmake --build build-bench -j"$(nproc)" --target xgrad_bench
+
+if ((quick)); then
+  docs=build-bench/suite/report
+else
+  docs=docs
+fi
+python3 benchmarks/run_suite.py --bench build-bench/benchmarks/xgrad_bench --out build-bench/suite --docs "$docs" \
+  "${args[@]}"
+echo "bench.sh: results in build-bench/suite/results.json, report in $docs/BENCHMARKS.md"
