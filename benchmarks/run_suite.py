@@ -140,7 +140,7 @@ def run_xgrad_bench(bench, suite, min_time, device, out_dir):
 
 def build_heap_counter(out_dir):
     """benchmarks/heap_count.cpp as a shared library for LD_PRELOAD, or None."""
-    library = os.path.join(out_dir, "libheap_count.so")
+    library = os.path.abspath(os.path.join(out_dir, "libheap_count.so"))  # the workers run in out_dir
     compiler = os.environ.get("CXX", "c++")
     result = subprocess.run([compiler, "-O2", "-shared", "-fPIC", os.path.join(HERE, "heap_count.cpp"), "-o", library],
                             capture_output=True, text=True)
