@@ -25,7 +25,7 @@ for arg in "$@"; do
 done
 
 scripts/ensure_packages.sh g++ cmake make ccache xtensor-dev libxsimd-dev zlib1g-dev libbenchmark-dev \
-  libopenblas-dev python3 python3-venv
+  libopenblas-dev python3 python3-venv dataset-fashion-mnist
 if ((install_peers)); then
   scripts/ensure_packages.sh libtorch-dev
   bash benchmarks/peers/setup_venv.sh build-bench/peers-venv || echo "bench.sh: a peer failed to install; see above"
