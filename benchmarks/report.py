@@ -104,6 +104,8 @@ def verdict(entry):
     if ratio <= 1:
         words = f"ahead: {1 / ratio:.2f}x faster than {LABEL[theirs[1]]}" if ratio > 0.01 else \
             f"ahead: {1 / ratio:.0f}x faster than {LABEL[theirs[1]]}"
+    elif ratio < 1.01:  # "1.00x slower" would read as a tie
+        words = f"**behind {LABEL[theirs[1]]} by {100 * (ratio - 1):.1f}%**"
     else:
         words = f"**behind {LABEL[theirs[1]]}: {ratio:.2f}x slower**"
     return mine, theirs, ratio, words

@@ -34,6 +34,10 @@ class ReportTest(unittest.TestCase):
         self.assertIn("**behind JAX jit: 2.00x slower**", text)
         self.assertIn("| `gemm/matmul_64` | xgrad eager 2 µs | JAX jit 1 µs | 2.00 |", text)
 
+    def test_behind_by_less_than_a_percent_gives_the_percentage(self):
+        text = report.markdown(results_with({"xgrad:eager": 1003.0, "libtorch": 1000.0}), "bench")
+        self.assertIn("**behind LibTorch by 0.3%**", text)
+
     def test_ahead_against_the_fastest_peer(self):
         sides = {"xgrad:jit_O2": 500.0, "pytorch:eager": 4000.0, "pytorch:compile": 1000.0, "libtorch": 2000.0}
         text = report.markdown(results_with(sides), "bench")

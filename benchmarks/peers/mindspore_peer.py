@@ -57,12 +57,14 @@ def primitives():
         conv2d=conv2d, softmax=softmax, sum=total, grad=grad, recorded=recorded)
 
 
-def lenet5():
-    """The seed's LeNet5 (MindSpore's defaults: no conv bias)."""
+def lenet5(dense_weights=None):
+    """The seed's LeNet5 (MindSpore's defaults: no conv bias); dense_weights: the dense layers'
+    weight_init (the notebook's is Normal(0.02); None: MindSpore's default)."""
     return nn.SequentialCell(
         nn.Conv2d(1, 6, 5, pad_mode="valid"), nn.ReLU(), nn.MaxPool2d(kernel_size=2, stride=2),
         nn.Conv2d(6, 16, 5, pad_mode="valid"), nn.ReLU(), nn.MaxPool2d(kernel_size=2, stride=2),
-        nn.Flatten(), nn.Dense(400, 120), nn.ReLU(), nn.Dense(120, 84), nn.ReLU(), nn.Dense(84, 10))
+        nn.Flatten(), nn.Dense(400, 120, weight_init=dense_weights), nn.ReLU(),
+        nn.Dense(120, 84, weight_init=dense_weights), nn.ReLU(), nn.Dense(84, 10, weight_init=dense_weights))
 
 
 def mlp(widths):
@@ -84,6 +86,11 @@ def model(workload):
         widths, batch = mlp_widths(workload.name.removeprefix("mlp_"))
         net, x = mlp(widths), randn(batch, widths[0], seed=42)
         labels = ms.Tensor((np.arange(batch) * 7 % widths[-1]).astype(np.int32))
+    return seed_train_step(net), x, labels
+
+
+def seed_train_step(net):
+    """The seed notebook's train step of net: mean sparse softmax cross-entropy, momentum SGD (lr 0.01, 0.9)."""
     loss_fn = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
     optimizer = nn.Momentum(net.trainable_params(), learning_rate=0.01, momentum=0.9)
 
@@ -97,7 +104,7 @@ def model(workload):
         optimizer(grads)
         return loss
 
-    return train_step, x, labels
+    return train_step
 
 
 def make_call(workload, mode, threads):

@@ -51,13 +51,18 @@ def primitives():
         recorded=lambda x: x.requires_grad_())
 
 
-def lenet5():
-    """The seed's LeNet5: valid 5x5 convolutions without bias, ReLU, 2x2 max pooling, dense 120-84-10."""
+def lenet5(dense_std=None):
+    """The seed's LeNet5: valid 5x5 convolutions without bias, ReLU, 2x2 max pooling, dense 120-84-10;
+    dense_std: the dense weights drawn from N(0, dense_std^2) as in the notebook (None: PyTorch's default)."""
     nn = torch.nn
-    return nn.Sequential(
+    net = nn.Sequential(
         nn.Conv2d(1, 6, 5, bias=False), nn.ReLU(), nn.MaxPool2d(2),
         nn.Conv2d(6, 16, 5, bias=False), nn.ReLU(), nn.MaxPool2d(2),
         nn.Flatten(), nn.Linear(400, 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU(), nn.Linear(84, 10))
+    for layer in net:
+        if dense_std is not None and isinstance(layer, nn.Linear):
+            nn.init.normal_(layer.weight, 0.0, dense_std)
+    return net
 
 
 def mlp(widths):
