@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds and runs the test suite: once optimized (then the benchmark suite's driver tests and
-# every suite row once), once under AddressSanitizer + UBSan; then compiles and links the CUDA
-# build (tests, examples, benchmarks) with nvcc: no GPU to run it.
+# every suite row once), once under AddressSanitizer + UBSan; runs the fuzz targets; then
+# compiles and links the CUDA build (tests, examples, benchmarks) with nvcc: no GPU to run it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/ensure_packages.sh g++ cmake make ccache xtensor-dev libxsimd-dev doctest-dev zlib1g-dev dataset-fashion-mnist \
@@ -33,13 +33,30 @@ cmake -S tests/install_consumer -B build-test/consumer -DCMAKE_BUILD_TYPE=Releas
   -DCMAKE_PREFIX_PATH="$PWD/build-test/prefix" > /dev/null
 cmake --build build-test/consumer
 build-test/consumer/consumer && echo "find_package(xgrad) consumer: ok"
+# A user's Debug build on a machine with AVX-512 (the flags stand in for -march=native there):
+# the target adds -Og, without which GCC rejects xsimd's AVX-512 code. It runs where the CPU can.
+cmake -S tests/install_consumer -B build-test/consumer-debug -DCMAKE_BUILD_TYPE=Debug \
+  -DCMAKE_CXX_FLAGS="-mavx512f -mavx512bw -mavx512dq -mavx512vl -mavx512cd" \
+  -DCMAKE_PREFIX_PATH="$PWD/build-test/prefix" > /dev/null
+cmake --build build-test/consumer-debug
+if grep -q avx512bw /proc/cpuinfo; then
+  build-test/consumer-debug/consumer && echo "Debug consumer with AVX-512: compiled and ran"
+else
+  echo "Debug consumer with AVX-512: compiled (this CPU has no AVX-512 to run it)"
+fi
 
 # -O1: xsimd's AVX-512 code does not compile at -O0, and -O2 with ASan compiles for ages.
-# -g1: line tables for the sanitizer reports, at a quarter less compile time than -g.
-cmake -S . -B build-sanitize -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS=-O1 -DCMAKE_CXX_FLAGS_DEBUG=-g1 -DXGRAD_SANITIZE=ON \
+# -g1: line tables for the sanitizer reports, at a quarter less compile time than -g. Asserts on
+# (no NDEBUG).
+cmake -S . -B build-sanitize -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" \
+  -DXGRAD_SANITIZE=ON \
   -DXGRAD_BUILD_TESTS=ON -DXGRAD_BUILD_EXAMPLES=OFF -DXGRAD_THRUST_SYSTEM=CPP
 cmake --build build-sanitize -j"$jobs"
 (cd build-sanitize && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure)
+
+# The libFuzzer targets (IDX reader, gzip, checkpoint reader, op calls) under ASan + UBSan with
+# Debian's clang, each for 30 s from its committed seed corpus (docs/FUZZING.md).
+scripts/fuzz.sh 30
 
 # The CUDA build, compiled and linked with the CUDA toolkit's nvcc, cuBLAS and Thrust. Host code
 # unoptimized (-O0 needs XGRAD_NATIVE off: xsimd's AVX-512 code does not compile at -O0) and

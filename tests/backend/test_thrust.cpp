@@ -250,6 +250,58 @@ TEST_CASE("thrust: every op-table row through jit on Device::thrust, at each lev
   }
 }
 
+TEST_CASE("thrust: op-table rows with NaN, ±inf, ±0 and denormal inputs match the cpu backend, eager and compiled") {
+  // NaN propagation, integer and pow semantics live in the ops' apply bodies, which the device
+  // runs as scalars inside its functors: the same NaNs and infinities as the cpu's batches.
+  using namespace xgrad::testing;
+  auto same_special = [](auto got, auto want, double rel) {
+    if (std::isinf(static_cast<double>(got)) || std::isinf(static_cast<double>(want))) return got == want;
+    return close(got, want, rel);  // NaN matches NaN
+  };
+  for (const OpCase& c : op_table()) {
+    CAPTURE(c.name);
+    for (int phase = 0; phase < kSpecialPhases; phase += 4) {
+      CAPTURE(phase);
+      std::vector<xg::Tensor<float>> f_cpu, f_dev;
+      std::vector<xg::Tensor<double>> d_cpu, d_dev;
+      for (std::size_t k = 0; k < c.shapes.size(); ++k) {
+        Ref r = special_input(c.shapes[k], c.domains[k], 31 + 97 * k, k, phase, c.special_infinities);
+        f_cpu.push_back(to_tensor<float>(r));
+        d_cpu.push_back(to_tensor<double>(r));
+        f_dev.push_back(f_cpu.back().to(xg::Device::thrust));
+        d_dev.push_back(d_cpu.back().to(xg::Device::thrust));
+      }
+      const std::vector<float> f_want = c.f32(f_cpu).to_vector();
+      const std::vector<double> d_want = c.f64(d_cpu).to_vector();
+      DefaultDevice on(xg::Device::thrust);
+      const std::vector<float> f_got = c.f32(f_dev).to_vector();
+      const xg::Tensor<double> d_eager = c.f64(d_dev);
+      const std::vector<double> d_got = d_eager.to_vector();
+      REQUIRE(f_got.size() == f_want.size());
+      REQUIRE(d_got.size() == d_want.size());
+      std::size_t mismatches = 0;
+      for (std::size_t i = 0; i < f_got.size(); ++i)
+        if (!same_special(f_got[i], f_want[i], 1e-5) && mismatches++ == 0)
+          MESSAGE("float element " << i << ": " << f_got[i] << " vs " << f_want[i]);
+      for (std::size_t i = 0; i < d_got.size(); ++i)
+        if (!same_special(d_got[i], d_want[i], 1e-12) && mismatches++ == 0)
+          MESSAGE("double element " << i << ": " << d_got[i] << " vs " << d_want[i]);
+      CHECK(mismatches == 0);
+      // Compiled at O2 (strict: fused functors, folded constants) on the device: eager's numbers.
+      const auto jitted = xg::jit([&c](std::vector<xg::Tensor<double>> xs) { return c.f64(xs); },
+                                  {.level = xg::JitLevel::O2, .strict = true})(d_dev)
+                              .to_vector();
+      REQUIRE(jitted.size() == d_got.size());
+      std::size_t differ = 0;
+      for (std::size_t i = 0; i < d_got.size(); ++i)
+        if (!(std::memcmp(&jitted[i], &d_got[i], sizeof(double)) == 0 ||
+              (std::isnan(jitted[i]) && std::isnan(d_got[i]))))
+          ++differ;
+      CHECK(differ == 0);
+    }
+  }
+}
+
 TEST_CASE("thrust: a compiled graph runs on its inputs' device; two devices at once are refused") {
   // The table is made while tracing: a constant of the graph, made on the cpu and moved to the
   // device of the call (eagerly it would meet device tensors and be refused).

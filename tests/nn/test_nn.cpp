@@ -366,7 +366,7 @@ TEST_CASE("optim: each optimizer follows its update equations") {
                          xg::ValueError);
     CHECK_THROWS_WITH_AS(xg::optim::Momentum({p}, 0.1f, 1.5f), doctest::Contains("momentum must be in [0, 1)"),
                          xg::ValueError);
-    CHECK_THROWS_WITH_AS(xg::optim::SGD({p}, -1.0f), doctest::Contains("learning_rate must be >= 0, got -1"),
+    CHECK_THROWS_WITH_AS(xg::optim::SGD({p}, -1.0f), doctest::Contains("learning_rate must be finite and >= 0, got -1"),
                          xg::ValueError);
     opt.set_learning_rate(0.5f);
     CHECK(opt.learning_rate() == 0.5f);

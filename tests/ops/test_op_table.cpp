@@ -94,3 +94,40 @@ TEST_CASE("op table: analytic gradients match central differences in double") {
     }
   }
 }
+
+TEST_CASE("op table: NaN, ±inf, ±0 and denormal inputs give the reference's values at float and double") {
+  // Each phase puts special values at other places (special_input); the reference, plain loops
+  // in double, says what IEEE 754 and NaN propagation (docs/NUMERICS.md) make of them.
+  for (const auto& c : op_table()) {
+    SUBCASE(c.name.c_str()) {
+      for (int phase = 0; phase < kSpecialPhases; ++phase) {
+        CAPTURE(phase);
+        std::vector<Ref> in;
+        for (std::size_t k = 0; k < c.shapes.size(); ++k)
+          in.push_back(special_input(c.shapes[k], c.domains[k], 13 + 97 * k, k, phase, c.special_infinities));
+        // Each type's reference starts from the inputs as that type holds them (1e-310 is 0 in
+        // float) and is rounded to it at the end (1 / 1e-40f is inf in float).
+        auto check = [&](const auto& got, const std::vector<Ref>& held, double tolerance) {
+          using T = typename std::decay_t<decltype(got)>::value_type;
+          const Ref expected = c.reference(held);
+          REQUIRE(got.shape() == xg::Shape(expected.shape));
+          const auto values = got.to_vector();
+          std::size_t mismatches = 0;
+          std::string first;
+          for (std::size_t i = 0; i < values.size(); ++i)
+            if (!matches_reference(static_cast<double>(values[i]),
+                                   static_cast<double>(static_cast<T>(expected.data[i])), tolerance) &&
+                mismatches++ == 0)
+              first = xg::detail::concat("element ", i, ": got ", values[i], ", expected ", expected.data[i]);
+          INFO(first);
+          CHECK(mismatches == 0);
+        };
+        auto in_float = in;
+        for (auto& r : in_float)
+          for (auto& v : r.data) v = static_cast<float>(v);
+        check(c.f32(to_tensors<float>(in)), in_float, 2e-5);
+        check(c.f64(to_tensors<double>(in)), in, 1e-12);
+      }
+    }
+  }
+}

@@ -43,6 +43,19 @@ inline void check_saved(const Node& node) {
     fail(node.out_version, node.out_storage->version());
 }
 
+/// Scope guard: no grad transform counts as evaluating its function inside it (a backward
+/// pass that records nothing).
+class FirstOrderScope {
+ public:
+  FirstOrderScope() : m_previous(xgrad::detail::context().transform_depth) { xgrad::detail::context().transform_depth = 0; }
+  ~FirstOrderScope() { xgrad::detail::context().transform_depth = m_previous; }
+  FirstOrderScope(const FirstOrderScope&) = delete;
+  FirstOrderScope& operator=(const FirstOrderScope&) = delete;
+
+ private:
+  int m_previous;
+};
+
 }  // namespace detail
 
 /// Backpropagates each seed from its root (roots that need no gradient are skipped). With
@@ -92,10 +105,16 @@ inline std::vector<TensorBase> run_backward(const std::vector<TensorBase>& roots
   }
   std::optional<no_grad> off;
   std::optional<enable_grad> on;
-  if (create_graph)
+  std::optional<detail::FirstOrderScope> first_order;
+  if (create_graph) {
     on.emplace();
-  else
+  } else {
     off.emplace();
+    // A backward pass nobody differentiates is first order even inside a grad transform
+    // (grad(jit(f)) runs jit's gradient here): rules that differentiate a function again
+    // (a jitted call's, a traced loop's) must not record for a second order.
+    first_order.emplace();
+  }
 
   for (auto it = order.rbegin(); it != order.rend(); ++it) {
     const auto& meta = *it;

@@ -118,7 +118,9 @@ class Program {
     Arena(std::size_t bytes, Device device) : m_device(device) {
       if (device == Device::cpu) {
         m_data = static_cast<std::byte*>(std::aligned_alloc(MemoryPlan::kAlignment, bytes));
-        if (!m_data) throw std::bad_alloc();
+        if (!m_data)
+          throw AllocationError(xgrad::detail::concat("jit: cannot allocate a compiled function's ", bytes,
+                                                      "-byte arena on cpu: out of memory"));
       } else {
         m_storage = std::make_unique<Storage>(bytes, device);
         m_data = static_cast<std::byte*>(m_storage->data());

@@ -11,6 +11,7 @@
 #include "xgrad/backend/cpu/reduce.hpp"
 #include "xgrad/backend/cpu/resize.hpp"
 #include "xgrad/backend/cpu/softmax_xent.hpp"
+#include "xgrad/backend/math.hpp"
 #include "xgrad/core/device.hpp"
 #if defined(XGRAD_WITH_THRUST)
 #include "xgrad/backend/thrust/conv_pool.hpp"
@@ -48,10 +49,10 @@ template <class T> void fill(Device device, T* dst, std::int64_t n, T value) {
   std::fill_n(dst, n, value);
 }
 
-/// dst[i] = U(src[i]).
+/// dst[i] = U(src[i]), defined for every value (math::convert: float to int saturates, NaN -> 0).
 template <class U, class T> void cast(Device device, const T* src, U* dst, std::int64_t n) {
   XGRAD_ON_THRUST(device, cast(src, dst, n));
-  for (std::int64_t i = 0; i < n; ++i) dst[i] = static_cast<U>(src[i]);
+  for (std::int64_t i = 0; i < n; ++i) dst[i] = math::convert<U>(src[i]);
 }
 
 /// See cpu::reduce.

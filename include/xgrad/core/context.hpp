@@ -1,5 +1,9 @@
-// Thread-local execution context: the mode (eager or graph) and whether autodiff records.
+// Execution context: the mode (eager or graph), process-wide as MindSpore's
+// set_context(mode=...), with a per-thread override by mode_scope; and, per thread, whether
+// autodiff records and how deep grad transforms and jit traces are nested.
 #pragma once
+
+#include <atomic>
 
 namespace xgrad {
 
@@ -8,32 +12,52 @@ enum class Mode { eager, graph };
 
 namespace detail {
 struct Context {
-  Mode mode = Mode::eager;
   bool grad_enabled = true;
   int transform_depth = 0;  // how many grad transforms are evaluating their function now
+  int trace_depth = 0;      // how many jit traces are running on this thread (tracing::Tracer keeps it)
+  int mode_override = -1;   // the Mode a mode_scope set on this thread, or -1 for the process's mode
 };
 inline Context& context() {
   thread_local Context ctx;
   return ctx;
 }
+inline std::atomic<Mode>& process_mode() {
+  static std::atomic<Mode> mode{Mode::eager};
+  return mode;
+}
 }  // namespace detail
 
-/// Switches every Module call and Model::train between op-by-op and compiled execution.
-inline void set_mode(Mode mode) { detail::context().mode = mode; }
-/// The current execution mode (Mode::eager by default).
-inline Mode get_mode() { return detail::context().mode; }
+/// Switches every Module call and Model::train between op-by-op and compiled execution, for
+/// the whole process (every thread), as MindSpore's set_context(mode=...) does. Inside a
+/// mode_scope it also sets this thread's scoped mode, so get_mode() returns what was set.
+inline void set_mode(Mode mode) {
+  detail::process_mode().store(mode, std::memory_order_relaxed);
+  if (detail::context().mode_override >= 0) detail::context().mode_override = static_cast<int>(mode);
+}
+/// This thread's execution mode: its innermost mode_scope's, else the process's (set_mode;
+/// Mode::eager by default).
+inline Mode get_mode() {
+  const int scoped = detail::context().mode_override;
+  return scoped >= 0 ? static_cast<Mode>(scoped) : detail::process_mode().load(std::memory_order_relaxed);
+}
 
-/// Scope guard: the execution mode inside the scope, the previous one restored after it.
+/// Scope guard: the execution mode of this thread inside the scope (other threads keep the
+/// process's mode), the previous one restored after it.
 class mode_scope {
  public:
-  explicit mode_scope(Mode mode) : m_previous(get_mode()) { set_mode(mode); }
-  ~mode_scope() { set_mode(m_previous); }
+  explicit mode_scope(Mode mode) : m_previous(detail::context().mode_override) {
+    detail::context().mode_override = static_cast<int>(mode);
+  }
+  ~mode_scope() { detail::context().mode_override = m_previous; }
   mode_scope(const mode_scope&) = delete;
   mode_scope& operator=(const mode_scope&) = delete;
 
  private:
-  Mode m_previous;
+  int m_previous;
 };
+
+/// True while jit traces a function on this thread (ops then record graph nodes).
+inline bool is_tracing() { return detail::context().trace_depth > 0; }
 
 /// True when ops record on the autodiff tape.
 inline bool is_grad_enabled() { return detail::context().grad_enabled; }

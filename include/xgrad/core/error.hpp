@@ -23,6 +23,19 @@ class ValueError : public std::invalid_argument {
   using std::invalid_argument::invalid_argument;
 };
 
+/// A tensor whose buffer cannot be had: more bytes than xgrad allocates at once, or the
+/// allocator's refusal. A ValueError; ops and factories re-throw it with their name and the
+/// caller's line.
+class AllocationError : public ValueError {
+ public:
+  explicit AllocationError(const std::string& what, bool names_op = false) : ValueError(what), m_names_op(names_op) {}
+  /// True once an op or factory has put its name and the caller's line into what().
+  bool names_op() const { return m_names_op; }
+
+ private:
+  bool m_names_op;
+};
+
 /// Autodiff misuse: backward on a tensor without a graph, a saved tensor changed in place.
 class AutogradError : public std::runtime_error {
  public:
@@ -40,6 +53,16 @@ template <class... Parts> std::string concat(const Parts&... parts) {
 /// "Op: message (at file.cpp:12)"
 template <class... Parts> std::string op_message(std::string_view op, SourceLoc loc, const Parts&... parts) {
   return concat(op, ": ", parts..., " (at ", loc.str(), ")");
+}
+
+/// Runs `body`; an AllocationError from it comes out with `op` and the caller's line in front.
+template <class Body> decltype(auto) naming_allocations(std::string_view op, SourceLoc loc, Body&& body) {
+  try {
+    return body();
+  } catch (const AllocationError& e) {
+    if (e.names_op()) throw;
+    throw AllocationError(op_message(op, loc, e.what()), true);
+  }
 }
 
 }  // namespace detail

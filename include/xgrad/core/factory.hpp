@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <random>
+#include <type_traits>
 #include <vector>
 
 #include "xgrad/core/tensor.hpp"
@@ -14,10 +15,12 @@ namespace xgrad {
 
 namespace detail {
 
+/// Refuses a shape no tensor can have: a negative extent, or more elements than int64 counts.
 inline void check_sizes(std::string_view op, const Shape& shape, SourceLoc loc) {
   for (int i = 0; i < shape.ndim(); ++i)
     if (shape[i] < 0)
       throw_value_error(op, loc, "size ", shape[i], " at axis ", i, " of shape ", shape, " must be non-negative");
+  checked_numel(op, loc, shape);
 }
 
 template <class T, int Depth> struct Nested {
@@ -70,15 +73,23 @@ template <class T> Tensor<T> host_full(const Shape& shape, T value) {
   return out;
 }
 
+/// full(), zeros() and ones(), with errors naming `op`.
+template <class T> Tensor<T> filled(std::string_view op, const Shape& shape, T value, SourceLoc loc) {
+  check_sizes(op, shape, loc);
+  return naming_allocations(op, loc, [&] { return moved_to(host_full(shape, value), default_device()); });
+}
+
 template <class T, class List> Tensor<T> from_nested(const List& list, SourceLoc loc) {
   Shape shape;
   shape_of(list, shape);
   std::vector<T> flat;
   flat.reserve(static_cast<std::size_t>(shape.numel()));
   flatten_into(list, shape, 0, flat, loc);
-  auto out = Tensor<T>::empty(shape);
-  std::copy(flat.begin(), flat.end(), out.data());
-  return moved_to(out, default_device());
+  return naming_allocations("tensor", loc, [&] {
+    auto out = Tensor<T>::empty(shape);
+    std::copy(flat.begin(), flat.end(), out.data());
+    return moved_to(out, default_device());
+  });
 }
 
 }  // namespace detail
@@ -107,9 +118,11 @@ Tensor<T> tensor(const std::vector<T>& values, const Shape& shape, SourceLoc loc
   detail::check_sizes("tensor", shape, loc);
   if (shape.numel() != static_cast<std::int64_t>(values.size()))
     throw_value_error("tensor", loc, "shape ", shape, " needs ", shape.numel(), " values, got ", values.size());
-  auto out = Tensor<T>::empty(shape);
-  std::copy(values.begin(), values.end(), out.data());
-  return detail::moved_to(out, default_device());
+  return detail::naming_allocations("tensor", loc, [&] {
+    auto out = Tensor<T>::empty(shape);
+    std::copy(values.begin(), values.end(), out.data());
+    return detail::moved_to(out, default_device());
+  });
 }
 template <Element T> Tensor<T> tensor(const std::vector<T>& values, SourceLoc loc = SourceLoc::current()) {
   return tensor<T>(values, Shape{static_cast<std::int64_t>(values.size())}, loc);
@@ -125,31 +138,48 @@ template <Element T> Tensor<T> scalar(T value) {
 
 /// A tensor of the given shape with every element `value`.
 template <Element T> Tensor<T> full(const Shape& shape, T value, SourceLoc loc = SourceLoc::current()) {
-  detail::check_sizes("full", shape, loc);
-  return detail::moved_to(detail::host_full(shape, value), default_device());
+  return detail::filled("full", shape, value, loc);
 }
 template <Element T> Tensor<T> zeros(const Shape& shape, SourceLoc loc = SourceLoc::current()) {
-  return full<T>(shape, T(0), loc);
+  return detail::filled("zeros", shape, T(0), loc);
 }
 template <Element T> Tensor<T> ones(const Shape& shape, SourceLoc loc = SourceLoc::current()) {
-  return full<T>(shape, T(1), loc);
+  return detail::filled("ones", shape, T(1), loc);
 }
 
 /// Tensors of like's shape, on like's device.
-template <Element T> Tensor<T> full_like(const Tensor<T>& like, T value) {
-  return detail::moved_to(detail::host_full(like.shape(), value), like.device());
+template <Element T> Tensor<T> full_like(const Tensor<T>& like, T value, SourceLoc loc = SourceLoc::current()) {
+  return detail::naming_allocations(
+      "full_like", loc, [&] { return detail::moved_to(detail::host_full(like.shape(), value), like.device()); });
 }
-template <Element T> Tensor<T> zeros_like(const Tensor<T>& like) { return full_like(like, T(0)); }
-template <Element T> Tensor<T> ones_like(const Tensor<T>& like) { return full_like(like, T(1)); }
+template <Element T> Tensor<T> zeros_like(const Tensor<T>& like, SourceLoc loc = SourceLoc::current()) {
+  return full_like(like, T(0), loc);
+}
+template <Element T> Tensor<T> ones_like(const Tensor<T>& like, SourceLoc loc = SourceLoc::current()) {
+  return full_like(like, T(1), loc);
+}
 
 /// [start, start + step, ...) below stop.
 template <Numeric T> Tensor<T> arange(T start, T stop, T step = T(1), SourceLoc loc = SourceLoc::current()) {
   if (step == T(0)) throw_value_error("arange", loc, "step must not be 0");
-  double count = std::ceil((static_cast<double>(stop) - static_cast<double>(start)) / static_cast<double>(step));
-  auto n = static_cast<std::int64_t>(std::max(0.0, count));
-  auto out = Tensor<T>::empty(Shape{n});
-  for (std::int64_t i = 0; i < n; ++i) out.data()[i] = static_cast<T>(start + static_cast<T>(i) * step);
-  return detail::moved_to(out, default_device());
+  const double count =
+      std::ceil((static_cast<double>(stop) - static_cast<double>(start)) / static_cast<double>(step));
+  // Compared as doubles: a count that is NaN or beyond int64 would make the cast undefined.
+  if (!(count <= static_cast<double>(std::int64_t{1} << 62)))
+    throw_value_error("arange", loc, "start ", start, ", stop ", stop, " and step ", step, " give ", count,
+                      " elements: the count must be finite and at most 2^62");
+  const auto n = static_cast<std::int64_t>(std::max(0.0, count));
+  return detail::naming_allocations("arange", loc, [&] {
+    auto out = Tensor<T>::empty(Shape{n});
+    for (std::int64_t i = 0; i < n; ++i) {
+      if constexpr (std::is_integral_v<T>)  // wraps modulo 2^64, exact since each value lies in [start, stop)
+        out.data()[i] = static_cast<T>(static_cast<std::uint64_t>(start) +
+                                       static_cast<std::uint64_t>(i) * static_cast<std::uint64_t>(step));
+      else
+        out.data()[i] = static_cast<T>(start + static_cast<T>(i) * step);
+    }
+    return detail::moved_to(out, default_device());
+  });
 }
 /// [0, 1, ..., n - 1].
 template <Numeric T> Tensor<T> arange(std::int64_t n, SourceLoc loc = SourceLoc::current()) {
@@ -160,20 +190,24 @@ template <Numeric T> Tensor<T> arange(std::int64_t n, SourceLoc loc = SourceLoc:
 /// The n x n identity.
 template <Numeric T> Tensor<T> eye(std::int64_t n, SourceLoc loc = SourceLoc::current()) {
   detail::check_sizes("eye", Shape{n, n}, loc);
-  auto out = detail::host_full(Shape{n, n}, T(0));
-  for (std::int64_t i = 0; i < n; ++i) out.data()[i * n + i] = T(1);
-  return detail::moved_to(out, default_device());
+  return detail::naming_allocations("eye", loc, [&] {
+    auto out = detail::host_full(Shape{n, n}, T(0));
+    for (std::int64_t i = 0; i < n; ++i) out.data()[i * n + i] = T(1);
+    return detail::moved_to(out, default_device());
+  });
 }
 
 /// Standard normal samples from a seeded generator (same seed, same tensor).
 template <FloatingPoint T>
 Tensor<T> randn(const Shape& shape, std::uint64_t seed = 0, SourceLoc loc = SourceLoc::current()) {
   detail::check_sizes("randn", shape, loc);
-  std::mt19937_64 gen(seed);
-  std::normal_distribution<T> dist(T(0), T(1));
-  auto out = Tensor<T>::empty(shape);
-  std::generate_n(out.data(), shape.numel(), [&] { return dist(gen); });
-  return detail::moved_to(out, default_device());
+  return detail::naming_allocations("randn", loc, [&] {
+    std::mt19937_64 gen(seed);
+    std::normal_distribution<T> dist(T(0), T(1));
+    auto out = Tensor<T>::empty(shape);
+    std::generate_n(out.data(), shape.numel(), [&] { return dist(gen); });
+    return detail::moved_to(out, default_device());
+  });
 }
 
 /// Uniform samples in [lo, hi) from a seeded generator.
@@ -181,11 +215,15 @@ template <FloatingPoint T>
 Tensor<T> uniform(const Shape& shape, T lo, T hi, std::uint64_t seed = 0, SourceLoc loc = SourceLoc::current()) {
   detail::check_sizes("uniform", shape, loc);
   if (!(lo < hi)) throw_value_error("uniform", loc, "lo (", lo, ") must be below hi (", hi, ")");
-  std::mt19937_64 gen(seed);
-  std::uniform_real_distribution<T> dist(lo, hi);
-  auto out = Tensor<T>::empty(shape);
-  std::generate_n(out.data(), shape.numel(), [&] { return dist(gen); });
-  return detail::moved_to(out, default_device());
+  if (!std::isfinite(hi - lo))
+    throw_value_error("uniform", loc, "lo (", lo, ") and hi (", hi, ") must be finite and hi - lo must be too");
+  return detail::naming_allocations("uniform", loc, [&] {
+    std::mt19937_64 gen(seed);
+    std::uniform_real_distribution<T> dist(lo, hi);
+    auto out = Tensor<T>::empty(shape);
+    std::generate_n(out.data(), shape.numel(), [&] { return dist(gen); });
+    return detail::moved_to(out, default_device());
+  });
 }
 
 }  // namespace xgrad

@@ -59,6 +59,8 @@ template <Element T> std::string format_values(const Tensor<T>& tensor) {
   std::ostringstream out;
   if (t.ndim() == 0)
     detail::print_value(out, t.data()[0]);
+  else if (t.numel() == 0)  // as NumPy: no nested brackets, which for [2^40, 0] would never end
+    out << "[]";
   else
     detail::print_axis(out, t.data(), t.shape(), 0, 0, t.numel() > detail::kPrintThreshold, 0);
   return out.str();

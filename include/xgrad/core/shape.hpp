@@ -5,6 +5,7 @@
 #include <array>
 #include <cstdint>
 #include <initializer_list>
+#include <limits>
 #include <ostream>
 #include <sstream>
 #include <string>
@@ -34,11 +35,27 @@ class Shape {
   std::int64_t* end() { return m_dims.data() + m_rank; }
   std::int64_t back() const { return m_dims[m_rank - 1]; }
 
+  /// The element count. Throws ValueError for a negative extent, or when the product of the
+  /// non-zero extents does not fit in int64: then strides() cannot overflow either, whatever
+  /// axis is 0.
   std::int64_t numel() const {
     std::int64_t n = 1;
-    for (int i = 0; i < m_rank; ++i) n *= m_dims[i];
-    return n;
+    bool empty = false;
+    for (int i = 0; i < m_rank; ++i) {
+      const std::int64_t d = m_dims[i];
+      if (d < 0)
+        throw ValueError(detail::concat("Shape ", str(), ": extent ", d, " at axis ", i, " is negative"));
+      if (d == 0)
+        empty = true;
+      else if (n > kMaxCount / d)
+        throw ValueError(detail::concat("Shape ", str(), ": the product of its extents exceeds ", kMaxCount,
+                                        ", the most elements an int64 counts"));
+      else
+        n *= d;
+    }
+    return empty ? 0 : n;
   }
+  static constexpr std::int64_t kMaxCount = std::numeric_limits<std::int64_t>::max();
 
   void push_back(std::int64_t d) {
     check_rank(m_rank + 1);
@@ -91,9 +108,56 @@ class Shape {
   int m_rank = 0;
 };
 
+namespace detail {
+
+/// a + b for sizes (non-negative), or a ValueError naming `op`, what is added and the numbers.
+inline std::int64_t checked_add(std::string_view op, SourceLoc loc, std::string_view what, std::int64_t a,
+                                std::int64_t b) {
+  if (a < 0 || b < 0 || a > Shape::kMaxCount - b)
+    throw_value_error(op, loc, what, " = ", a, " + ", b, " is negative or exceeds ", Shape::kMaxCount);
+  return a + b;
+}
+
+/// a * b for sizes (non-negative), or a ValueError naming `op`, what is multiplied and the numbers.
+inline std::int64_t checked_mul(std::string_view op, SourceLoc loc, std::string_view what, std::int64_t a,
+                                std::int64_t b) {
+  if (a < 0 || b < 0 || (a != 0 && b > Shape::kMaxCount / a))
+    throw_value_error(op, loc, what, " = ", a, " * ", b, " is negative or exceeds ", Shape::kMaxCount);
+  return a * b;
+}
+
+/// The work of an op with windows or dot products (window elements visited, multiply-adds), as
+/// the product of `factors`: a ValueError naming `op` past 2^62, which no machine finishes and
+/// which leaves room for the kernels' index sums.
+inline std::int64_t checked_work(std::string_view op, SourceLoc loc, std::string_view what,
+                                 std::initializer_list<std::int64_t> factors) {
+  constexpr std::int64_t limit = std::int64_t{1} << 62;
+  std::int64_t work = 1;
+  for (std::int64_t f : factors)
+    if (f == 0) return 0;
+  for (std::int64_t f : factors) {
+    if (f < 0 || work > limit / f)
+      throw_value_error(op, loc, what, " (the product of ", Shape(factors), ") exceeds 2^62");
+    work *= f;
+  }
+  return work;
+}
+
+/// shape.numel(), or a ValueError naming `op` and the caller when the shape is not one a tensor
+/// can have (a negative extent, or more elements than int64 counts).
+inline std::int64_t checked_numel(std::string_view op, SourceLoc loc, const Shape& shape) {
+  try {
+    return shape.numel();
+  } catch (const ValueError& e) {
+    throw_value_error(op, loc, e.what());
+  }
+}
+
+}  // namespace detail
+
 /// Maps a possibly negative axis into [0, rank); throws ShapeError naming `op` otherwise.
 inline int normalize_axis(std::int64_t axis, int rank, std::string_view op, SourceLoc loc) {
-  if (axis < -rank || axis >= std::max(rank, 1))
+  if (axis < -rank || axis >= rank)  // a scalar has no axis
     throw_shape_error(op, loc, "axis ", axis, " is out of range for a tensor of rank ", rank);
   return static_cast<int>(axis < 0 ? axis + rank : axis);
 }

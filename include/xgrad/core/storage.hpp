@@ -11,6 +11,7 @@
 #include <unordered_map>
 
 #include "xgrad/core/device.hpp"
+#include "xgrad/core/error.hpp"
 #if defined(XGRAD_WITH_THRUST)
 #include "xgrad/backend/thrust/memory.hpp"
 #endif
@@ -106,14 +107,25 @@ class Storage {
  public:
   static constexpr std::size_t kAlignment = 64;
 
+  /// The most bytes one buffer may have: 2^47 (128 TiB), the user address space of x86-64 and
+  /// ARM64 with 4-level page tables. Larger requests fail before asking the allocator.
+  static constexpr std::size_t kMaxBytes = std::size_t{1} << 47;
+
   explicit Storage(std::size_t bytes, Device device = Device::cpu)
       : m_bytes(bytes), m_device(device), m_serial(next_serial()) {
     using detail::BufferCache;
+    if (bytes > kMaxBytes)
+      throw AllocationError(detail::concat("cannot allocate ", bytes, " bytes on ", device_name(device),
+                                           ": more than the ", kMaxBytes, " bytes (128 TiB) xgrad allocates at once"));
     if (device != Device::cpu) {
       detail::check_available(device, "Storage");
 #if defined(XGRAD_WITH_THRUST)
       m_capacity = bytes;
-      m_data = thrust_backend::allocate(bytes);
+      try {
+        m_data = thrust_backend::allocate(bytes);
+      } catch (const std::bad_alloc&) {
+        throw_out_of_memory(bytes, device);
+      }
 #endif
       return;
     }
@@ -127,7 +139,7 @@ class Storage {
       m_data = BufferCache::instance().take(m_capacity);
       if (!m_data) m_data = std::aligned_alloc(kAlignment, m_capacity);
     }
-    if (!m_data) throw std::bad_alloc();
+    if (!m_data) throw_out_of_memory(bytes, device);
   }
   /// Memory owned elsewhere (a compiled graph's arena); this Storage never frees it.
   struct Borrowed {};
@@ -166,6 +178,11 @@ class Storage {
   }
 
  private:
+  [[noreturn]] static void throw_out_of_memory(std::size_t bytes, Device device) {
+    throw AllocationError(detail::concat("cannot allocate ", bytes, " bytes on ", device_name(device),
+                                         ": out of memory"));
+  }
+
   void* m_data = nullptr;
   std::size_t m_bytes = 0;
   std::size_t m_capacity = 0;

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstddef>
 #include <memory>
 #include <string>
 #include <vector>
@@ -46,9 +47,25 @@ struct TensorImpl {
   TensorImpl(Shape s, DType d, std::shared_ptr<Storage> st) : shape(s), dtype(d), storage(std::move(st)) {}
   TensorImpl(Shape s, DType d, std::shared_ptr<ir::Value> v) : shape(s), dtype(d), value(std::move(v)) {}
 
-  /// A fresh contiguous buffer for `shape` elements of `dtype`.
+  /// A fresh contiguous buffer for `shape` elements of `dtype`; an AllocationError when the
+  /// shape is not one a tensor can have or its bytes cannot be had.
   static std::shared_ptr<TensorImpl> allocate(const Shape& shape, DType dtype, Device device = Device::cpu) {
-    auto bytes = static_cast<std::size_t>(shape.numel()) * dtype_size(dtype);
+    std::int64_t count = 0;
+    try {
+      count = shape.numel();
+    } catch (const ValueError& e) {
+      throw AllocationError(e.what());
+    }
+    const auto elements = static_cast<std::size_t>(count);
+    if (elements > Storage::kMaxBytes / dtype_size(dtype)) {
+      const bool fits = elements <= SIZE_MAX / dtype_size(dtype);
+      throw AllocationError(detail::concat("cannot allocate a ", dtype_name(dtype), shape, " tensor on ",
+                                           device_name(device), ": ", elements, " elements of ", dtype_size(dtype),
+                                           " bytes (", fits ? std::to_string(elements * dtype_size(dtype)) : "2^64 or more",
+                                           " bytes) exceed the ", Storage::kMaxBytes,
+                                           " bytes (128 TiB) xgrad allocates at once"));
+    }
+    auto bytes = elements * dtype_size(dtype);
     return std::make_shared<TensorImpl>(shape, dtype, std::make_shared<Storage>(bytes, device));
   }
   bool requires_grad() const { return autograd && autograd->requires_grad; }
@@ -93,10 +110,15 @@ class TensorBase {
   Storage& storage() const {
     auto& impl = checked();
     if (!impl.storage) [[unlikely]]
-      throw ValueError(detail::concat(
-          "Tensor: the value of a traced tensor (", dtype_name(impl.dtype), impl.shape,
-          ") is not known while jit traces the function; use xg::print to see it when the graph runs, and "
-          "xg::cond / xg::while_loop for control flow that depends on it"));
+      throw ValueError(
+          is_tracing()
+              ? detail::concat("Tensor: the value of a traced tensor (", dtype_name(impl.dtype), impl.shape,
+                               ") is not known while jit traces the function; use xg::print to see it when the graph "
+                               "runs, and xg::cond / xg::while_loop for control flow that depends on it")
+              : detail::concat("Tensor: this tensor (", dtype_name(impl.dtype), impl.shape,
+                               ") was made inside a jit trace and kept after the trace ended (in a global, a member or "
+                               "a captured variable), so it has no data. Return it from the jitted function and use "
+                               "the returned tensor instead"));
     return *impl.storage;
   }
   std::shared_ptr<TensorImpl> m_impl;
@@ -108,12 +130,14 @@ template <Element T> class Tensor : public TensorBase {
 
   Tensor() = default;
   /// Wraps an untyped body; throws if its dtype is not T.
-  explicit Tensor(std::shared_ptr<TensorImpl> impl) : TensorBase(std::move(impl)) {
-    if (m_impl && m_impl->dtype != dtype_of<T>())
-      throw ShapeError(
-          detail::concat("Tensor: expected dtype ", dtype_name(dtype_of<T>()), ", got ", dtype_name(m_impl->dtype)));
+  explicit Tensor(std::shared_ptr<TensorImpl> impl, SourceLoc loc = SourceLoc::current())
+      : TensorBase(std::move(impl)) {
+    if (m_impl && m_impl->dtype != dtype_of<T>()) [[unlikely]]
+      throw ShapeError(detail::op_message("Tensor", loc, "cannot view a ", dtype_name(m_impl->dtype), m_impl->shape,
+                                          " tensor as Tensor<", dtype_name(dtype_of<T>()),
+                                          ">; convert it with xg::cast"));
   }
-  explicit Tensor(const TensorBase& base) : Tensor(base.impl()) {}
+  explicit Tensor(const TensorBase& base, SourceLoc loc = SourceLoc::current()) : Tensor(base.impl(), loc) {}
 
   /// An uninitialised tensor of the given shape (kernels write every element).
   static Tensor empty(const Shape& shape, Device device = Device::cpu) {
@@ -134,8 +158,9 @@ template <Element T> class Tensor : public TensorBase {
   }
 
   /// The value of a one-element tensor, on the host.
-  T item() const {
-    if (numel() != 1) throw ShapeError(detail::concat("item: expected a tensor with one element, got shape ", shape()));
+  T item(SourceLoc loc = SourceLoc::current()) const {
+    if (numel() != 1)
+      throw ShapeError(detail::op_message("item", loc, "expected a tensor with one element, got shape ", shape()));
     if (device() == Device::cpu) return data()[0];
     T value;
     detail::copy_bytes(&value, Device::cpu, data(), device(), sizeof(T));

@@ -387,6 +387,9 @@ tracing::detail::traced_t<Carry> while_loop(Cond cond_fn, Body body_fn, const Ca
                                             SourceLoc loc = SourceLoc::current()) {
   using namespace tracing::detail;
   using C = traced_t<Carry>;
+  if (options.max_iters < -1)
+    throw ValueError(xgrad::detail::op_message(
+        "While", loc, "WhileOptions::max_iters must be -1 (no bound) or a count of 0 or more, got ", options.max_iters));
   Flat flat;
   flatten(init, flat, std::string());
   FlatFn keep_going = [cond_fn, statics = flat.statics](std::span<const TensorBase> in) {

@@ -25,7 +25,8 @@ enum class JitLevel { O0, O1, O2 };
 struct JitConfig {
   JitLevel level = JitLevel::O2;
   /// How many times a jitted function may trace again for a new signature after its first
-  /// trace; -1 for no limit. Going past it throws RetraceError saying what changed.
+  /// trace; -1 for no limit (any other negative value is a ValueError). Going past it throws
+  /// RetraceError saying what changed.
   int max_retraces = -1;
   /// Shown in logs, reports and saved graphs; "jit@file.cpp:12" when empty.
   std::string name = {};
@@ -40,6 +41,18 @@ struct JitConfig {
   /// read after the planned last use gives NaNs rather than plausible stale values.
   bool poison_freed_buffers = false;
 };
+
+/// Throws ValueError for a JitConfig that would otherwise be read in a way its writer did not
+/// mean (a negative retrace limit other than -1, a level outside O0..O2, an unknown pass).
+inline void validate(const JitConfig& config) {
+  if (config.max_retraces < -1)
+    throw ValueError(xgrad::detail::concat("JitConfig::max_retraces must be -1 (no limit) or a count of 0 or more, got ",
+                                           config.max_retraces));
+  const int level = static_cast<int>(config.level);
+  if (level < 0 || level > 2)
+    throw ValueError(xgrad::detail::concat("JitConfig::level must be JitLevel::O0, O1 or O2, got the value ", level));
+  passes::pipeline(level, config.disabled_passes);  // throws for an unknown pass name
+}
 
 /// Scope guard: a jitted function that traces while one is alive throws RetraceError, so a
 /// test can show that a hot loop never recompiles.
@@ -88,9 +101,10 @@ namespace tracing::detail {
 struct Signature {
   std::vector<std::pair<DType, Shape>> tensors;
   std::vector<std::int64_t> statics;
+  std::vector<std::int32_t> aliases;  // as Flat::aliases
 
   bool matches(const Flat& flat) const {
-    if (tensors.size() != flat.tensors.size() || statics != flat.statics) return false;
+    if (tensors.size() != flat.tensors.size() || statics != flat.statics || aliases != flat.aliases) return false;
     for (std::size_t i = 0; i < tensors.size(); ++i) {
       const TensorImpl& t = *flat.tensors[i].impl();
       if (tensors[i].first != t.dtype || !(tensors[i].second == t.shape)) return false;
@@ -101,9 +115,71 @@ struct Signature {
     Signature s;
     for (const auto& t : flat.tensors) s.tensors.emplace_back(t.dtype(), t.shape());
     s.statics = flat.statics;
+    s.aliases = flat.aliases;
     return s;
   }
 };
+
+/// Fills flat.aliases (see Flat). Returns the position of the first tensor that has no data
+/// (a tensor made inside a trace and kept after it), or -1 when every one has.
+inline std::ptrdiff_t note_aliases(Flat& flat) {
+  const auto& ts = flat.tensors;
+  const std::size_t n = ts.size();
+  flat.aliases.clear();
+  auto storage = [&](std::size_t i) { return ts[i].impl()->storage.get(); };
+  for (std::size_t i = 0; i < n; ++i)
+    if (!storage(i)) return static_cast<std::ptrdiff_t>(i);
+  auto note = [&](std::size_t i, std::size_t j) {  // j < i shares i's storage; j is the first that does
+    if (flat.aliases.empty()) flat.aliases.assign(n, -1);
+    std::int32_t alias = -2 - static_cast<std::int32_t>(j);
+    for (std::size_t k = j; k < i; ++k)
+      if (storage(k) == storage(i) && ts[k].dtype() == ts[i].dtype() && ts[k].shape() == ts[i].shape()) {
+        alias = static_cast<std::int32_t>(k);
+        break;
+      }
+    flat.aliases[i] = alias;
+  };
+  if (n <= 16) {  // the usual call: no allocation
+    for (std::size_t i = 1; i < n; ++i)
+      for (std::size_t j = 0; j < i; ++j)
+        if (storage(j) == storage(i)) {
+          note(i, j);
+          break;
+        }
+    return -1;
+  }
+  std::vector<std::pair<const Storage*, std::size_t>> sorted;
+  sorted.reserve(n);
+  for (std::size_t i = 0; i < n; ++i) sorted.emplace_back(storage(i), i);
+  std::sort(sorted.begin(), sorted.end());
+  for (std::size_t a = 1; a < n; ++a)
+    if (sorted[a].first == sorted[a - 1].first) {
+      std::size_t first = a - 1;
+      while (first > 0 && sorted[first - 1].first == sorted[a].first) --first;
+      note(sorted[a].second, sorted[first].second);
+    }
+  return -1;
+}
+
+/// How a message names input q of a call: its argument label, or the tensor read by reference.
+inline std::string input_label(std::size_t q, const std::vector<std::string>& labels,
+                               const std::vector<TensorBase>& captures) {
+  if (q < labels.size()) return labels[q];
+  const TensorBase& c = captures[q - labels.size()];
+  const std::string name = c.impl()->autograd ? c.impl()->autograd->name : std::string();
+  return "the tensor " + (name.empty() ? std::string() : "'" + name + "' ") + "(" +
+         ir::type_str(c.dtype(), c.shape()) + ") that the function reads by reference";
+}
+
+/// The error for a write into an input that another input shares memory with.
+inline ValueError aliasing_error(const std::string& where, const std::string& written, const std::string& other,
+                                 bool same_view) {
+  return ValueError(xgrad::detail::concat(
+      where, ": ", written, " and ", other, " share memory", same_view ? "" : " (one is a view of the other)",
+      ", and the function writes into ", written,
+      " in place. Eagerly the write would show through the other, which the compiled graph cannot follow: pass a "
+      "copy of one of them, or keep the tensor the function updates out of its arguments"));
+}
 
 /// The vectors one call of a jitted function fills (its flattened arguments, its outputs),
 /// taken from a per-thread pool and given back emptied, so that a warm call allocates nothing
@@ -128,6 +204,7 @@ class CallVectors {
     // Emptied, so the pool keeps capacity but no tensor alive.
     m_vectors->flat.tensors.clear();
     m_vectors->flat.statics.clear();
+    m_vectors->flat.aliases.clear();
     m_vectors->outputs.clear();
     pool().push_back(std::move(m_vectors));
   }
@@ -153,6 +230,7 @@ struct Entry {
   std::shared_ptr<const backend::Program> program;
   std::vector<TensorBase> captures;          // bound to the inputs after the arguments
   std::vector<std::int64_t> output_statics;  // container sizes of the result
+  std::vector<std::size_t> written;          // the inputs the graph's effects write into
   // Per output: whether autodiff can reach it from the arguments, and from the captured
   // tensors that require grad (Parameters). A call records on the tape only outputs that
   // depend on something that requires grad.
@@ -202,6 +280,7 @@ inline std::string explain_retrace(const Signature& now, const std::vector<std::
                                               ir::type_str(now.tensors[i].first, now.tensors[i].second)));
     }
     if (old.statics != now.statics) out.push_back("a non-tensor argument (or a container's size) changed");
+    if (old.aliases != now.aliases) out.push_back("which arguments share memory changed");
     return out;
   };
   std::vector<std::string> best = differences(*cached.front());
@@ -219,7 +298,7 @@ inline std::string explain_retrace(const Signature& now, const std::vector<std::
 class Cache {
  public:
   Cache(JitConfig config, SourceLoc loc)
-      : m_config(std::move(config)),
+      : m_config((validate(config), std::move(config))),
         m_loc(loc),
         m_pipeline(passes::pipeline(static_cast<int>(m_config.level), m_config.disabled_passes)) {
     if (m_config.name.empty()) m_config.name = "jit@" + loc.str();
@@ -266,8 +345,12 @@ class Cache {
 
   /// Traces `body` for a signature not in the cache yet. `relabel` flattens the call again
   /// with labels, to say which argument changed.
+  /// Thrown by compile when the function writes into an argument that another argument is
+  /// (Flat::aliases) and the trace gave them separate symbolic tensors: trace again with one.
+  struct NeedsMergedAliases {};
+
   template <class Body, class Relabel>
-  std::shared_ptr<const Entry> compile(const Flat& flat, Body&& body, Relabel&& relabel) {
+  std::shared_ptr<const Entry> compile(const Flat& flat, Body&& body, Relabel&& relabel, bool aliases_merged = false) {
     Signature signature = Signature::of(flat);
     check_retrace(signature, relabel);
     Tracer tracer(m_config.name);
@@ -275,6 +358,7 @@ class Cache {
     std::vector<bool> from_captures;
     for (const auto& out : result.outputs) from_captures.push_back(out.requires_grad());
     std::shared_ptr<ir::Graph> graph = tracer.finish(result.outputs);
+    check_written_aliases(*graph, flat, tracer.captures(), relabel, aliases_merged);
     ir::verify(*graph);
     save_stage(*graph, "trace");
     passes::optimize(*graph, m_pipeline.rewrites, {.strict = m_config.strict}, [&](std::string_view pass) {
@@ -296,6 +380,7 @@ class Cache {
     entry->program = std::move(program);
     entry->captures = tracer.captures();
     entry->output_statics = std::move(result.statics);
+    for (const auto& e : graph->effects) entry->written.push_back(e.input);
     entry->from_arguments = reached_from_arguments(*graph);
     entry->from_captures = std::move(from_captures);
     entry->vjps.resize(result.outputs.size());
@@ -307,7 +392,58 @@ class Cache {
     return entry;
   }
 
+  /// "jit 'name' (file.cpp:12)", as messages name this function.
+  std::string where() const { return xgrad::detail::concat("jit '", m_config.name, "' (", m_loc.str(), ")"); }
+
+  /// On a cache hit of an entry that writes into its inputs: throws when an argument shares
+  /// memory with a tensor the graph reads by reference and one of them is written (the
+  /// arguments among themselves are part of the signature, checked when it was traced).
+  template <class Relabel>
+  void check_call_aliases(const Entry& entry, const std::vector<TensorBase>& args, Relabel&& relabel) const {
+    const std::size_t n = args.size();
+    const auto& caps = entry.captures;
+    for (std::size_t p : entry.written)
+      for (std::size_t q = p < n ? n : 0; q < (p < n ? n + caps.size() : n); ++q) {
+        const TensorBase& a = p < n ? args[p] : caps[p - n];
+        const TensorBase& b = q < n ? args[q] : caps[q - n];
+        if (a.impl()->storage != b.impl()->storage) continue;
+        std::vector<std::string> labels;
+        relabel(labels);
+        throw aliasing_error(where(), input_label(p, labels, caps), input_label(q, labels, caps),
+                             a.dtype() == b.dtype() && a.shape() == b.shape());
+      }
+  }
+
  private:
+  /// After a trace: throws when an effect writes into an input that another input shares
+  /// memory with, unless both are arguments the trace gave one symbolic tensor (Flat::aliases).
+  template <class Relabel>
+  void check_written_aliases(const ir::Graph& g, const Flat& flat, const std::vector<TensorBase>& captures,
+                             Relabel& relabel, bool aliases_merged) const {
+    const std::size_t n = flat.tensors.size();
+    if (g.effects.empty() || g.num_args != n) return;
+    auto input = [&](std::size_t q) -> const TensorBase& { return q < n ? flat.tensors[q] : captures[q - n]; };
+    auto merged = [&](std::size_t p, std::size_t q) {
+      if (p >= n || q >= n || flat.aliases.empty()) return false;
+      return flat.aliases[q] == static_cast<std::int32_t>(p) || flat.aliases[p] == static_cast<std::int32_t>(q) ||
+             (flat.aliases[p] >= 0 && flat.aliases[p] == flat.aliases[q]);
+    };
+    for (const auto& e : g.effects)
+      for (std::size_t q = 0; q < n + captures.size(); ++q) {
+        const std::size_t p = e.input;
+        if (q == p || input(q).impl()->storage != input(p).impl()->storage) continue;
+        if (merged(p, q)) {
+          if (aliases_merged) continue;
+          throw NeedsMergedAliases{};
+        }
+        std::vector<std::string> labels;
+        relabel(labels);
+        labels.resize(n);
+        throw aliasing_error(where(), input_label(p, labels, captures), input_label(q, labels, captures),
+                             input(p).dtype() == input(q).dtype() && input(p).shape() == input(q).shape());
+      }
+  }
+
   template <class Relabel> void check_retrace(const Signature& signature, Relabel& relabel) {
     std::vector<std::string> labels;
     relabel(labels);
@@ -319,7 +455,7 @@ class Cache {
     const int traces = static_cast<int>(cached.size());
     // Entries are never removed, so the pointers stay valid.
     std::string why = explain_retrace(signature, labels, cached);
-    std::string where = xgrad::detail::concat("jit '", m_config.name, "' (", m_loc.str(), ")");
+    const std::string where = this->where();
     if (expect_cache_hit::depth() > 0)
       throw RetraceError(where + " traced inside an xg::expect_cache_hit scope: " + why);
     if (m_config.max_retraces >= 0 && traces > m_config.max_retraces)
@@ -355,7 +491,9 @@ template <class F> class Jitted {
     tracing::detail::CallVectors call;
     tracing::detail::Flat& flat = call->flat;
     (tracing::detail::flatten(args, flat, std::string()), ...);
+    bind(flat, args...);
     auto entry = entry_for(flat, args...);
+    if (!entry->written.empty()) m_cache->check_call_aliases(*entry, flat.tensors, relabeler(args...));
     const std::size_t num_args = flat.tensors.size();
     std::vector<TensorBase>& inputs = flat.tensors;
     inputs.insert(inputs.end(), entry->captures.begin(), entry->captures.end());
@@ -372,6 +510,7 @@ template <class F> class Jitted {
   template <class... Args> Lowered lower(const Args&... args) const {
     tracing::detail::Flat flat;
     (tracing::detail::flatten(args, flat, std::string()), ...);
+    bind(flat, args...);
     return Lowered(entry_for(flat, args...)->program);
   }
 
@@ -381,24 +520,9 @@ template <class F> class Jitted {
  private:
   using Entry = tracing::detail::Entry;
 
-  template <class... Args>
-  std::shared_ptr<const Entry> entry_for(const tracing::detail::Flat& flat, const Args&... args) const {
-    if (auto entry = m_cache->find(flat)) return entry;
-    auto body = [&] {
-      tracing::Tracer& tracer = *tracing::Tracer::active();
-      auto symbolic_args = [&]<std::size_t... I>(std::index_sequence<I...>) {
-        return std::tuple<tracing::detail::traced_t<Args>...>{
-            tracing::detail::symbolic(args, tracer, "arg" + std::to_string(I))...};
-      }
-      (std::index_sequence_for<Args...>{});
-      tracing::detail::Flat out;
-      if constexpr (std::is_void_v<std::invoke_result_t<const F&, tracing::detail::traced_t<Args>...>>)
-        std::apply(*m_f, symbolic_args);
-      else
-        tracing::detail::flatten(std::apply(*m_f, symbolic_args), out, std::string());
-      return tracing::detail::TraceResult{std::move(out.tensors), std::move(out.statics)};
-    };
-    auto relabel = [&](std::vector<std::string>& labels) {
+  /// Flattens the call's arguments again, naming each tensor ("argument 1[2]").
+  template <class... Args> static auto relabeler(const Args&... args) {
+    return [&args...](std::vector<std::string>& labels) {
       tracing::detail::Flat again;
       again.labels = &labels;
       [&]<std::size_t... I>(std::index_sequence<I...>) {
@@ -406,7 +530,58 @@ template <class F> class Jitted {
       }
       (std::index_sequence_for<Args...>{});
     };
-    return m_cache->compile(flat, body, relabel);
+  }
+
+  /// Notes which arguments share memory; refuses a tensor made inside a trace that ended.
+  template <class... Args> void bind(tracing::detail::Flat& flat, const Args&... args) const {
+    const std::ptrdiff_t escaped = tracing::detail::note_aliases(flat);
+    if (escaped < 0) [[likely]]
+      return;
+    std::vector<std::string> labels;
+    relabeler(args...)(labels);
+    const TensorBase& t = flat.tensors[static_cast<std::size_t>(escaped)];
+    throw ValueError(xgrad::detail::concat(
+        m_cache->where(), ": ", labels[static_cast<std::size_t>(escaped)], " (", dtype_name(t.dtype()), t.shape(),
+        ") is a tensor made inside a jit trace and kept after that trace ended (in a global, a member or a captured "
+        "variable); it stands for a value of that graph and has no data. Return it from the jitted function and use "
+        "the returned tensor instead"));
+  }
+
+  template <class... Args>
+  std::shared_ptr<const Entry> entry_for(const tracing::detail::Flat& flat, const Args&... args) const {
+    if (auto entry = m_cache->find(flat)) return entry;
+    bool merge_aliases = false;
+    auto body = [&] {
+      tracing::Tracer& tracer = *tracing::Tracer::active();
+      auto symbolic_args = [&]<std::size_t... I>(std::index_sequence<I...>) {
+        return std::tuple<tracing::detail::traced_t<Args>...>{
+            tracing::detail::symbolic(args, tracer, "arg" + std::to_string(I))...};
+      }
+      (std::index_sequence_for<Args...>{});
+      if (merge_aliases) {
+        // Arguments that are one tensor get one symbolic tensor, so that an in-place write
+        // into one shows through the other as it does eagerly. Only when the function writes
+        // into one: otherwise the graph keeps one input per argument.
+        tracing::detail::Flat leaves;
+        tracing::detail::flatten(symbolic_args, leaves, std::string());
+        for (std::size_t i = 0; i < flat.aliases.size(); ++i)
+          if (flat.aliases[i] >= 0) leaves.tensors[i] = leaves.tensors[static_cast<std::size_t>(flat.aliases[i])];
+        tracing::detail::Reader reader{leaves.tensors, leaves.statics};
+        symbolic_args = tracing::detail::rebuild<std::tuple<tracing::detail::traced_t<Args>...>>(reader);
+      }
+      tracing::detail::Flat out;
+      if constexpr (std::is_void_v<std::invoke_result_t<const F&, tracing::detail::traced_t<Args>...>>)
+        std::apply(*m_f, symbolic_args);
+      else
+        tracing::detail::flatten(std::apply(*m_f, symbolic_args), out, std::string());
+      return tracing::detail::TraceResult{std::move(out.tensors), std::move(out.statics)};
+    };
+    try {
+      return m_cache->compile(flat, body, relabeler(args...));
+    } catch (const tracing::detail::Cache::NeedsMergedAliases&) {
+      merge_aliases = true;
+      return m_cache->compile(flat, body, relabeler(args...), true);
+    }
   }
 
   /// Links each output that needs it to the call's inputs on the tape.
@@ -446,11 +621,17 @@ template <class F> class Jitted {
       if (i < num_args ? is_float(inputs[i]) : inputs[i].requires_grad()) wrt.push_back(i);
       if (i >= num_args && inputs[i].requires_grad()) targets.push_back(inputs[i]);
     }
-    FlatFn fn = [&f, &statics](std::span<const TensorBase> leaves) {
+    // The arguments f ran on stay alive until the gradients are made: a loop body or a cond
+    // branch that captured one of them by reference runs again in the backward pass.
+    std::vector<std::shared_ptr<const void>> keep_alive;
+    FlatFn fn = [&f, &statics, &keep_alive](std::span<const TensorBase> leaves) {
       Reader reader{leaves, statics};
-      auto typed = std::tuple<traced_t<Args>...>{rebuild<traced_t<Args>>(reader)...};
+      // Braces: the leaves are read in order.
+      auto typed =
+          std::make_shared<std::tuple<traced_t<Args>...>>(std::tuple<traced_t<Args>...>{rebuild<traced_t<Args>>(reader)...});
+      keep_alive.push_back(typed);
       Flat out;
-      flatten(std::apply(f, typed), out, std::string());
+      flatten(std::apply(f, *typed), out, std::string());
       return out.tensors;
     };
     const std::size_t num_outputs = entry.program->graph().outputs.size();

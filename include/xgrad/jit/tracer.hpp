@@ -87,8 +87,12 @@ class Tracer {
     m_graph->name = std::move(name);
     m_first_serial = Storage::next_serial();
     detail::active_tracer() = this;
+    ++xgrad::detail::context().trace_depth;
   }
-  ~Tracer() { detail::active_tracer() = m_parent; }
+  ~Tracer() {
+    detail::active_tracer() = m_parent;
+    --xgrad::detail::context().trace_depth;
+  }
   Tracer(const Tracer&) = delete;
   Tracer& operator=(const Tracer&) = delete;
 

@@ -23,6 +23,12 @@ struct Flat {
   std::vector<TensorBase> tensors;
   std::vector<std::int64_t> statics;
   std::vector<std::string>* labels = nullptr;
+  /// Which tensors share memory (filled by jit before it looks up the signature): empty when
+  /// none do; else per tensor -1 when no earlier one shares its storage, j when tensor j has
+  /// the same storage, dtype and shape (when the function writes into one, the trace gives
+  /// both one symbolic tensor, so the write shows through the other as it does eagerly), -2 - j
+  /// when it shares tensor j's storage as another view.
+  std::vector<std::int32_t> aliases;
 };
 
 template <class X>

@@ -435,6 +435,14 @@ inline void load_into(const std::string& path, const nn::Module& module, const o
     match_section(kOptimizerSection, optimizer->name() + " optimizer", optimizer->named_state(), entries, pairs,
                   problems);
 
+  if (optimizer)  // values the optimizer's constructor would refuse (a negative learning rate)
+    for (const auto& [e, t] : pairs) {
+      if (!e->name.starts_with(kOptimizerSection) || e->dtype != DType::float32) continue;
+      Tensor<float> value = Tensor<float>::empty(e->shape);
+      if (e->bytes) std::memcpy(value.data(), file.data() + e->offset, e->bytes);
+      const std::string problem = optimizer->state_problem(e->name.substr(kOptimizerSection.size()), value);
+      if (!problem.empty()) problems.push_back(concat("tensor ", e->index, " ('", e->name, "'): ", problem));
+    }
   if (problems.size() == 1) throw ValueError(concat("checkpoint '", path, "': ", problems[0]));
   if (!problems.empty()) {
     std::string text = concat("checkpoint '", path, "' does not fit (", problems.size(), " problems):");

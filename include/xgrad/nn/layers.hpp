@@ -29,10 +29,10 @@ namespace detail {
 inline void check_size(const char* layer, const char* what, std::int64_t v, SourceLoc loc) {
   if (v <= 0) throw_value_error(layer, loc, what, " must be > 0, got ", v);
 }
-/// Checks x is [N, C, H, W] with `channels` channels.
-inline void check_images(const char* layer, const TensorBase& x, std::int64_t channels) {
+/// Checks x is [N, C, H, W] with `channels` channels; `loc` is the layer's caller.
+inline void check_images(const char* layer, const TensorBase& x, std::int64_t channels, SourceLoc loc) {
   if (x.ndim() != 4 || x.shape()[1] != channels)
-    throw ShapeError(xgrad::detail::concat(layer, ": expected input [N, ", channels, ", H, W], got ", x.shape()));
+    throw_shape_error(layer, loc, "expected input [N, ", channels, ", H, W], got ", x.shape());
 }
 }  // namespace detail
 
@@ -50,6 +50,8 @@ class Dense : public Module {
       : m_in(in_features) {
     detail::check_size("Dense", "in_features", in_features, loc);
     detail::check_size("Dense", "out_features", out_features, loc);
+    xgrad::detail::checked_mul("Dense", loc, "the weight's size out_features * in_features", out_features,
+                               in_features);
     const init::Fans fans{in_features, out_features};
     weight = Parameter<float>(options.weight_init({out_features, in_features}, fans), "weight");
     register_parameter("weight", weight);
@@ -60,8 +62,10 @@ class Dense : public Module {
   }
 
   Tensor<float> forward(Tensor<float> x) override {
+    const SourceLoc loc = call_site();
+    xgrad::detail::OpScope scope("Dense", loc, {x});
     if (x.ndim() != 2 || x.shape()[1] != m_in)
-      throw ShapeError(xgrad::detail::concat("Dense: expected input [N, ", m_in, "], got ", x.shape()));
+      throw_shape_error("Dense", loc, "expected input [N, ", m_in, "], got ", x.shape());
     Tensor<float> y = matmul(x, weight, false, true);
     return bias.defined() ? bias_add(y, bias) : y;
   }
@@ -96,8 +100,11 @@ class Conv2d : public Module {
     if (options.padding < 0) throw_value_error("Conv2d", loc, "padding must be >= 0, got ", options.padding);
     if (options.padding != 0 && options.pad_mode != PadMode::pad)
       throw_value_error("Conv2d", loc, "padding ", options.padding, " needs pad_mode pad");
-    const std::int64_t window = kernel_size * kernel_size;
-    const init::Fans fans{in_channels * window, out_channels * window};
+    using xgrad::detail::checked_mul;
+    const std::int64_t window = checked_mul("Conv2d", loc, "kernel_size * kernel_size", kernel_size, kernel_size);
+    const init::Fans fans{checked_mul("Conv2d", loc, "in_channels * kernel_size^2", in_channels, window),
+                          checked_mul("Conv2d", loc, "out_channels * kernel_size^2", out_channels, window)};
+    checked_mul("Conv2d", loc, "the weight's size", fans.in, out_channels);
     weight =
         Parameter<float>(options.weight_init({out_channels, in_channels, kernel_size, kernel_size}, fans), "weight");
     register_parameter("weight", weight);
@@ -108,7 +115,9 @@ class Conv2d : public Module {
   }
 
   Tensor<float> forward(Tensor<float> x) override {
-    detail::check_images("Conv2d", x, m_in);
+    const SourceLoc loc = call_site();
+    xgrad::detail::OpScope scope("Conv2d", loc, {x});
+    detail::check_images("Conv2d", x, m_in, loc);
     Tensor<float> y = conv2d(x, weight, m_conv);
     return bias.defined() ? bias_add(y, bias) : y;
   }
@@ -239,10 +248,16 @@ class BatchNorm2d : public Module {
   }
 
   Tensor<float> forward(Tensor<float> x) override {
-    detail::check_images("BatchNorm2d", x, m_channels);
+    const SourceLoc loc = call_site();
+    xgrad::detail::OpScope scope("BatchNorm2d", loc, {x});
+    detail::check_images("BatchNorm2d", x, m_channels, loc);
     const Shape per_channel{1, m_channels, 1, 1};
     Tensor<float> mean_c, var_c;
     if (training()) {
+      // One value per channel has no variance to normalize by (PyTorch refuses it too).
+      if (x.numel() == m_channels)
+        throw_value_error("BatchNorm2d", loc, "in training each channel needs more than one value, got input ",
+                          x.shape(), "; use a larger batch or set_train(false)");
       mean_c = mean(x, {0, 2, 3}, true);
       var_c = mean(square(x - mean_c), {0, 2, 3}, true);
       const auto count = static_cast<float>(x.numel() / m_channels);
@@ -289,7 +304,7 @@ class Sequential : public Module {
   Module& operator[](std::size_t i) { return *m_layers.at(i); }
 
   Tensor<float> forward(Tensor<float> x) override {
-    for (auto& layer : m_layers) x = (*layer)(x);
+    for (auto& layer : m_layers) x = (*layer)(x, call_site());  // errors inside name the Sequential's caller
     return x;
   }
 

@@ -73,6 +73,10 @@ class MSELoss : public Loss {
 
   Tensor<float> operator()(const Tensor<float>& output, const TensorBase& labels) const override {
     detail::check_labels_dtype(name(), labels, DType::float32);
+    // Broadcasting would compare every output with every label ([N, 1] against [N] gives [N, N]).
+    if (labels.shape() != output.shape())
+      throw ShapeError(xgrad::detail::concat(name(), ": labels ", labels.shape(), " must have the output's shape ",
+                                             output.shape(), "; reshape one of them"));
     return detail::reduce(square(output - Tensor<float>(labels)), m_reduction);
   }
   std::string name() const override { return "MSELoss"; }

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "xgrad/core/tensor.hpp"
 #include "xgrad/ops/reduce.hpp"
@@ -26,14 +27,17 @@ class Accuracy : public Metric {
   void update(const Tensor<float>& output, const TensorBase& labels, float) override {
     if (output.ndim() != 2)
       throw ShapeError(xgrad::detail::concat("Accuracy: expected an output [N, classes], got ", output.shape()));
-    Tensor<std::int32_t> target =
-        labels.dtype() == DType::float32 ? argmax(Tensor<float>(labels), -1) : Tensor<std::int32_t>(labels);
-    if (target.ndim() != 1 || target.shape()[0] != output.shape()[0])
-      throw ShapeError(
-          xgrad::detail::concat("Accuracy: labels ", labels.shape(), " do not match the output ", output.shape()));
-    const Tensor<std::int32_t> predicted = argmax(output, -1);
-    for (std::int64_t i = 0; i < target.numel(); ++i) m_correct += predicted.data()[i] == target.data()[i];
-    m_total += target.numel();
+    const bool dense = labels.dtype() == DType::float32;
+    if (dense ? labels.shape() != output.shape()
+              : labels.dtype() != DType::int32 || labels.ndim() != 1 || labels.shape()[0] != output.shape()[0])
+      throw ShapeError(xgrad::detail::concat("Accuracy: labels ", dtype_name(labels.dtype()), labels.shape(),
+                                             " do not match the output ", output.shape(),
+                                             ": expected int32 class indices [N] or float32 targets [N, classes]"));
+    const std::vector<std::int32_t> target =
+        (dense ? argmax(Tensor<float>(labels), -1) : Tensor<std::int32_t>(labels)).to_vector();
+    const std::vector<std::int32_t> predicted = argmax(output, -1).to_vector();
+    for (std::size_t i = 0; i < target.size(); ++i) m_correct += predicted[i] == target[i];
+    m_total += static_cast<std::int64_t>(target.size());
   }
   double value() const override {
     return m_total ? static_cast<double>(m_correct) / static_cast<double>(m_total) : 0.0;

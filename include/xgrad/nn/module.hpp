@@ -53,8 +53,15 @@ class Module {
   /// Runs forward: op by op in Mode::eager; in Mode::graph compiled once per input signature
   /// (and inline when called while another function is being traced). Nodes traced inside
   /// are scoped by the module path ("LeNet5/conv1").
-  Tensor<float> operator()(const Tensor<float>& x) { return call(x); }
-  Tensor<float> operator()(const Tensor<float>& x, const Tensor<float>& y) { return call(x, y); }
+  /// `loc` is the caller's line: errors that forward raises report it (see call_site()).
+  Tensor<float> operator()(const Tensor<float>& x, SourceLoc loc = SourceLoc::current()) {
+    CallSite at(loc);
+    return call(x);
+  }
+  Tensor<float> operator()(const Tensor<float>& x, const Tensor<float>& y, SourceLoc loc = SourceLoc::current()) {
+    CallSite at(loc);
+    return call(x, y);
+  }
 
   /// The name given by the parent module, or the type's name for a module without a parent.
   std::string name() const { return m_name.empty() ? detail::type_name(typeid(*this)) : m_name; }
@@ -141,7 +148,25 @@ class Module {
   /// The registered children, in order.
   const std::vector<std::pair<std::string, Module*>>& children() const { return m_children; }
 
+ protected:
+  /// The line that called the module whose forward runs now on this thread: the layers' own
+  /// checks name it, as ops name theirs.
+  static SourceLoc call_site() { return t_call_site; }
+
  private:
+  /// Sets call_site() for the duration of one call, restoring the caller's on the way out.
+  class CallSite {
+   public:
+    explicit CallSite(SourceLoc loc) : m_saved(t_call_site) { t_call_site = loc; }
+    ~CallSite() { t_call_site = m_saved; }
+    CallSite(const CallSite&) = delete;
+    CallSite& operator=(const CallSite&) = delete;
+
+   private:
+    SourceLoc m_saved;
+  };
+  static inline thread_local SourceLoc t_call_site;
+
   struct Forward {
     Module* self;
     template <class... Xs> Tensor<float> operator()(const Xs&... xs) const {

@@ -4,8 +4,10 @@
 // the state and resume exactly.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -71,6 +73,15 @@ class Optimizer {
 
   const std::string& name() const { return m_name; }
 
+  /// What is wrong with `value` as this optimizer's state tensor `state` (a name of
+  /// named_state()), or "" when it fits: a checkpoint is checked with this before it loads, so
+  /// a file cannot set what the constructor refuses.
+  virtual std::string state_problem(std::string_view state, const Tensor<float>& value) const {
+    if (state == "learning_rate" && !valid_learning_rate(value.item()))
+      return xgrad::detail::concat("learning_rate must be finite and >= 0, got ", value.item());
+    return "";
+  }
+
  protected:
   Optimizer(std::string name, std::vector<Parameter<float>> params, float lr, float weight_decay, SourceLoc loc)
       : m_name(std::move(name)), m_params(std::move(params)), m_weight_decay(weight_decay) {
@@ -108,8 +119,9 @@ class Optimizer {
   float weight_decay() const { return m_weight_decay; }
 
  private:
+  static bool valid_learning_rate(float lr) { return lr >= 0.0f && std::isfinite(lr); }
   void check_learning_rate(float lr, SourceLoc loc) const {
-    if (!(lr >= 0.0f)) throw_value_error(m_name, loc, "learning_rate must be >= 0, got ", lr);
+    if (!valid_learning_rate(lr)) throw_value_error(m_name, loc, "learning_rate must be finite and >= 0, got ", lr);
   }
 
   std::string m_name;
@@ -185,6 +197,19 @@ class Adam : public Optimizer {
     m_moment2 = add_per_parameter_state("moment2");
     m_beta1_power = add_state("beta1_power", 1.0f);
     m_beta2_power = add_state("beta2_power", 1.0f);
+  }
+
+ public:
+  std::string state_problem(std::string_view state, const Tensor<float>& value) const override {
+    if (state == "beta1_power" || state == "beta2_power") {
+      const float power = value.item();  // beta^t: in [0, 1], 1 before the first step
+      if (!(power >= 0.0f && power <= 1.0f)) return xgrad::detail::concat(state, " must be in [0, 1], got ", power);
+    }
+    if (state.starts_with("moment2.")) {  // running means of g^2
+      for (float v : value.to_vector())
+        if (!(v >= 0.0f)) return xgrad::detail::concat(state, " holds ", v, "; the second moments must be >= 0");
+    }
+    return Optimizer::state_problem(state, value);
   }
 
  private:

@@ -108,6 +108,7 @@ template <class Op, class R, class... T> void map_on_thrust(Tensor<R>& out, cons
 template <class Compute, class MakeAttrs = NoAttrs>
 TensorBase primitive(std::string_view op, SourceLoc loc, std::span<const TensorBase> inputs, DType dtype,
                      const Shape& shape, Compute compute, MakeAttrs make_attrs = {}, OpTraits traits = {}) {
+  checked_numel(op, loc, shape);  // every output shape, traced or not, is one a tensor can have
   if (auto* tracer = tracing::Tracer::active()) [[unlikely]] {
     return tracer->emit(
         std::string(op), loc, inputs, {{dtype, shape}},
@@ -115,7 +116,7 @@ TensorBase primitive(std::string_view op, SourceLoc loc, std::span<const TensorB
         make_attrs(), traits)[0];
   }
   check_devices(op, loc, inputs);
-  return compute(inputs, TensorBase());
+  return naming_allocations(op, loc, [&] { return compute(inputs, TensorBase()); });
 }
 template <class Compute, class MakeAttrs = NoAttrs>
 TensorBase primitive(std::string_view op, SourceLoc loc, std::initializer_list<TensorBase> inputs, DType dtype,

@@ -38,7 +38,7 @@ struct Neg : UnaryDefaults {
   static constexpr std::string_view name = "Neg";
   static constexpr OpTraits traits{.elementwise = true, .linear = true};
   static constexpr bool reads_inputs = false;
-  template <class V> XGRAD_HD static V apply(const V& x) { return -x; }
+  template <class V> XGRAD_HD static V apply(const V& x) { return math::neg(x); }  // -INT_MIN wraps
   template <class T> static Tensor<T> grad(const Tensor<T>&, const Tensor<T>&, const Tensor<T>& g) { return -g; }
 };
 
@@ -103,18 +103,22 @@ struct Relu : UnaryDefaults {
   // compiled graph can fuse the ReLU into the producer of x (a GEMM's or conv's epilogue).
   static constexpr bool reads_inputs = false;
   static constexpr bool reads_output = true;
+  // relu(NaN) is NaN (math::max propagates it), relu(-0) is +0.
   template <class V> XGRAD_HD static V apply(const V& x) { return math::max(x, V(0)); }
   template <class T> static Tensor<T> grad(const Tensor<T>&, const Tensor<T>& y, const Tensor<T>& g) {
-    return where(y > T(0), g, T(0));
+    return where(y > T(0), g, T(0));  // 0 where y is NaN, as PyTorch's
   }
 };
 
 struct Sign : UnaryDefaults {
   static constexpr std::string_view name = "Sign";
   static constexpr bool reads_inputs = false;
+  // sign(NaN) is NaN, sign(±0) is +0. (xsimd::isnan: xsimd's batch != is false for NaN.)
   template <class V> XGRAD_HD static V apply(const V& x) {
     if constexpr (detail::is_batch<V>)
-      return xsimd::select(x > V(0), V(1), xsimd::select(x < V(0), V(-1), V(0)));
+      return xsimd::select(x > V(0), V(1), xsimd::select(x < V(0), V(-1), xsimd::select(xsimd::isnan(x), x, V(0))));
+    else if constexpr (std::is_floating_point_v<V>)
+      return x != x ? x : static_cast<V>((x > V(0)) - (x < V(0)));
     else
       return static_cast<V>((x > V(0)) - (x < V(0)));
   }
@@ -133,7 +137,7 @@ struct Abs : UnaryDefaults {
 
 struct Square : UnaryDefaults {
   static constexpr std::string_view name = "Square";
-  template <class V> XGRAD_HD static V apply(const V& x) { return x * x; }
+  template <class V> XGRAD_HD static V apply(const V& x) { return math::mul(x, x); }
   template <class T> static Tensor<T> grad(const Tensor<T>& x, const Tensor<T>&, const Tensor<T>& g) {
     return g * T(2) * x;
   }
@@ -166,7 +170,7 @@ struct Add : BinaryDefaults {
   static constexpr std::string_view name = "Add";
   static constexpr OpTraits traits{.elementwise = true, .commutative = true, .linear = true};
   static constexpr bool reads_inputs = false;
-  template <class V> XGRAD_HD static V apply(const V& a, const V& b) { return a + b; }
+  template <class V> XGRAD_HD static V apply(const V& a, const V& b) { return math::add(a, b); }
   template <class T> static auto grad(const Tensor<T>&, const Tensor<T>&, const Tensor<T>&, const Tensor<T>& g) {
     return std::pair{g, g};
   }
@@ -176,7 +180,7 @@ struct Sub : BinaryDefaults {
   static constexpr std::string_view name = "Sub";
   static constexpr OpTraits traits{.elementwise = true, .linear = true};
   static constexpr bool reads_inputs = false;
-  template <class V> XGRAD_HD static V apply(const V& a, const V& b) { return a - b; }
+  template <class V> XGRAD_HD static V apply(const V& a, const V& b) { return math::sub(a, b); }
   template <class T> static auto grad(const Tensor<T>&, const Tensor<T>&, const Tensor<T>&, const Tensor<T>& g) {
     return std::pair{g, -g};
   }
@@ -185,7 +189,7 @@ struct Sub : BinaryDefaults {
 struct Mul : BinaryDefaults {
   static constexpr std::string_view name = "Mul";
   static constexpr OpTraits traits{.elementwise = true, .commutative = true};
-  template <class V> XGRAD_HD static V apply(const V& a, const V& b) { return a * b; }
+  template <class V> XGRAD_HD static V apply(const V& a, const V& b) { return math::mul(a, b); }
   template <class T> static auto grad(const Tensor<T>& a, const Tensor<T>& b, const Tensor<T>&, const Tensor<T>& g) {
     return std::pair{g * b, g * a};
   }
@@ -194,7 +198,8 @@ struct Mul : BinaryDefaults {
 struct Div : BinaryDefaults {
   static constexpr std::string_view name = "Div";
   static constexpr bool reads_output = true;
-  template <class V> XGRAD_HD static V apply(const V& a, const V& b) { return a / b; }
+  // Integers: x / 0 = 0 and INT_MIN / -1 = INT_MIN, never a trap (math::div).
+  template <class V> XGRAD_HD static V apply(const V& a, const V& b) { return math::div(a, b); }
   template <class T> static auto grad(const Tensor<T>&, const Tensor<T>& b, const Tensor<T>& y, const Tensor<T>& g) {
     auto ga = g / b;
     return std::pair{ga, -(ga * y)};
@@ -206,23 +211,28 @@ struct Pow : BinaryDefaults {
   static constexpr bool reads_output = true;
   template <class V> XGRAD_HD static V apply(const V& a, const V& b) {
     if constexpr (std::is_integral_v<V>)
-      return static_cast<V>(std::pow(a, b));
+      return math::ipow(a, b);  // wraps on overflow; std::pow's double cast back was undefined
     else
-      return math::pow(a, b);
+      return math::pow(a, b);  // C's special cases: pow(0, -0.5) = inf, pow(NaN, 0) = 1
   }
+  // d/da at a = 0 is b * pow(0, b - 1): inf for 0 < b < 1, as sqrt's gradient there. d/db is
+  // y * log(a), taken as 0 where y is 0 (a = 0, b > 0), not 0 * -inf = NaN, as PyTorch does.
   template <class T> static auto grad(const Tensor<T>& a, const Tensor<T>& b, const Tensor<T>& y, const Tensor<T>& g) {
-    return std::pair{g * b * pow(a, b - T(1)), g * y * log(a)};
+    return std::pair{g * b * pow(a, b - T(1)), where(equal(y, T(0)), T(0), g * y * log(a))};
   }
 };
 
 struct Maximum : BinaryDefaults {
   static constexpr std::string_view name = "Maximum";
   static constexpr OpTraits traits{.elementwise = true, .commutative = true};
+  // NaN when either is NaN (math::max).
   template <class V> XGRAD_HD static V apply(const V& a, const V& b) { return math::max(a, b); }
-  // Ties split the gradient evenly, so the rule is symmetric in a and b.
+  // Ties split the gradient evenly, so the rule is symmetric in a and b; a NaN output takes its
+  // gradient from the NaN operand (a when both are), the one the value came from.
   template <class T> static auto grad(const Tensor<T>& a, const Tensor<T>& b, const Tensor<T>&, const Tensor<T>& g) {
     // Scalars, not full tensors: under jit they are small constants of the graph.
-    auto share = where(greater(a, b), scalar_like(g, T(1)), where(equal(a, b), scalar_like(g, T(0.5)), T(0)));
+    auto one = scalar_like(g, T(1));
+    auto share = where(equal(a, a), where(greater(a, b), one, where(equal(a, b), scalar_like(g, T(0.5)), T(0))), one);
     return std::pair{g * share, g - g * share};
   }
 };
@@ -230,10 +240,13 @@ struct Maximum : BinaryDefaults {
 struct Minimum : BinaryDefaults {
   static constexpr std::string_view name = "Minimum";
   static constexpr OpTraits traits{.elementwise = true, .commutative = true};
+  // NaN when either is NaN (math::min).
   template <class V> XGRAD_HD static V apply(const V& a, const V& b) { return math::min(a, b); }
+  // As Maximum's: ties split evenly, a NaN output's gradient goes to the NaN operand.
   template <class T> static auto grad(const Tensor<T>& a, const Tensor<T>& b, const Tensor<T>&, const Tensor<T>& g) {
     // Scalars, not full tensors: under jit they are small constants of the graph.
-    auto share = where(less(a, b), scalar_like(g, T(1)), where(equal(a, b), scalar_like(g, T(0.5)), T(0)));
+    auto one = scalar_like(g, T(1));
+    auto share = where(equal(a, a), where(less(a, b), one, where(equal(a, b), scalar_like(g, T(0.5)), T(0))), one);
     return std::pair{g * share, g - g * share};
   }
 };
@@ -459,7 +472,7 @@ template <Element T> Tensor<T> where(const Tensor<bool>& cond, std::type_identit
   return where(cond, scalar_like(b, a), b, loc);
 }
 
-/// Limits x to [lo, hi] (a composite: the gradient passes where x is inside).
+/// Limits x to [lo, hi] (a composite: the gradient passes where x is inside); clip(NaN) is NaN.
 template <Numeric T> Tensor<T> clip(const Tensor<T>& x, std::type_identity_t<T> lo, std::type_identity_t<T> hi,
                                     SourceLoc loc = SourceLoc::current()) {
   if (lo > hi) throw_value_error("Clip", loc, "lo (", lo, ") must not exceed hi (", hi, ")");

@@ -27,7 +27,7 @@ Tensor<T> reshape(const Tensor<T>& x, const std::vector<std::int64_t>& dims, Sou
     } else if (dims[i] < 0) {
       throw_shape_error("Reshape", loc, "size ", dims[i], " in ", Shape(dims), " must be non-negative or -1");
     } else {
-      known *= dims[i];
+      known = detail::checked_mul("Reshape", loc, "the product of the given sizes", known, dims[i]);
     }
     shape.push_back(dims[i]);
   }
@@ -199,8 +199,11 @@ template <Element T> Tensor<T> slice(const Tensor<T>& x, const std::vector<std::
   std::int64_t offset = 0;
   auto strides = x.shape().strides();
   for (int i = 0; i < rank; ++i) {
-    std::int64_t n = size[i] == -1 ? x.shape()[i] - begin[i] : size[i];
-    if (begin[i] < 0 || n < 0 || begin[i] + n > x.shape()[i])
+    const std::int64_t extent = x.shape()[i];
+    // begin first, so that neither extent - begin nor begin + n can overflow.
+    const bool begin_fits = begin[i] >= 0 && begin[i] <= extent;
+    const std::int64_t n = !begin_fits ? -1 : size[i] == -1 ? extent - begin[i] : size[i];
+    if (!begin_fits || n < 0 || n > extent - begin[i])
       throw_shape_error("Slice", loc, "begin ", Shape(begin), " with size ", Shape(size), " leaves input ",
                         dtype_name(x.dtype()), x.shape(), " at axis ", i);
     shape.push_back(n);
@@ -231,6 +234,14 @@ template <Element T> Tensor<T> slice(const Tensor<T>& x, const std::vector<std::
 /// Zeros of `in_shape` with g written at `begin`: the adjoint of slice.
 template <Numeric T> Tensor<T> slice_backward(const Tensor<T>& g, const Shape& in_shape,
                                               const std::vector<std::int64_t>& begin, SourceLoc loc) {
+  detail::OpScope scope("SliceGrad", loc, {g});
+  const int rank = in_shape.ndim();
+  bool fits = g.ndim() == rank && static_cast<int>(begin.size()) == rank;
+  for (int i = 0; fits && i < rank; ++i)
+    fits = begin[i] >= 0 && begin[i] <= in_shape[i] && g.shape()[i] <= in_shape[i] - begin[i];
+  if (!fits)
+    throw_shape_error("SliceGrad", loc, "the gradient ", dtype_name(g.dtype()), g.shape(), " at begin ", Shape(begin),
+                      " must lie inside the input shape ", in_shape, " (one begin per axis)");
   auto strides = in_shape.strides();
   std::int64_t offset = 0;
   for (int i = 0; i < in_shape.ndim(); ++i) offset += begin[i] * strides[i];
@@ -276,7 +287,7 @@ Tensor<T> concat(const std::vector<Tensor<T>>& xs, std::int64_t axis = 0, Source
       throw_shape_error("Concat", loc, "input ", k, " has shape ", s, ", which does not match input 0 outside axis ", a,
                         " (inputs ", all, ")");
     }
-    shape[a] += s[a];
+    shape[a] = detail::checked_add("Concat", loc, "the concatenated extent", shape[a], s[a]);
   }
   std::vector<TensorBase> inputs(xs.begin(), xs.end());
   Tensor<T> out(detail::primitive(
@@ -328,9 +339,10 @@ Tensor<T> stack(const std::vector<Tensor<T>>& xs, std::int64_t axis = 0, SourceL
   for (std::size_t k = 1; k < xs.size(); ++k)
     if (!(xs[k].shape() == xs[0].shape()))
       throw_shape_error("Stack", loc, "input ", k, " has shape ", xs[k].shape(), ", input 0 has ", xs[0].shape());
+  const int a = normalize_axis(axis, xs[0].ndim() + 1, "Stack", loc);  // checked here to name stack, not ExpandDims
   std::vector<Tensor<T>> expanded;
-  for (const auto& x : xs) expanded.push_back(expand_dims(x, axis, loc));
-  return concat(expanded, normalize_axis(axis, xs[0].ndim() + 1, "Stack", loc), loc);
+  for (const auto& x : xs) expanded.push_back(expand_dims(x, a, loc));
+  return concat(expanded, a, loc);
 }
 
 /// Converts element type; the gradient converts back.

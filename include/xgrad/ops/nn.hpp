@@ -56,15 +56,17 @@ inline AxisWindow window_axis(std::string_view op, std::int64_t in, std::int64_t
   if (kernel < 1 || stride < 1 || dilation < 1 || padding < 0)
     throw_value_error(op, loc, "kernel (", kernel, "), stride (", stride, ") and dilation (", dilation,
                       ") must be positive and padding (", padding, ") non-negative");
-  const std::int64_t span = dilation * (kernel - 1) + 1;
+  const std::int64_t span =
+      checked_add(op, loc, "the kernel's span", checked_mul(op, loc, "dilation * (kernel - 1)", dilation, kernel - 1), 1);
   AxisWindow w;
   if (mode == PadMode::same) {
-    w.out = (in + stride - 1) / stride;
-    w.pad_before = std::max<std::int64_t>((w.out - 1) * stride + span - in, 0) / 2;
+    w.out = in / stride + (in % stride != 0);  // ceil(in / stride); (out - 1) * stride < in
+    w.pad_before = std::max<std::int64_t>(checked_add(op, loc, "the padded extent", (w.out - 1) * stride, span) - in, 0) / 2;
   } else {
     std::int64_t pad = mode == PadMode::pad ? padding : 0;
+    const std::int64_t padded = checked_add(op, loc, "the padded extent", in, checked_mul(op, loc, "2 * padding", 2, pad));
     w.pad_before = pad;
-    w.out = in + 2 * pad >= span ? (in + 2 * pad - span) / stride + 1 : 0;
+    w.out = padded >= span ? (padded - span) / stride + 1 : 0;
   }
   return w;
 }
@@ -174,6 +176,10 @@ template <FloatingPoint T> Tensor<T> conv2d(const Tensor<T>& x, const Tensor<T>&
   if (rows.out <= 0 || cols.out <= 0)
     throw_shape_error("Conv2D", loc, "the kernel (with dilation ", options.dilation,
                       ") does not fit the padded input (inputs ", detail::describe_inputs({{"x", &x}, {"w", &w}}), ")");
+  detail::checked_work("Conv2D", loc, "its multiply-adds", {xs[0], ws[0], xs[1], ws[2], ws[3], rows.out, cols.out});
+  detail::checked_work("Conv2D", loc, "the padded input",
+                       {xs[0], xs[1], detail::checked_add("Conv2D", loc, "the padded rows", xs[2], 2 * rows.pad_before),
+                        detail::checked_add("Conv2D", loc, "the padded columns", xs[3], 2 * cols.pad_before)});
   cpu::Conv2dGeometry geo{xs[0],
                           xs[1],
                           xs[2],
@@ -203,6 +209,9 @@ inline cpu::Pool2dGeometry pool_geometry(std::string_view op, const TensorBase& 
   auto cols = window_axis(op, s[3], kernel, stride, 1, 0, mode, loc);
   if (rows.out <= 0 || cols.out <= 0)
     throw_shape_error(op, loc, "kernel ", kernel, " does not fit input ", describe_inputs({{"x", &x}}));
+  checked_work(op, loc, "the window elements it visits", {s[0], s[1], rows.out, cols.out, kernel, kernel});
+  checked_work(op, loc, "the padded input", {checked_add(op, loc, "the padded rows", s[2], 2 * rows.pad_before + 1),
+                                             checked_add(op, loc, "the padded columns", s[3], 2 * cols.pad_before + 1)});
   return {s[0], s[1], s[2], s[3], kernel, kernel, stride, stride, rows.pad_before, cols.pad_before, rows.out, cols.out};
 }
 
@@ -470,6 +479,8 @@ Tensor<T> log_softmax(const Tensor<T>& x, std::int64_t axis = -1, SourceLoc loc 
 /// Softmax along `axis` (exp of log_softmax, so large inputs stay finite).
 template <FloatingPoint T>
 Tensor<T> softmax(const Tensor<T>& x, std::int64_t axis = -1, SourceLoc loc = SourceLoc::current()) {
+  detail::OpScope scope("Softmax", loc, {x});
+  normalize_axis(axis, x.ndim(), "Softmax", loc);  // its errors name softmax, not the LogSoftmax inside
   return exp(log_softmax(x, axis, loc), loc);
 }
 

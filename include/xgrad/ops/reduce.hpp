@@ -18,7 +18,7 @@ namespace op {
 
 struct SumReducer {
   template <class T> XGRAD_HD static T identity() { return T(0); }
-  template <class V> XGRAD_HD static V combine(const V& a, const V& b) { return a + b; }
+  template <class V> XGRAD_HD static V combine(const V& a, const V& b) { return math::add(a, b); }  // ints wrap
   template <class B> static auto horizontal(const B& b) { return xsimd::hadd(b); }
 };
 
@@ -31,6 +31,8 @@ template <class Select> struct ExtremumReducer {
     return acc;
   }
 };
+// NaN propagates (math::max, math::min): the max or min of a group holding a NaN is NaN, as in
+// NumPy and PyTorch, and as argmax and max pooling, which point at the first NaN.
 struct MaxReducer : ExtremumReducer<MaxReducer> {
   template <class T> XGRAD_HD static T identity() { return std::numeric_limits<T>::lowest(); }
   template <class V> XGRAD_HD static V combine(const V& a, const V& b) { return math::max(a, b); }
@@ -155,7 +157,8 @@ template <FloatingPoint T> Tensor<T> mean(const Tensor<T>& x, const std::vector<
 
 namespace detail {
 
-/// max or min over axes; the gradient is shared evenly between tied extrema.
+/// max or min over axes; the gradient is shared evenly between tied extrema, or between the NaNs
+/// of a group whose result is NaN (as PyTorch's).
 template <class R, class T> Tensor<T> extremum(std::string_view op, const Tensor<T>& x,
                                                const std::vector<std::int64_t>& axes, bool keepdims, SourceLoc loc) {
   OpScope scope(op, loc, {x});
@@ -173,7 +176,9 @@ template <class R, class T> Tensor<T> extremum(std::string_view op, const Tensor
   if constexpr (FloatingPoint<T>) {
     if (should_record(x)) {
       record(kept, op, loc, {x}, {x}, true, [x](const TensorBase& y, const TensorBase& g) {
-        auto mask = cast<T>(equal(x, Tensor<T>(y)));
+        const Tensor<T> yt(y);
+        const auto x_nan = equal(equal(x, x), false);
+        auto mask = cast<T>(where(equal(yt, yt), equal(x, yt), x_nan));
         return autograd::Grads{Tensor<T>(g) * mask / sum_to(mask, Tensor<T>(y).shape())};
       });
     }

@@ -9,11 +9,18 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
+#include "xgrad/core/error.hpp"
+
 namespace xgrad::cpu {
+
+/// The most threads a parallel region may use (set_num_threads refuses more).
+inline constexpr int kMaxThreads = 1024;
 
 namespace detail {
 
@@ -35,7 +42,7 @@ inline int default_num_threads() {
   if (const char* env = std::getenv("XGRAD_NUM_THREADS")) {
     char* end = nullptr;
     const long v = std::strtol(env, &end, 10);
-    if (end != env && v > 0) return static_cast<int>(std::min<long>(v, 1024));
+    if (end != env && v > 0) return static_cast<int>(std::min<long>(v, kMaxThreads));
   }
   const unsigned hw = std::thread::hardware_concurrency();
   return hw == 0 ? 1 : static_cast<int>(hw);
@@ -80,12 +87,19 @@ struct Job {
 };
 
 /// Fixed set of workers that sleep between parallel regions. The calling thread takes part in
-/// each region, so a pool of size N owns N - 1 threads. One region runs at a time.
+/// each region, so a pool of size N owns N - 1 threads. One region runs at a time. When the
+/// system refuses a thread (a process or memory limit), the pool keeps those that started:
+/// size() says how many, start_failure() why.
 class ThreadPool {
  public:
   explicit ThreadPool(int num_threads) : m_size(std::max(1, num_threads)) {
-    m_workers.reserve(static_cast<size_t>(m_size - 1));
-    for (int i = 0; i < m_size - 1; ++i) m_workers.emplace_back([this, i] { worker_loop(i); });
+    try {
+      m_workers.reserve(static_cast<size_t>(m_size - 1));
+      for (int i = 0; i < m_size - 1; ++i) m_workers.emplace_back([this, i] { worker_loop(i); });
+    } catch (const std::exception& e) {  // std::system_error or std::bad_alloc
+      m_start_failure = e.what();
+      m_size = static_cast<int>(m_workers.size()) + 1;
+    }
   }
 
   ThreadPool(const ThreadPool&) = delete;
@@ -102,6 +116,8 @@ class ThreadPool {
 
   /// Total threads taking part in a region, the caller included.
   int size() const noexcept { return m_size; }
+  /// Why fewer threads started than were asked for; empty when all did.
+  const std::string& start_failure() const noexcept { return m_start_failure; }
 
   /// Runs `job` on the workers and the calling thread and waits for it. Returns false without
   /// running anything if another thread is already using the pool.
@@ -162,7 +178,8 @@ class ThreadPool {
     }
   }
 
-  const int m_size;
+  int m_size;  // lowered only in the constructor, when a thread cannot start
+  std::string m_start_failure;
   std::vector<std::thread> m_workers;
   std::mutex m_dispatch;
   std::mutex m_mutex;
@@ -191,7 +208,12 @@ inline std::shared_ptr<ThreadPool> get_pool() {
   const int want = requested_num_threads().load(std::memory_order_relaxed);
   std::lock_guard<std::mutex> lk(pool_mutex());
   auto& slot = pool_slot();
-  if (!slot || slot->size() != want) slot = std::make_shared<ThreadPool>(want);
+  if (!slot || slot->size() != want) {
+    slot = std::make_shared<ThreadPool>(want);
+    // Fewer threads started (XGRAD_NUM_THREADS or the hardware's count was more than the system
+    // allows): run with those from now on, rather than try again on every region.
+    requested_num_threads().store(slot->size(), std::memory_order_relaxed);
+  }
   return slot;
 }
 
@@ -206,14 +228,26 @@ inline int num_threads() { return detail::requested_num_threads().load(std::memo
 inline void keep_this_thread_serial() { detail::t_in_parallel = true; }
 
 /// Sets the number of threads for later parallel regions; n <= 0 restores the default
-/// (XGRAD_NUM_THREADS or the hardware concurrency). Existing workers are replaced lazily.
+/// (XGRAD_NUM_THREADS or the hardware concurrency). The workers start now: more than
+/// kMaxThreads, or more than the system lets start, is a ValueError and keeps the count as it was.
 inline void set_num_threads(int n) {
+  if (n > kMaxThreads)
+    throw ValueError(xgrad::detail::concat("set_num_threads: ", n, " threads asked for, at most ", kMaxThreads,
+                                           " are allowed"));
   if (n <= 0) n = detail::default_num_threads();
-  detail::requested_num_threads().store(n, std::memory_order_relaxed);
   std::shared_ptr<detail::ThreadPool> old;
   {
     std::lock_guard<std::mutex> lk(detail::pool_mutex());
-    if (detail::pool_slot() && detail::pool_slot()->size() != n) old = std::move(detail::pool_slot());
+    auto& slot = detail::pool_slot();
+    if (!slot || slot->size() != n) {
+      auto pool = std::make_shared<detail::ThreadPool>(n);
+      if (pool->size() != n)
+        throw ValueError(xgrad::detail::concat("set_num_threads: only ", pool->size() - 1, " of the ", n - 1,
+                                               " worker threads could start (", pool->start_failure(),
+                                               "); the thread count stays ", num_threads()));
+      old = std::exchange(slot, std::move(pool));
+    }
+    detail::requested_num_threads().store(n, std::memory_order_relaxed);
   }
   // `old` (if last owner) joins its workers here, outside the lock.
 }

@@ -17,6 +17,7 @@
 #include <thrust/transform.h>
 
 #include "xgrad/backend/cpu/copy.hpp"
+#include "xgrad/backend/math.hpp"
 #include "xgrad/backend/thrust/memory.hpp"
 
 namespace xgrad::thrust_backend {
@@ -90,7 +91,7 @@ template <class T, class I> struct ArgmaxFn {
 };
 
 template <class U, class T> struct CastFn {
-  XGRAD_HD U operator()(const T& v) const { return static_cast<U>(v); }
+  XGRAD_HD U operator()(const T& v) const { return math::convert<U>(v); }  // as the cpu's (kernels::cast)
 };
 
 }  // namespace detail

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets of tests/fuzz with Debian's clang under AddressSanitizer and
+# UndefinedBehaviorSanitizer, then runs each for a bounded time, starting from its committed seed
+# corpus (tests/fuzz/corpus/<target>/, read only: new inputs go to a scratch corpus in build-fuzz).
+# Any crash, sanitizer report, escaped non-xgrad exception, hang (-timeout) or memory blow-up
+# fails the run; the input that did it is left in build-fuzz/fuzz-runs/<target>/artifacts/.
+# docs/FUZZING.md has the details.
+#
+#   scripts/fuzz.sh [SECONDS] [TARGET...]
+#
+# SECONDS per target (default $XGRAD_FUZZ_SECONDS, else 60); TARGETs among fuzz_idx fuzz_gzip
+# fuzz_checkpoint fuzz_ops (default all). XGRAD_FUZZ_JOBS: build parallelism (default nproc).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root="$PWD"
+scripts/ensure_packages.sh clang libclang-rt-14-dev cmake make ccache xtensor-dev libxsimd-dev zlib1g-dev
+
+seconds="${1:-${XGRAD_FUZZ_SECONDS:-60}}"
+[[ "$seconds" =~ ^[0-9]+$ ]] || { echo "fuzz.sh: SECONDS must be a whole number, got '$seconds'" >&2; exit 2; }
+shift || true
+all=(fuzz_idx fuzz_gzip fuzz_checkpoint fuzz_ops)
+targets=("${@:-${all[@]}}")
+for t in "${targets[@]}"; do
+  [[ " ${all[*]} " == *" $t "* ]] || { echo "fuzz.sh: unknown target '$t' (known: ${all[*]})" >&2; exit 2; }
+done
+
+# -O1: fast enough to fuzz, and xsimd's AVX-512 code does not compile at -O0; -g1: line tables
+# for the reports. Only the fuzz targets are built (no tests, examples or benchmarks).
+build_start=$SECONDS
+CC=clang CXX=clang++ cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS=-O1 \
+  -DCMAKE_CXX_FLAGS_DEBUG=-g1 -DXGRAD_BUILD_FUZZERS=ON -DXGRAD_BUILD_TESTS=OFF -DXGRAD_BUILD_EXAMPLES=OFF \
+  -DXGRAD_BUILD_BENCHMARKS=OFF -DXGRAD_THRUST_SYSTEM=OFF > /dev/null
+cmake --build build-fuzz -j"${XGRAD_FUZZ_JOBS:-$(nproc)}" --target "${targets[@]}"
+echo "fuzz.sh: built ${targets[*]} in $((SECONDS - build_start)) s"
+
+# An allocation above 512 MiB fails (malloc returns null) instead of aborting, so the library's
+# refusal of it (an AllocationError, a ValueError) is what is tested; operator new cannot return
+# null, so an unchecked huge std::vector or new[] still aborts: a finding. libFuzzer's own
+# -malloc_limit_mb is left above that, at its -rss_limit_mb.
+export ASAN_OPTIONS="allocator_may_return_null=1:max_allocation_size_mb=512:detect_leaks=1:abort_on_error=0"
+export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
+export XGRAD_NUM_THREADS=1  # the same input runs the same way, whatever the machine
+failed=()
+for t in "${targets[@]}"; do
+  run="build-fuzz/fuzz-runs/$t"
+  rm -rf "$run"
+  mkdir -p "$run/corpus" "$run/artifacts"
+  echo "fuzz.sh: $t for ${seconds} s from tests/fuzz/corpus/$t ($(ls "tests/fuzz/corpus/$t" | wc -l) seeds)"
+  start=$SECONDS
+  if (cd "$run" && "$root/build-fuzz/tests/fuzz/$t" -max_total_time="$seconds" -timeout=15 -rss_limit_mb=2560 \
+        -malloc_limit_mb=2560 -artifact_prefix=artifacts/ -print_final_stats=1 corpus "$root/tests/fuzz/corpus/$t" \
+        > log.txt 2>&1); then
+    echo "fuzz.sh: $t: ok, $(grep -o 'stat::number_of_executed_units: *[0-9]*' "$run/log.txt" | grep -o '[0-9]*$') runs in $((SECONDS - start)) s"
+  else
+    failed+=("$t")
+    echo "fuzz.sh: $t: FAILED after $((SECONDS - start)) s; the input: $(ls "$run"/artifacts/* 2>/dev/null | head -1)"
+    grep -E -A25 "=== xgrad fuzz finding|ERROR: (AddressSanitizer|libFuzzer|LeakSanitizer)|runtime error:" "$run/log.txt" | head -60 || tail -40 "$run/log.txt"
+  fi
+done
+if ((${#failed[@]})); then
+  echo "fuzz.sh: findings in ${failed[*]} (logs: build-fuzz/fuzz-runs/<target>/log.txt)" >&2
+  exit 1
+fi
+echo "fuzz.sh: no findings in ${targets[*]}"

@@ -1,0 +1,68 @@
+// Inputs the fuzz targets (tests/fuzz, docs/FUZZING.md) found crashing or undefined, each kept
+// as a test: the fix must hold in every build, not only while fuzzing.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include <xgrad/xgrad.hpp>
+
+#include "test_support.hpp"
+
+namespace xg = xgrad;
+using xgrad::testing::contains;
+using xgrad::testing::message_of;
+
+TEST_CASE("fuzz regression: a scalar has no axis 0 to reduce, normalize or concatenate along") {
+  const auto s = xg::scalar<float>(1.0f);
+  CHECK_THROWS_AS(xg::sum(s, {0}), xg::ShapeError);
+  CHECK_THROWS_AS(xg::mean(s, {0}), xg::ShapeError);
+  CHECK_THROWS_AS(xg::max(s, {0}), xg::ShapeError);
+  CHECK_THROWS_AS(xg::min(s, {0}), xg::ShapeError);
+  CHECK_THROWS_AS(xg::softmax(s, 0), xg::ShapeError);
+  CHECK_THROWS_AS(xg::log_softmax(s, 0), xg::ShapeError);
+  CHECK_THROWS_AS(xg::squeeze(s, {0}), xg::ShapeError);
+  CHECK_THROWS_AS(xg::concat<float>({s, s}, 0), xg::ShapeError);
+  // Reducing over every axis of a scalar (no axes given) is still the scalar; argmax of one is 0.
+  CHECK(xg::argmax(s).item() == 0);
+  CHECK(xg::sum(s).item() == 1.0f);
+  CHECK(xg::stack<float>({s, s}, 0).shape() == xg::Shape{2});
+}
+
+TEST_CASE("fuzz regression: slice_backward checks that the gradient fits inside the input") {
+  CHECK_THROWS_AS(xg::slice_backward(xg::ones<float>({2}), xg::Shape{3}, {}), xg::ShapeError);
+  const auto what =
+      message_of<xg::ShapeError>([] { xg::slice_backward(xg::ones<float>({4}), xg::Shape{2}, {0}); });
+  CHECK(contains(what, "SliceGrad"));
+  CHECK_THROWS_AS(xg::slice_backward(xg::ones<float>({2}), xg::Shape{3}, {2}), xg::ShapeError);
+  CHECK_THROWS_AS(xg::slice_backward(xg::ones<float>({2}), xg::Shape{3}, {-1}), xg::ShapeError);
+  CHECK(xg::slice_backward(xg::ones<float>({2}), xg::Shape{3}, {1}).to_vector() == std::vector<float>{0, 1, 1});
+}
+
+TEST_CASE("fuzz regression: double exp, tanh, sigmoid and pow are defined for huge and NaN inputs") {
+  // Sixteen lanes, so the batch code runs whatever the SIMD width.
+  constexpr double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+  auto repeat = [](std::vector<double> v) {
+    std::vector<double> out;
+    while (out.size() < 16) out.insert(out.end(), v.begin(), v.end());
+    return xg::tensor<double>(out);
+  };
+  auto check = [](const xg::Tensor<double>& got, std::vector<double> want) {
+    const auto v = got.to_vector();
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      const double w = want[i % want.size()];
+      CAPTURE(i);
+      if (std::isnan(w))
+        CHECK(std::isnan(v[i]));
+      else
+        CHECK(v[i] == w);
+    }
+  };
+  check(xg::exp(repeat({-1e30, 1e30, nan, 0.0})), {0.0, inf, nan, 1.0});
+  check(xg::tanh(repeat({1e277, -1e277, nan, 0.0})), {1.0, -1.0, nan, 0.0});
+  check(xg::sigmoid(repeat({6e71, -6e71, nan, 0.0})), {1.0, 0.0, nan, 0.5});
+  check(xg::pow(repeat({1e300, 0.5, -2.0, 2.0}), repeat({1e300, 1e300, inf, -1e300})), {inf, 0.0, inf, 0.0});
+  check(xg::pow(repeat({nan, 2.0, -8.0, 1.0}), repeat({2.0, nan, 1.0 / 3.0, 7.0})), {nan, nan, nan, 1.0});
+}
