@@ -66,3 +66,11 @@ TEST_CASE("fuzz regression: double exp, tanh, sigmoid and pow are defined for hu
   check(xg::pow(repeat({1e300, 0.5, -2.0, 2.0}), repeat({1e300, 1e300, inf, -1e300})), {inf, 0.0, inf, 0.0});
   check(xg::pow(repeat({nan, 2.0, -8.0, 1.0}), repeat({2.0, nan, 1.0 / 3.0, 7.0})), {nan, nan, nan, 1.0});
 }
+
+TEST_CASE("fuzz regression: reducing an empty tensor over a huge axis returns at once") {
+  const std::int64_t huge = std::int64_t{1} << 40;
+  const auto x = xg::zeros<std::int32_t>({huge, 0});
+  CHECK(xg::sum(x, {0}).shape() == xg::Shape{0});
+  CHECK(xg::max(xg::zeros<float>({huge, 0}), {0}, true).shape() == xg::Shape{1, 0});
+  CHECK(xg::sum(xg::zeros<float>({0, 3}), {0}).to_vector() == std::vector<float>{0, 0, 0});
+}

@@ -73,7 +73,8 @@ template <class R, class T> Tensor<T> reduce_to(const Tensor<T>& x, const Shape&
     for (int i = end; i < x.ndim(); ++i) inner *= cur_shape[i];
     const bool last = std::none_of(reduced_axis.begin(), reduced_axis.begin() + begin, [](bool r) { return r; });
     Tensor<T> next = last ? output<T>(dest, kept, device) : Tensor<T>::empty(cur_shape, device);
-    kernels::reduce<R>(device, src, next.data(), outer, reduced, inner);
+    // An empty result needs no pass: the kernel would still walk the reduced extent ([2^40, 0] over axis 0).
+    if (next.numel() > 0) kernels::reduce<R>(device, src, next.data(), outer, reduced, inner);
     cur = std::move(next);  // src may point into the old cur until here
     src = cur.data();
     end = begin;
