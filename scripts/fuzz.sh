@@ -10,6 +10,8 @@
 #
 # SECONDS per target (default $XGRAD_FUZZ_SECONDS, else 60); TARGETs among fuzz_idx fuzz_gzip
 # fuzz_checkpoint fuzz_ops (default all). XGRAD_FUZZ_JOBS: build parallelism (default nproc).
+# XGRAD_FUZZ_SEED: libFuzzer's -seed (default 0, a random one; the log names it), so that a run,
+# CI's included, can be repeated input for input.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root="$PWD"
@@ -17,6 +19,8 @@ scripts/ensure_packages.sh clang libclang-rt-14-dev cmake make ccache xtensor-de
 
 seconds="${1:-${XGRAD_FUZZ_SECONDS:-60}}"
 [[ "$seconds" =~ ^[0-9]+$ ]] || { echo "fuzz.sh: SECONDS must be a whole number, got '$seconds'" >&2; exit 2; }
+seed="${XGRAD_FUZZ_SEED:-0}"
+[[ "$seed" =~ ^[0-9]+$ ]] || { echo "fuzz.sh: XGRAD_FUZZ_SEED must be a whole number, got '$seed'" >&2; exit 2; }
 shift || true
 all=(fuzz_idx fuzz_gzip fuzz_checkpoint fuzz_ops)
 targets=("${@:-${all[@]}}")
@@ -33,11 +37,14 @@ CC=clang CXX=clang++ cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C
 cmake --build build-fuzz -j"${XGRAD_FUZZ_JOBS:-$(nproc)}" --target "${targets[@]}"
 echo "fuzz.sh: built ${targets[*]} in $((SECONDS - build_start)) s"
 
-# An allocation above 512 MiB fails (malloc returns null) instead of aborting, so the library's
-# refusal of it (an AllocationError, a ValueError) is what is tested; operator new cannot return
-# null, so an unchecked huge std::vector or new[] still aborts: a finding. libFuzzer's own
-# -malloc_limit_mb is left above that, at its -rss_limit_mb.
-export ASAN_OPTIONS="allocator_may_return_null=1:max_allocation_size_mb=512:detect_leaks=1:abort_on_error=0"
+# An allocation above the target's cap fails (malloc returns null) instead of aborting, so the
+# library's refusal of it (an AllocationError, a ValueError) is what is tested; operator new
+# cannot return null, so an unchecked huge std::vector or new[] still aborts: a finding.
+# libFuzzer's own -malloc_limit_mb is left above that, at its -rss_limit_mb. fuzz_ops' cap is
+# 64 MiB (libFuzzer itself takes 20 MiB at once): its inputs hold at most 4096 elements, and a legitimately large result (a broadcast_to
+# or a padded conv asked for by the bytes) would otherwise take longer than -timeout to compute
+# under the sanitizers: slow, not wrong.
+alloc_cap_mb() { [[ "$1" == fuzz_ops ]] && echo 64 || echo 512; }
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 export XGRAD_NUM_THREADS=1  # the same input runs the same way, whatever the machine
 failed=()
@@ -45,9 +52,10 @@ for t in "${targets[@]}"; do
   run="build-fuzz/fuzz-runs/$t"
   rm -rf "$run"
   mkdir -p "$run/corpus" "$run/artifacts"
-  echo "fuzz.sh: $t for ${seconds} s from tests/fuzz/corpus/$t ($(ls "tests/fuzz/corpus/$t" | wc -l) seeds)"
+  echo "fuzz.sh: $t for ${seconds} s from tests/fuzz/corpus/$t ($(ls "tests/fuzz/corpus/$t" | wc -l) seeds), seed $([[ $seed == 0 ]] && echo random || echo "$seed")"
   start=$SECONDS
-  if (cd "$run" && "$root/build-fuzz/tests/fuzz/$t" -max_total_time="$seconds" -timeout=15 -rss_limit_mb=2560 \
+  if (cd "$run" && ASAN_OPTIONS="allocator_may_return_null=1:max_allocation_size_mb=$(alloc_cap_mb "$t"):detect_leaks=1:abort_on_error=0" \
+        "$root/build-fuzz/tests/fuzz/$t" -seed="$seed" -max_total_time="$seconds" -timeout=15 -rss_limit_mb=2560 \
         -malloc_limit_mb=2560 -artifact_prefix=artifacts/ -print_final_stats=1 corpus "$root/tests/fuzz/corpus/$t" \
         > log.txt 2>&1); then
     echo "fuzz.sh: $t: ok, $(grep -o 'stat::number_of_executed_units: *[0-9]*' "$run/log.txt" | grep -o '[0-9]*$') runs in $((SECONDS - start)) s"

@@ -295,4 +295,45 @@ TEST_CASE("limits: a layer's errors name the line that called it, eagerly and in
   seq.emplace<xg::nn::BatchNorm2d>(3);
   xg::mode_scope eager_mode(xg::Mode::eager);
   CHECK(contains(message_of<xg::ShapeError>([&] { seq(x); }), here(__LINE__)));
+  // Inside LeNet5, the network's caller.
+  xg::models::LeNet5 lenet;
+  const auto rgb = xg::ones<float>({1, 3, 32, 32});
+  CHECK(contains(message_of<xg::ShapeError>([&] { lenet(rgb); }), here(__LINE__)));
+}
+
+TEST_CASE("limits: losses and Model name the line that called them, eagerly and in graph mode") {
+  xg::nn::MSELoss mse;
+  const auto out = xg::ones<float>({4, 1});
+  const auto labels = xg::ones<float>({4});
+  const auto eager = message_of<xg::ShapeError>([&] { mse(out, labels); });
+  CHECK(contains(eager, "MSELoss"));
+  CHECK(contains(eager, here(__LINE__ - 2)));
+  xg::nn::SoftmaxCrossEntropy xent({.sparse = true});
+  const auto dtype = message_of<xg::ShapeError>([&] { xent(out, labels); });
+  CHECK(contains(dtype, "SoftmaxCrossEntropy: labels must be Int32"));
+  CHECK(contains(dtype, here(__LINE__ - 2)));
+  {
+    xg::mode_scope graph(xg::Mode::graph);
+    auto traced = xg::jit([&](const xg::Tensor<float>& o, const xg::Tensor<float>& l) { return mse(o, l); });
+    CHECK(contains(message_of<xg::ShapeError>([&] { traced(out, labels); }),
+                   "stopped tracing at MSELoss (" + here(__LINE__ - 2) + ")"));
+  }
+
+  // A Model reports the line that called train_step / train / eval, in both modes.
+  xg::nn::Dense net(3, 2);
+  xg::optim::SGD sgd(net.parameters(), 0.1f);
+  xg::Model model(net, xent, sgd, {{"Accuracy", xg::metrics::accuracy()}});
+  const auto images = xg::ones<float>({2, 4});  // the Dense layer takes 3 features
+  const auto classes = xg::zeros<std::int32_t>({2});
+  for (auto mode : {xg::Mode::eager, xg::Mode::graph}) {
+    xg::mode_scope scope(mode);
+    CHECK(contains(message_of<xg::ShapeError>([&] { model.train_step(images, classes); }), here(__LINE__)));
+    struct Batch {
+      xg::Tensor<float> images;
+      xg::Tensor<std::int32_t> labels;
+    };
+    const std::vector<Batch> data{{images, classes}};
+    CHECK(contains(message_of<xg::ShapeError>([&] { model.eval(data); }), here(__LINE__)));
+    CHECK(contains(message_of<xg::ShapeError>([&] { model.train(1, data); }), here(__LINE__)));
+  }
 }

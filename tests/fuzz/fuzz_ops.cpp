@@ -66,11 +66,11 @@ const std::vector<Row> kRowsValues = {
 };
 // clang-format on
 
-/// Both halves of the table, in order: an input's first byte picks a row.
+/// The table's parts, in order: an input's first byte picks a row.
 const std::vector<const Row*>& rows() {
   static const std::vector<const Row*> all = [] {
     std::vector<const Row*> out;
-    for (const auto* part : {&kRowsValues, &kRowsShapes})
+    for (const auto* part : {&kRowsValues, &kRowsShapes, &kRowsNn})
       for (const Row& r : *part) out.push_back(&r);
     return out;
   }();

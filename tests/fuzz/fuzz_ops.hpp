@@ -1,8 +1,10 @@
 // The op-call fuzzer's machinery (fuzz_ops.cpp has the harness): interesting values, the
 // reader of an op's choices (In), the dtype choice and the row macros. The op table is split
-// over fuzz_ops.cpp and fuzz_ops_shapes.cpp so that its two halves compile in parallel.
+// over fuzz_ops.cpp, fuzz_ops_shapes.cpp and fuzz_ops_nn.cpp so that its parts compile in
+// parallel; new rows go at the end of the last part, so that saved inputs keep their row.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -122,10 +124,23 @@ class In : public xf::Bytes {
     for (auto& a : out) a = axis(rank);
     return out;
   }
-  /// Sizes for a shape argument (reshape, broadcast_to, a factory): anything at all.
+  /// Sizes for a shape argument (reshape, broadcast_to, a factory): anything at all, except
+  /// that a valid shape of 2^20 to 2^26 elements is cut to at most 2^20. Such a result is
+  /// legitimate and merely slow to fill under the sanitizers (seconds); smaller ones, and
+  /// larger ones (which the allocation cap or the library refuses at once), are kept.
   std::vector<I64> sizes() {
     std::vector<I64> out(pick(10) < 8 ? pick(5) : pick(10));  // ranks 0-4, rarely up to 9
     for (auto& d : out) d = u8() < 192 ? kDims[u8() % 16] : any_int();
+    auto elements = [&] {
+      I64 n = 1;
+      for (I64 d : out) {
+        if (d <= 0) return I64{0};
+        n = d > (I64{1} << 40) / n ? I64{1} << 40 : n * d;  // saturates far above 2^26
+      }
+      return n;
+    };
+    for (I64 n = elements(); n > (I64{1} << 20) && n <= (I64{1} << 26); n = elements())
+      *std::max_element(out.begin(), out.end()) /= 2;
     return out;
   }
 
@@ -405,6 +420,7 @@ struct Row {
     else { const T s = in.value<T>(); in.run_eager([s](Tn<T> a) { return a sym## = s; }, in.tensor<T>()); })
 
 extern const std::vector<Row> kRowsValues;  // fuzz_ops.cpp: factories, methods, elementwise
-extern const std::vector<Row> kRowsShapes;  // fuzz_ops_shapes.cpp: linalg, shapes, reductions, nn
+extern const std::vector<Row> kRowsShapes;  // fuzz_ops_shapes.cpp: linalg, shapes, reductions, nn ops
+extern const std::vector<Row> kRowsNn;      // fuzz_ops_nn.cpp: layers, losses, optimizers, control flow, jit
 
 }  // namespace xgrad::fuzz::ops

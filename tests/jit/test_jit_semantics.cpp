@@ -95,6 +95,92 @@ TEST_CASE("jit: grad(jit(f)) and value_and_grad(jit(f)) through fori_loop and a 
   CHECK(contains(msg, "gradients of gradients through a traced loop are not supported"));
 }
 
+TEST_CASE("jit: the gradient of a function that writes into its inputs sees what the call read; writes apply once") {
+  for (auto level : {xg::JitLevel::O0, xg::JitLevel::O1, xg::JitLevel::O2}) {
+    CAPTURE(static_cast<int>(level));
+    const xg::JitConfig config{.level = level};
+    // A running statistic read by reference and updated under no_grad (as BatchNorm does),
+    // then read: eagerly and compiled, one update per call, the same gradient.
+    auto stat = xg::tensor<double>({1.0, 2.0});
+    auto f = [&stat](const TD& x) {
+      {
+        xg::no_grad off;
+        stat.assign(stat * 0.5 + x);
+      }
+      return xg::sum(x * x * stat);
+    };
+    auto x = xg::tensor<double>({0.5, -1.5});
+    const auto eager = xg::grad(f)(x);
+    const auto eager_stat = stat.to_vector();
+    stat.assign(xg::tensor<double>({1.0, 2.0}));
+    auto jf = xg::jit(f, config);
+    for (int call = 0; call < 2; ++call) {  // traced, then a cache hit
+      CAPTURE(call);
+      stat.assign(xg::tensor<double>({1.0, 2.0}));
+      check_near(xg::grad(jf)(x), eager, 1e-12);
+      CHECK(stat.to_vector() == eager_stat);  // updated once, not again by the backward pass
+    }
+    stat.assign(xg::tensor<double>({1.0, 2.0}));
+    auto leaf = x.detach().set_requires_grad(true);
+    jf(leaf).backward();
+    check_near(leaf.grad(), eager, 1e-12);
+    CHECK(stat.to_vector() == eager_stat);
+
+    // An argument written under no_grad and read after the write.
+    auto g = [](const TD& x, TD s) {
+      {
+        xg::no_grad off;
+        s += 1.0;
+      }
+      return xg::sum(x * s);
+    };
+    auto s = xg::tensor<double>({10.0, 20.0}), js = xg::tensor<double>({10.0, 20.0});
+    auto jg = xg::jit(g, config);
+    for (int call = 0; call < 2; ++call) {
+      CAPTURE(call);
+      const auto expected = xg::grad(g)(x, s);
+      CHECK(xg::grad(jg)(x, js).to_vector() == expected.to_vector());
+      CHECK(js.to_vector() == s.to_vector());
+    }
+    CHECK(js.to_vector() == std::vector<double>{12.0, 22.0});
+
+    // Read before and after the write: eagerly the saved tensor was changed, and so it is
+    // under jit: both refuse the gradient.
+    auto h = [](const TD& x, TD s) {
+      auto y = x * s;
+      {
+        xg::no_grad off;
+        s += 1.0;
+      }
+      return xg::sum(y + x * s);
+    };
+    auto eager_msg = message_of<xg::AutogradError>([&] { xg::grad(h)(x, xg::tensor<double>({1.0, 2.0})); });
+    auto jit_msg =
+        message_of<xg::AutogradError>([&] { xg::grad(xg::jit(h, config))(x, xg::tensor<double>({1.0, 2.0})); });
+    CHECK(contains(eager_msg, "saved for its gradient was modified in place"));
+    CHECK(contains(jit_msg, "saved for its gradient was modified in place"));
+
+    // A write that brings in a value autodiff tracks would drop its gradient: refused.
+    auto k = [](const TD& x, TD s) {
+      s += x;
+      return xg::sum(x * s);
+    };
+    CHECK(contains(message_of<xg::AutogradError>([&] { xg::grad(k)(x, xg::tensor<double>({1.0, 2.0})); }),
+                   "in-place update with a value that requires grad"));
+    CHECK(contains(
+        message_of<xg::AutogradError>([&] { xg::grad(xg::jit(k, config))(x, xg::tensor<double>({1.0, 2.0})); }),
+        "in-place update with a value that requires grad"));
+    // Written into an argument that requires grad: refused as eagerly, naming the argument.
+    auto tracked = xg::tensor<double>({1.0, 2.0}).set_requires_grad(true);
+    CHECK(contains(message_of<xg::AutogradError>([&] { jg(x, tracked); }),
+                   "writes in place into argument 1, which requires grad"));
+    // The gradient graph leaves the inputs alone, so it cannot be differentiated again.
+    auto second_order = xg::grad([&jf](const TD& v) { return xg::sum(xg::grad(jf)(v)); });
+    CHECK(contains(message_of<xg::AutogradError>([&] { second_order(x); }),
+                   "cannot itself be differentiated"));
+  }
+}
+
 TEST_CASE("jit: one tensor passed as two arguments and written through one behaves as eagerly") {
   // Eagerly a and b are one tensor: the write shows through b, and x ends up written.
   auto bump = [](TD a, TD b) {
@@ -172,6 +258,16 @@ TEST_CASE("JitConfig and WhileOptions: values that would be misread throw ValueE
   auto none = xg::jit(f, {.max_retraces = 0});
   none(xg::ones<double>({1}));
   CHECK_THROWS_AS(none(xg::ones<double>({2})), xg::RetraceError);
+
+  // fori_loop's index is an int32 tensor: bounds outside int32 are refused, not wrapped (and
+  // hi - lo cannot overflow).
+  auto body = [](xg::Tensor<std::int32_t>, const TD& c) { return c + 1.0; };
+  const auto x = xg::ones<double>({1});
+  auto wide = message_of<xg::ValueError>([&] { xg::fori_loop(std::int64_t{1} << 40, 0, body, x); });
+  CHECK(contains(wide, "ForiLoop"));
+  CHECK(contains(wide, "must fit int32"));
+  CHECK_THROWS_AS(xg::fori_loop(INT64_MIN, INT64_MAX, body, x), xg::ValueError);
+  CHECK(xg::fori_loop(3, -5, body, x).item() == 1.0);  // an empty range runs no iteration
 }
 
 TEST_CASE("jit: a tensor kept from a trace and used after it ended says so") {

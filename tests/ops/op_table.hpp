@@ -55,9 +55,6 @@ struct OpCase {
   std::function<Ref(const std::vector<Ref>&)> reference;
   bool differentiable = true;
   std::vector<bool> grad_inputs;  // which inputs the gradient check covers (all if empty)
-  // false: the special-value columns (special_input) leave out ±inf, for an op whose result on
-  // them is wrong today; docs/NUMERICS.md lists it under "Known deviations".
-  bool special_infinities = true;
 };
 
 template <class T> const OpFn<T>& row_fn(const OpCase& c) {
@@ -126,15 +123,14 @@ inline constexpr int kSpecialPhases = 18;  // twice the number of special values
 /// values at stride k + 1, so over the phases the inputs of a binary op meet in many pairs
 /// (NaN and inf, inf and -inf, -0 and +0, ...) and a one-element input takes every value.
 inline Ref special_input(const std::vector<std::int64_t>& shape, Domain domain, std::uint64_t seed, std::size_t k,
-                         int phase, bool infinities = true) {
+                         int phase) {
   Ref r = random_input(shape, domain, seed);
   const auto& specials = special_values();
   const auto m = static_cast<std::int64_t>(specials.size());
   for (std::int64_t i = 0; i < r.numel(); ++i) {
     const std::int64_t slot =
         (i * static_cast<std::int64_t>(k + 1) + phase + 5 * static_cast<std::int64_t>(k)) % (2 * m);
-    if (slot < m && (infinities || !std::isinf(specials[static_cast<std::size_t>(slot)])))
-      r.data[static_cast<std::size_t>(i)] = specials[static_cast<std::size_t>(slot)];
+    if (slot < m) r.data[static_cast<std::size_t>(i)] = specials[static_cast<std::size_t>(slot)];
   }
   return r;
 }

@@ -41,6 +41,13 @@ TEST_CASE("fuzz regression: slice_backward checks that the gradient fits inside 
   CHECK(xg::slice_backward(xg::ones<float>({2}), xg::Shape{3}, {1}).to_vector() == std::vector<float>{0, 1, 1});
 }
 
+TEST_CASE("fuzz regression: slice_backward checks the input shape's size before its strides") {
+  // An empty input shape whose non-zero extents multiply past int64: its strides would overflow.
+  const auto what = message_of<xg::ValueError>(
+      [] { xg::slice_backward(xg::zeros<float>({0, 1, 1}), xg::Shape{0, 4198819178854351296, 6}, {0, 0, 0}); });
+  CHECK(contains(what, "SliceGrad"));
+}
+
 TEST_CASE("fuzz regression: double exp, tanh, sigmoid and pow are defined for huge and NaN inputs") {
   // Sixteen lanes, so the batch code runs whatever the SIMD width.
   constexpr double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();

@@ -37,8 +37,10 @@ inline void check_saved(const Node& node) {
                                               saved, " when saved, ", now,
                                               " now); compute the gradient before changing it, or change a copy"));
   };
-  for (const auto& s : node.saved)
-    if (s.storage->version() != s.version) fail(s.version, s.storage->version());
+  for (const auto& s : node.saved) {
+    if (s.storage && s.storage->version() != s.version) fail(s.version, s.storage->version());
+    if (auto impl = s.traced.lock(); impl && impl->rebinds != s.rebinds) fail(s.rebinds, impl->rebinds);
+  }
   if (node.out_storage && node.out_storage->version() != node.out_version)
     fail(node.out_version, node.out_storage->version());
 }

@@ -153,7 +153,7 @@ auto custom_vjp(Forward forward, Backward backward, SourceLoc loc = SourceLoc::c
                                detail::typed_inputs<std::decay_t<decltype(inputs)>...>(saved));
                          });
     // The rule reads every input: check their versions at backward like any op's.
-    for (const auto& in : saved) out.impl()->autograd->grad_fn->saved.push_back({in.impl()->storage, in.version()});
+    for (const auto& in : saved) out.impl()->autograd->grad_fn->saved.push_back(autograd::Node::Saved::of(in));
     return out;
   };
 }

@@ -22,8 +22,19 @@ struct Node {
   };
   /// A tensor the rule reads, with the version it had when saved.
   struct Saved {
-    std::shared_ptr<Storage> storage;
-    std::uint64_t version;
+    std::shared_ptr<Storage> storage;  // null for a symbolic tensor
+    std::uint64_t version = 0;
+    // While tracing, an in-place update rebinds the tensor to a new value instead of writing
+    // its storage (TensorImpl::rebinds): checked like the version.
+    std::weak_ptr<const TensorImpl> traced;
+    std::uint64_t rebinds = 0;
+
+    static Saved of(const TensorBase& t) {
+      const auto& impl = t.impl();
+      Saved s{impl->storage, impl->storage ? impl->storage->version() : 0, {}, 0};
+      if (is_tracing()) s.traced = impl, s.rebinds = impl->rebinds;
+      return s;
+    }
   };
 
   std::string_view op;

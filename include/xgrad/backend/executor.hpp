@@ -106,7 +106,7 @@ class Program {
       // A constant belongs to the graph, an arena buffer to the next call (a kernel may pass
       // one through, as a reduction over size-1 axes does): the caller gets a copy.
       const bool shared = (v->producer && v->producer->op == "Const") || t.impl()->storage->borrowed();
-      results.push_back(shared ? copy_of(t) : t);
+      results.push_back(shared ? xgrad::detail::copy_to(t, t.device()) : t);
     }
     for (auto& t : env) t = TensorBase();
   }
@@ -222,7 +222,7 @@ class Program {
       ws->constants.resize(g.nodes.size());
       for (std::size_t k = 0; k < g.nodes.size(); ++k) {
         const TensorBase& c = g.nodes[k]->constant;
-        if (g.nodes[k]->op == "Const" && c.numel() > 1) ws->constants[k] = moved_copy(c, device);
+        if (g.nodes[k]->op == "Const" && c.numel() > 1) ws->constants[k] = xgrad::detail::copy_to(c, device);
       }
     }
     if (!m_plan) return ws;
@@ -251,14 +251,6 @@ class Program {
     return ws;
   }
 
-  /// A copy of `t` on `device`.
-  static TensorBase moved_copy(const TensorBase& t, Device device) {
-    TensorBase copy(TensorImpl::allocate(t.shape(), t.dtype(), device));
-    xgrad::detail::copy_bytes(copy.impl()->storage->data(), device, t.impl()->storage->data(), t.device(),
-                              static_cast<std::size_t>(t.numel()) * dtype_size(t.dtype()));
-    return copy;
-  }
-
   /// A node's output j, when made on the cpu during a call on `device`, moved there (into its
   /// planned buffer when it has one); a one-element result may stay, as scalars do.
   void move_to_device(Workspace& ws, const ir::Node& node, std::size_t j, Device device) const {
@@ -266,7 +258,7 @@ class Program {
     if (t.device() == device || t.numel() == 1) return;
     const TensorBase& planned = ws.planned[static_cast<std::size_t>(node.outputs[j]->id)];
     if (!planned.defined()) {
-      t = moved_copy(t, device);
+      t = xgrad::detail::copy_to(t, device);
       return;
     }
     xgrad::detail::copy_bytes(planned.impl()->storage->data(), device, t.impl()->storage->data(), Device::cpu,
@@ -302,7 +294,7 @@ class Program {
       TensorBase src = ws.env[static_cast<std::size_t>(e.value->id)];
       for (const auto& other : effects)
         if (&other != &e && inputs[other.input].impl()->storage == src.impl()->storage) {
-          src = copy_of(src);
+          src = xgrad::detail::copy_to(src, src.device());
           break;
         }
       sources.push_back(src);
@@ -310,8 +302,6 @@ class Program {
     for (std::size_t i = 0; i < effects.size(); ++i) write_into(inputs[effects[i].input], sources[i]);
     sources.clear();
   }
-
-  static TensorBase copy_of(const TensorBase& t) { return moved_copy(t, t.device()); }
 
   static void write_into(const TensorBase& dst, const TensorBase& src) {
     Storage& to = *dst.impl()->storage;

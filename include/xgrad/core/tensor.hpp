@@ -43,6 +43,9 @@ struct TensorImpl {
   std::shared_ptr<Storage> storage;
   std::shared_ptr<AutogradMeta> autograd;  // null while nothing asked for gradients
   std::shared_ptr<ir::Value> value;        // the graph value of a symbolic tensor
+  // In-place updates while tracing: they rebind the tensor to a new graph value rather than
+  // write its storage, so autodiff counts them here to catch stale saved tensors.
+  std::uint64_t rebinds = 0;
 
   TensorImpl(Shape s, DType d, std::shared_ptr<Storage> st) : shape(s), dtype(d), storage(std::move(st)) {}
   TensorImpl(Shape s, DType d, std::shared_ptr<ir::Value> v) : shape(s), dtype(d), value(std::move(v)) {}
@@ -273,10 +276,14 @@ template <Element T> class Tensor : public TensorBase {
 namespace detail {
 
 /// A copy of t's elements on `device`, with no autodiff history.
-template <Element T> Tensor<T> copy_to(const Tensor<T>& t, Device device) {
-  auto out = Tensor<T>::empty(t.shape(), device);
-  copy_bytes(out.data(), device, t.data(), t.device(), static_cast<std::size_t>(t.numel()) * sizeof(T));
+inline TensorBase copy_to(const TensorBase& t, Device device) {
+  TensorBase out(TensorImpl::allocate(t.shape(), t.dtype(), device));
+  copy_bytes(out.impl()->storage->data(), device, t.impl()->storage->data(), t.device(),
+             static_cast<std::size_t>(t.numel()) * dtype_size(t.dtype()));
   return out;
+}
+template <Element T> Tensor<T> copy_to(const Tensor<T>& t, Device device) {
+  return Tensor<T>(copy_to(static_cast<const TensorBase&>(t), device));
 }
 
 }  // namespace detail

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -368,6 +369,10 @@ template <class Body, class Carry> tracing::detail::traced_t<Carry> fori_loop(st
                                                                               SourceLoc loc = SourceLoc::current()) {
   using namespace tracing::detail;
   using C = traced_t<Carry>;
+  constexpr std::int64_t kMin = std::numeric_limits<std::int32_t>::min(), kMax = std::numeric_limits<std::int32_t>::max();
+  if (lo < kMin || lo > kMax || hi < kMin || hi > kMax)
+    throw ValueError(xgrad::detail::op_message("ForiLoop", loc, "lo (", lo, ") and hi (", hi,
+                                               ") must fit int32: the loop index is an int32 tensor"));
   Flat flat;
   flatten(init, flat, std::string());
   LoopSpec spec{"ForiLoop", loop_body<C, true>(body_fn, flat.statics), {}, lo, std::max<std::int64_t>(hi - lo, 0), loc};

@@ -39,19 +39,22 @@ inline TensorBase differentiable_leaf(const TensorBase& t) {
 /// Pulls the cotangents `cots` (one per output of fn; undefined for none) back through fn at
 /// `args`: returns one gradient per float argument, then one per tensor of `targets` (tensors
 /// fn reads from outside that require grad), zeros where nothing flows. Runs fn again under
-/// autodiff, so it works eagerly, while tracing, and when differentiated again.
+/// autodiff, so it works eagerly, while tracing, and when differentiated again. Arguments
+/// marked in `held` are passed as they are, not differentiated (their gradient is zeros).
 inline std::vector<TensorBase> vjp_of(const FlatFn& fn, std::span<const TensorBase> args,
-                                      std::span<const TensorBase> cots, const std::vector<TensorBase>& targets) {
+                                      std::span<const TensorBase> cots, const std::vector<TensorBase>& targets,
+                                      const std::vector<bool>& held = {}) {
   xgrad::detail::TransformScope scope;
   enable_grad on;
   std::vector<TensorBase> leaves(args.begin(), args.end());
   std::vector<std::shared_ptr<AutogradMeta>> metas;
   std::vector<TensorBase> shapes_of;  // what each gradient's zeros look like
-  for (auto& leaf : leaves)
-    if (is_float(leaf)) {
-      shapes_of.push_back(leaf);
-      leaf = differentiable_leaf(leaf);
-      metas.push_back(leaf.impl()->autograd);
+  for (std::size_t i = 0; i < leaves.size(); ++i)
+    if (is_float(leaves[i])) {
+      shapes_of.push_back(leaves[i]);
+      const bool differentiated = i >= held.size() || !held[i];
+      if (differentiated) leaves[i] = differentiable_leaf(leaves[i]);
+      metas.push_back(differentiated ? leaves[i].impl()->autograd : nullptr);
     }
   for (const auto& t : targets) {
     shapes_of.push_back(t);

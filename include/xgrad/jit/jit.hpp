@@ -297,9 +297,12 @@ inline std::string explain_retrace(const Signature& now, const std::vector<std::
 /// The compiled signatures of one jitted function, shared by its copies and its threads.
 class Cache {
  public:
-  Cache(JitConfig config, SourceLoc loc)
+  /// `keep_effects` false: graphs drop their writes into inputs (a gradient graph runs the
+  /// function again and must not apply its updates a second time).
+  Cache(JitConfig config, SourceLoc loc, bool keep_effects = true)
       : m_config((validate(config), std::move(config))),
         m_loc(loc),
+        m_keep_effects(keep_effects),
         m_pipeline(passes::pipeline(static_cast<int>(m_config.level), m_config.disabled_passes)) {
     if (m_config.name.empty()) m_config.name = "jit@" + loc.str();
   }
@@ -320,8 +323,11 @@ class Cache {
     return m_entries.size();
   }
 
-  /// Runs a flat function on concrete tensors, compiled per signature.
-  std::vector<TensorBase> run(const FlatFn& fn, const std::vector<TensorBase>& args) {
+  /// Runs a flat function on concrete tensors, compiled per signature. A tensor the graph
+  /// reads by reference that is among `replaced` is read from the same position of
+  /// `replacements` instead.
+  std::vector<TensorBase> run(const FlatFn& fn, const std::vector<TensorBase>& args,
+                              std::span<const TensorBase> replaced = {}, std::span<const TensorBase> replacements = {}) {
     Flat flat;
     flat.tensors = args;
     auto entry = find(flat);
@@ -339,7 +345,10 @@ class Cache {
       entry = compile(flat, body, labels);
     }
     std::vector<TensorBase> inputs = args;
-    inputs.insert(inputs.end(), entry->captures.begin(), entry->captures.end());
+    for (const TensorBase& c : entry->captures) {
+      auto it = std::find_if(replaced.begin(), replaced.end(), [&](const TensorBase& r) { return r.impl() == c.impl(); });
+      inputs.push_back(it == replaced.end() ? c : replacements[static_cast<std::size_t>(it - replaced.begin())]);
+    }
     return entry->program->run(inputs);
   }
 
@@ -358,6 +367,7 @@ class Cache {
     std::vector<bool> from_captures;
     for (const auto& out : result.outputs) from_captures.push_back(out.requires_grad());
     std::shared_ptr<ir::Graph> graph = tracer.finish(result.outputs);
+    if (!m_keep_effects) graph->effects.clear();
     check_written_aliases(*graph, flat, tracer.captures(), relabel, aliases_merged);
     ir::verify(*graph);
     save_stage(*graph, "trace");
@@ -467,6 +477,7 @@ class Cache {
 
   JitConfig m_config;
   SourceLoc m_loc;
+  bool m_keep_effects;
   passes::Pipeline m_pipeline;
   mutable std::shared_mutex m_mutex;
   std::vector<std::shared_ptr<const Entry>> m_entries;
@@ -498,9 +509,15 @@ template <class F> class Jitted {
     std::vector<TensorBase>& inputs = flat.tensors;
     inputs.insert(inputs.end(), entry->captures.begin(), entry->captures.end());
     std::vector<TensorBase>& outputs = call->outputs;
+    const GradNeeds needs(inputs, num_args);
+    const bool records = needs.records_any(*entry);
+    // The backward pass runs f again; it must see the values this call read, not what the
+    // call's writes into its inputs left there.
+    std::vector<TensorBase> before;
+    if (records && !entry->written.empty()) before = values_before_writes(*entry, inputs, num_args, relabeler(args...));
     entry->program->run(inputs, outputs);
     if constexpr (!std::is_void_v<Out>) {
-      if (is_grad_enabled()) record<Args...>(entry, inputs, num_args, outputs, flat.statics);
+      if (records) record<Args...>(entry, inputs, num_args, outputs, needs, flat.statics, before);
       tracing::detail::Reader reader{outputs, entry->output_statics};
       return tracing::detail::rebuild<Out>(reader);
     }
@@ -584,25 +601,68 @@ template <class F> class Jitted {
     }
   }
 
-  /// Links each output that needs it to the call's inputs on the tape.
+  /// Whether any of a call's arguments, and any of its captured tensors, require grad.
+  struct GradNeeds {
+    bool arguments = false, captures = false;
+
+    GradNeeds(const std::vector<TensorBase>& inputs, std::size_t num_args) {
+      if (!is_grad_enabled()) return;
+      for (std::size_t i = 0; i < inputs.size(); ++i) (i < num_args ? arguments : captures) |= inputs[i].requires_grad();
+    }
+    /// Whether output k goes on the tape: it depends on a tensor that requires grad.
+    bool records(const Entry& entry, std::size_t k) const {
+      return (arguments && entry.from_arguments[k]) || (captures && entry.from_captures[k]);
+    }
+    bool records_any(const Entry& entry) const {
+      for (std::size_t k = 0; (arguments || captures) && k < entry.from_arguments.size(); ++k)
+        if (records(entry, k)) return true;
+      return false;
+    }
+  };
+
+  /// Copies of the inputs the call writes into, in Entry::written's order. An argument that
+  /// requires grad may not be written: eagerly that is refused too (outside no_grad), and its
+  /// gradient would have to flow through the write.
+  template <class Relabel>
+  std::vector<TensorBase> values_before_writes(const Entry& entry, const std::vector<TensorBase>& inputs,
+                                               std::size_t num_args, Relabel&& relabel) const {
+    std::vector<TensorBase> before;
+    for (std::size_t i : entry.written) {
+      if (i < num_args && inputs[i].requires_grad()) {
+        std::vector<std::string> labels;
+        relabel(labels);
+        throw AutogradError(xgrad::detail::concat(
+            m_cache->where(), ": the function writes in place into ", labels[i],
+            ", which requires grad; autodiff does not record in-place writes. Return the new value instead, or "
+            "pass a tensor that does not require grad"));
+      }
+      before.push_back(xgrad::detail::copy_to(inputs[i], inputs[i].device()));
+    }
+    return before;
+  }
+
+  /// Links each output that needs it to the call's inputs on the tape. `before` holds the
+  /// pre-call values of the inputs the call wrote into (Entry::written), which the gradient
+  /// reads in their place.
   template <class... Args> void record(const std::shared_ptr<const Entry>& entry, const std::vector<TensorBase>& inputs,
                                        std::size_t num_args, std::vector<TensorBase>& outputs,
-                                       const std::vector<std::int64_t>& statics) const {
-    bool args_need = false, captures_need = false;
-    for (std::size_t i = 0; i < inputs.size(); ++i)
-      (i < num_args ? args_need : captures_need) |= inputs[i].requires_grad();
-    if (!args_need && !captures_need) return;
-    std::vector<std::reference_wrapper<const TensorBase>> refs;  // made only if an output is recorded
+                                       const GradNeeds& needs, const std::vector<std::int64_t>& statics,
+                                       std::vector<TensorBase> before) const {
+    const std::vector<std::reference_wrapper<const TensorBase>> refs(inputs.begin(), inputs.end());
     for (std::size_t k = 0; k < outputs.size(); ++k) {
-      if (!(args_need && entry->from_arguments[k]) && !(captures_need && entry->from_captures[k])) continue;
-      if (refs.empty()) refs.assign(inputs.begin(), inputs.end());
+      if (!needs.records(*entry, k)) continue;
       xgrad::detail::record_range(
           outputs[k], "Jit", m_cache->loc(), refs.begin(), refs.end(), {}, false,
-          [f = m_f, cache = m_cache, entry, k, inputs, num_args, statics](const TensorBase&, const TensorBase& g) {
-            return vjp<Args...>(*f, *cache, *entry, k, inputs, num_args, statics, g);
+          [f = m_f, cache = m_cache, entry, k, inputs, num_args, statics, before](const TensorBase&,
+                                                                                   const TensorBase& g) {
+            return vjp<Args...>(*f, *cache, *entry, k, inputs, num_args, statics, before, g);
           });
+      // The gradient reads the inputs again: a later write into one fails the backward pass
+      // loudly. The written ones it reads from `before`, which nobody else can change.
       auto& saved = outputs[k].impl()->autograd->grad_fn->saved;
-      for (const auto& in : inputs) saved.push_back({in.impl()->storage, in.version()});
+      for (std::size_t i = 0; i < inputs.size(); ++i)
+        if (std::find(entry->written.begin(), entry->written.end(), i) == entry->written.end())
+          saved.push_back(autograd::Node::Saved::of(inputs[i]));
     }
   }
 
@@ -612,11 +672,25 @@ template <class F> class Jitted {
   template <class... Args> static autograd::Grads vjp(const F& f, const tracing::detail::Cache& cache,
                                                       const Entry& entry, std::size_t k,
                                                       const std::vector<TensorBase>& inputs, std::size_t num_args,
-                                                      const std::vector<std::int64_t>& statics, const TensorBase& g) {
+                                                      const std::vector<std::int64_t>& statics,
+                                                      const std::vector<TensorBase>& before, const TensorBase& g) {
     using namespace tracing::detail;
-    // Gradients go to float arguments and to captures that require grad, in that order.
+    if (!before.empty() && (tracing::Tracer::active() || is_grad_enabled()))
+      throw AutogradError(xgrad::detail::concat(
+          cache.where(), ": the function writes into its inputs in place, so its gradient runs it again as a compiled "
+          "graph that leaves them alone; that gradient cannot itself be differentiated (grad of grad, "
+          "create_graph) or traced inside another jit. Move the in-place update out of the function"));
+    // Gradients go to float arguments and to captures that require grad, in that order. The
+    // inputs the call wrote into are read at their values before the call.
     std::vector<std::size_t> wrt;
-    std::vector<TensorBase> targets;
+    std::vector<TensorBase> targets, values = inputs, replaced, replacements;
+    std::vector<bool> held(num_args, false);
+    for (std::size_t w = 0; w < before.size(); ++w) {
+      const std::size_t i = entry.written[w];
+      values[i] = before[w];
+      if (i < num_args) held[i] = true;
+      else replaced.push_back(inputs[i]), replacements.push_back(before[w]);
+    }
     for (std::size_t i = 0; i < inputs.size(); ++i) {
       if (i < num_args ? is_float(inputs[i]) : inputs[i].requires_grad()) wrt.push_back(i);
       if (i >= num_args && inputs[i].requires_grad()) targets.push_back(inputs[i]);
@@ -638,10 +712,10 @@ template <class F> class Jitted {
     FlatFn pullback = [&](std::span<const TensorBase> args_and_g) {
       std::vector<TensorBase> cots(num_outputs);
       cots[k] = args_and_g.back();
-      return vjp_of(fn, args_and_g.first(num_args), cots, targets);
+      return vjp_of(fn, args_and_g.first(num_args), cots, targets, held);
     };
 
-    std::vector<TensorBase> args_and_g(inputs.begin(), inputs.begin() + static_cast<std::ptrdiff_t>(num_args));
+    std::vector<TensorBase> args_and_g(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(num_args));
     args_and_g.push_back(g);
     std::vector<TensorBase> grads;
     if (tracing::Tracer::active() || is_grad_enabled()) {
@@ -655,11 +729,11 @@ template <class F> class Jitted {
           JitConfig config = cache.config();
           config.name += "_vjp" + std::to_string(k);
           config.max_retraces = -1;
-          slot = std::make_shared<Cache>(config, cache.loc());
+          slot = std::make_shared<Cache>(config, cache.loc(), /*keep_effects=*/false);
         }
         vjp_cache = slot;
       }
-      grads = vjp_cache->run(pullback, args_and_g);
+      grads = vjp_cache->run(pullback, args_and_g, replaced, replacements);
     }
     autograd::Grads result(inputs.size());
     for (std::size_t j = 0; j < wrt.size(); ++j) result[wrt[j]] = grads[j];

@@ -163,6 +163,7 @@ class Tracer {
           ") of a tensor from outside a cond / while_loop / fori_loop body; return the new value from the body "
           "instead"));
     TensorImpl& impl = *target.impl();
+    ++impl.rebinds;
     if (!impl.storage && impl.value.get() == old)
       impl.value = m_graph->share(v);
     else

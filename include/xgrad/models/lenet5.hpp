@@ -20,12 +20,13 @@ class LeNet5 : public nn::Module {
   }
 
   Tensor<float> forward(Tensor<float> x) override {
-    x = max_pool2d(relu(conv1(x)), 2, 2);
-    x = max_pool2d(relu(conv2(x)), 2, 2);
-    x = flatten(x);
-    x = relu(fc1(x));
-    x = relu(fc2(x));
-    return fc3(x);
+    const SourceLoc at = call_site();  // errors inside name the line that called the network
+    x = max_pool2d(relu(conv1(x, at), at), 2, 2, PadMode::valid, at);
+    x = max_pool2d(relu(conv2(x, at), at), 2, 2, PadMode::valid, at);
+    x = flatten(x, at);
+    x = relu(fc1(x, at), at);
+    x = relu(fc2(x, at), at);
+    return fc3(x, at);
   }
 
   nn::Conv2d conv1, conv2;

@@ -1,6 +1,7 @@
 // Losses: SoftmaxCrossEntropy (sparse int32 labels or dense per-class targets) and MSELoss.
 // A loss takes the network's output and the batch's labels, whose dtype depends on the loss,
-// so labels come as a TensorBase checked against what the loss expects.
+// so labels come as a TensorBase checked against what the loss expects. As with modules, a
+// subclass defines forward; calling a loss names the caller's line in its errors.
 #pragma once
 
 #include <cstdint>
@@ -15,26 +16,35 @@ namespace xgrad::nn {
 class Loss {
  public:
   virtual ~Loss() = default;
-  virtual Tensor<float> operator()(const Tensor<float>& output, const TensorBase& labels) const = 0;
+  /// The loss of `output` against `labels`; `loc`, the caller's line, is what errors name.
+  Tensor<float> operator()(const Tensor<float>& output, const TensorBase& labels,
+                           SourceLoc loc = SourceLoc::current()) const {
+    const std::string op = name();
+    xgrad::detail::OpScope scope(op, loc, {output, labels});
+    return forward(output, labels, loc);
+  }
   virtual std::string name() const = 0;
+
+ protected:
+  virtual Tensor<float> forward(const Tensor<float>& output, const TensorBase& labels, SourceLoc loc) const = 0;
 };
 
 namespace detail {
-inline Tensor<float> reduce(const Tensor<float>& per_element, Reduction reduction) {
+inline Tensor<float> reduce(const Tensor<float>& per_element, Reduction reduction, SourceLoc loc) {
   switch (reduction) {
     case Reduction::none:
       return per_element;
     case Reduction::sum:
-      return sum(per_element);
+      return sum(per_element, {}, false, loc);
     case Reduction::mean:
       break;
   }
-  return mean(per_element);
+  return mean(per_element, {}, false, loc);
 }
-inline void check_labels_dtype(const std::string& loss, const TensorBase& labels, DType expected) {
+inline void check_labels_dtype(const std::string& loss, const TensorBase& labels, DType expected, SourceLoc loc) {
   if (labels.dtype() != expected)
-    throw ShapeError(xgrad::detail::concat(loss, ": labels must be ", dtype_name(expected), ", got ",
-                                           dtype_name(labels.dtype()), labels.shape()));
+    throw_shape_error(loss, loc, "labels must be ", dtype_name(expected), ", got ", dtype_name(labels.dtype()),
+                      labels.shape());
 }
 }  // namespace detail
 
@@ -49,18 +59,21 @@ class SoftmaxCrossEntropy : public Loss {
  public:
   explicit SoftmaxCrossEntropy(SoftmaxCrossEntropyOptions options = {}) : m_options(options) {}
 
-  Tensor<float> operator()(const Tensor<float>& logits, const TensorBase& labels) const override {
-    if (m_options.sparse) {
-      detail::check_labels_dtype(name(), labels, DType::int32);
-      return softmax_cross_entropy(logits, Tensor<std::int32_t>(labels), m_options.reduction);
-    }
-    detail::check_labels_dtype(name(), labels, DType::float32);
-    if (labels.shape() != logits.shape())
-      throw ShapeError(xgrad::detail::concat(name(), ": dense labels must have the logits' shape ", logits.shape(),
-                                             ", got ", labels.shape()));
-    return detail::reduce(-sum(Tensor<float>(labels) * log_softmax(logits, -1), {-1}), m_options.reduction);
-  }
   std::string name() const override { return "SoftmaxCrossEntropy"; }
+
+ protected:
+  Tensor<float> forward(const Tensor<float>& logits, const TensorBase& labels, SourceLoc loc) const override {
+    if (m_options.sparse) {
+      detail::check_labels_dtype(name(), labels, DType::int32, loc);
+      return softmax_cross_entropy(logits, Tensor<std::int32_t>(labels, loc), m_options.reduction, loc);
+    }
+    detail::check_labels_dtype(name(), labels, DType::float32, loc);
+    if (labels.shape() != logits.shape())
+      throw_shape_error(name(), loc, "dense labels must have the logits' shape ", logits.shape(), ", got ",
+                        labels.shape());
+    return detail::reduce(neg(sum(mul(Tensor<float>(labels, loc), log_softmax(logits, -1, loc), loc), {-1}, false, loc), loc),
+                          m_options.reduction, loc);
+  }
 
  private:
   SoftmaxCrossEntropyOptions m_options;
@@ -71,15 +84,17 @@ class MSELoss : public Loss {
  public:
   explicit MSELoss(Reduction reduction = Reduction::mean) : m_reduction(reduction) {}
 
-  Tensor<float> operator()(const Tensor<float>& output, const TensorBase& labels) const override {
-    detail::check_labels_dtype(name(), labels, DType::float32);
+  std::string name() const override { return "MSELoss"; }
+
+ protected:
+  Tensor<float> forward(const Tensor<float>& output, const TensorBase& labels, SourceLoc loc) const override {
+    detail::check_labels_dtype(name(), labels, DType::float32, loc);
     // Broadcasting would compare every output with every label ([N, 1] against [N] gives [N, N]).
     if (labels.shape() != output.shape())
-      throw ShapeError(xgrad::detail::concat(name(), ": labels ", labels.shape(), " must have the output's shape ",
-                                             output.shape(), "; reshape one of them"));
-    return detail::reduce(square(output - Tensor<float>(labels)), m_reduction);
+      throw_shape_error(name(), loc, "labels ", labels.shape(), " must have the output's shape ", output.shape(),
+                        "; reshape one of them");
+    return detail::reduce(square(sub(output, Tensor<float>(labels, loc), loc), loc), m_reduction, loc);
   }
-  std::string name() const override { return "MSELoss"; }
 
  private:
   Reduction m_reduction;

@@ -27,8 +27,11 @@ class Model {
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
 
-  /// One training step on a batch in the current mode; returns its loss.
-  template <class Labels> float train_step(const Tensor<float>& images, const Labels& labels) {
+  /// One training step on a batch in the current mode; returns its loss. Errors of the
+  /// network and the loss name `loc`, the caller's line (train, fit and eval take one too).
+  template <class Labels>
+  float train_step(const Tensor<float>& images, const Labels& labels, SourceLoc loc = SourceLoc::current()) {
+    m_caller = loc;
     m_network.set_train(true);
     if (get_mode() == Mode::eager) return step(images, labels).item();
     return compiled_step()(images, labels).item();
@@ -36,35 +39,41 @@ class Model {
 
   /// The compiled train step for a batch like this one, without running it: its graph (ir(),
   /// dot()) after the optimizer's passes, and its memory plan.
-  template <class Labels> Lowered lower_train_step(const Tensor<float>& images, const Labels& labels) {
+  template <class Labels>
+  Lowered lower_train_step(const Tensor<float>& images, const Labels& labels, SourceLoc loc = SourceLoc::current()) {
+    m_caller = loc;
     m_network.set_train(true);
     return compiled_step().lower(images, labels);
   }
 
   /// Trains for `epochs` passes over `dataset` (anything iterable whose batches have `images`
   /// and `labels`, with size() batches), calling `callbacks` around epochs and steps.
-  template <class Dataset> void train(int epochs, const Dataset& dataset, callbacks::Callbacks callbacks = {}) {
-    run(epochs, dataset, static_cast<const Dataset*>(nullptr), callbacks);
+  template <class Dataset>
+  void train(int epochs, const Dataset& dataset, callbacks::Callbacks callbacks = {},
+             SourceLoc loc = SourceLoc::current()) {
+    run(epochs, dataset, static_cast<const Dataset*>(nullptr), callbacks, loc);
   }
 
   /// Trains as train() does and evaluates on `valid` after each epoch; the results reach the
   /// callbacks' on_eval_end (LossMonitor prints them).
   template <class Dataset, class Valid>
-  void fit(int epochs, const Dataset& train, const Valid& valid, callbacks::Callbacks callbacks = {}) {
-    run(epochs, train, &valid, callbacks);
+  void fit(int epochs, const Dataset& train, const Valid& valid, callbacks::Callbacks callbacks = {},
+           SourceLoc loc = SourceLoc::current()) {
+    run(epochs, train, &valid, callbacks, loc);
   }
 
   /// The metrics over `dataset` with the network in evaluation behaviour: {"Accuracy": 0.9...}.
-  template <class Dataset> std::map<std::string, double> eval(const Dataset& dataset) {
+  template <class Dataset>
+  std::map<std::string, double> eval(const Dataset& dataset, SourceLoc loc = SourceLoc::current()) {
     if (m_metrics.empty())
-      throw ValueError(
-          "Model::eval: the model has no metrics (give them to the constructor, e.g. "
-          "{{\"Accuracy\", xg::metrics::accuracy()}})");
+      throw ValueError(xgrad::detail::op_message(
+          "Model::eval", loc,
+          "the model has no metrics (give them to the constructor, e.g. {{\"Accuracy\", xg::metrics::accuracy()}})"));
     m_network.set_train(false);
     for (auto& [name, metric] : m_metrics) metric->reset();
     for (const auto& batch : dataset) {
-      const Tensor<float> output = m_network(batch.images);
-      const float loss = mean(m_loss(output, batch.labels)).item();
+      const Tensor<float> output = m_network(batch.images, loc);
+      const float loss = mean(m_loss(output, batch.labels, loc), {}, false, loc).item();
       for (auto& [name, metric] : m_metrics) metric->update(output, batch.labels, loss);
     }
     m_network.set_train(true);
@@ -87,7 +96,10 @@ class Model {
   /// forward, loss, gradients and the update, as one function of the batch: eager runs it,
   /// graph mode traces it once per batch signature.
   template <class Labels> Tensor<float> step(const Tensor<float>& images, const Labels& labels) {
-    auto loss_of = [this](const Tensor<float>& x, const Labels& y) { return m_loss(m_network(x), y); };
+    // Traced in graph mode: m_caller is the line of the call that traced it.
+    auto loss_of = [this](const Tensor<float>& x, const Labels& y) {
+      return m_loss(m_network(x, m_caller), y, m_caller);
+    };
     auto [loss, grads] = value_and_grad(loss_of, m_optimizer.parameters())(images, labels);
     m_optimizer.step(grads);
     return loss;
@@ -105,8 +117,8 @@ class Model {
   }
 
   template <class Dataset, class Valid>
-  void run(int epochs, const Dataset& dataset, const Valid* valid, callbacks::Callbacks& callbacks) {
-    if (epochs <= 0) throw ValueError(detail::concat("Model::train: epochs must be > 0, got ", epochs));
+  void run(int epochs, const Dataset& dataset, const Valid* valid, callbacks::Callbacks& callbacks, SourceLoc loc) {
+    if (epochs <= 0) throw ValueError(xgrad::detail::op_message("Model::train", loc, "epochs must be > 0, got ", epochs));
     callbacks::RunContext ctx;
     ctx.epochs = epochs;
     ctx.steps_per_epoch = static_cast<std::int64_t>(dataset.size());
@@ -125,13 +137,13 @@ class Model {
         ++ctx.step_in_epoch;
         ctx.batch_size = batch.images.shape()[0];
         each([&](callbacks::Callback& cb) { cb.on_step_begin(ctx); });
-        ctx.loss = train_step(batch.images, batch.labels);
+        ctx.loss = train_step(batch.images, batch.labels, loc);
         each([&](callbacks::Callback& cb) { cb.on_step_end(ctx); });
         if (ctx.stop_training) break;
       }
       each([&](callbacks::Callback& cb) { cb.on_epoch_end(ctx); });
       if (valid) {
-        ctx.metrics = eval(*valid);
+        ctx.metrics = eval(*valid, loc);
         each([&](callbacks::Callback& cb) { cb.on_eval_end(ctx); });
       }
     }
@@ -140,6 +152,7 @@ class Model {
 
   nn::Module& m_network;
   const nn::Loss& m_loss;
+  SourceLoc m_caller;  // the line of the public call running now, for errors
   optim::Optimizer& m_optimizer;
   Metrics m_metrics;
   JitConfig m_jit_config{.name = "train_step"};

@@ -174,9 +174,7 @@ template <class It> void record_range(const TensorBase& out, std::string_view op
     node->inputs.push_back({in.impl()->requires_grad() ? in.impl()->autograd : nullptr, in.shape()});
   }
   node->saved.reserve(saved.size());
-  // Symbolic tensors have no storage to check: a traced graph is functional.
-  for (const TensorBase& s : saved)
-    if (s.impl()->storage) node->saved.push_back({s.impl()->storage, s.version()});
+  for (const TensorBase& s : saved) node->saved.push_back(autograd::Node::Saved::of(s));
   if (reads_output) {
     node->out_storage = out.impl()->storage;
     node->out_value = out.impl()->value;

@@ -12,18 +12,26 @@ namespace xgrad {
 
 namespace detail {
 
-/// In-place writes are not recorded on the tape, so a tensor autodiff tracks may only be
-/// changed under no_grad (as optimizers do).
-inline void check_writable(std::string_view op, const TensorBase& t, SourceLoc loc) {
-  if (is_grad_enabled() && t.requires_grad())
+/// In-place writes are not recorded on the tape, so while autodiff records, a write may
+/// neither change a tensor it tracks (optimizers update under no_grad) nor bring in a value it
+/// tracks: the target would hold that value without its gradient, a silent wrong result.
+inline void check_writable(std::string_view op, const TensorBase& dst, const TensorBase& src, SourceLoc loc) {
+  if (!is_grad_enabled()) return;
+  if (dst.requires_grad())
     throw AutogradError(detail::op_message(op, loc,
                                            "in-place update of a tensor that requires grad; do it inside "
                                            "an xg::no_grad scope (as optimizers do)"));
+  if (src.requires_grad())
+    throw AutogradError(detail::op_message(
+        op, loc,
+        "in-place update with a value that requires grad: autodiff does not record in-place writes, so the "
+        "target would hold the value without its gradient. Compute out of place (y = y + x), or update inside "
+        "an xg::no_grad scope when no gradient should flow"));
 }
 
 /// Writes src into dst's storage (src broadcast to dst's shape) and bumps its version.
 template <class T> void write_into(std::string_view op, Tensor<T>& dst, const Tensor<T>& src, SourceLoc loc) {
-  check_writable(op, dst, loc);
+  check_writable(op, dst, src, loc);
   Shape check;
   if (!try_broadcast(dst.shape(), src.shape(), check) || !(check == dst.shape()))
     throw_shape_error(op, loc, "the value ", dtype_name(src.dtype()), src.shape(), " does not broadcast to the target ",

@@ -242,6 +242,7 @@ template <Numeric T> Tensor<T> slice_backward(const Tensor<T>& g, const Shape& i
   if (!fits)
     throw_shape_error("SliceGrad", loc, "the gradient ", dtype_name(g.dtype()), g.shape(), " at begin ", Shape(begin),
                       " must lie inside the input shape ", in_shape, " (one begin per axis)");
+  detail::checked_numel("SliceGrad", loc, in_shape);  // before its strides are computed
   auto strides = in_shape.strides();
   std::int64_t offset = 0;
   for (int i = 0; i < in_shape.ndim(); ++i) offset += begin[i] * strides[i];

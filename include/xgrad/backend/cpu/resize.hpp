@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "xgrad/backend/cpu/thread_pool.hpp"
+#include "xgrad/core/device.hpp"
 
 namespace xgrad::cpu {
 
@@ -43,6 +44,10 @@ template <class T> std::vector<BilinearTap<T>> bilinear_taps(int64_t in, int64_t
   return taps;
 }
 
+/// v * w, where a tap of weight 0 adds nothing: resizing onto a source pixel gives that pixel
+/// even when its neighbour is infinite (inf * 0 would make it NaN).
+template <class T> XGRAD_HD T weighted(T v, T w) { return w == T(0) ? T(0) : v * w; }
+
 /// Runs f(plane) for every one of `planes` planes, in parallel when the work is large.
 template <class F> void for_each_resize_plane(int64_t planes, int64_t work_per_plane, F&& f) {
   const int64_t grain = std::max<int64_t>(1, k_resize_min_parallel_work / std::max<int64_t>(work_per_plane, 1));
@@ -72,9 +77,9 @@ template <class T> void resize_bilinear_forward(int64_t n, int64_t c, int64_t h,
       T* yrow = yp + oh * out_w;
       for (int64_t ow = 0; ow < out_w; ++ow) {
         const auto& b = tw[static_cast<std::size_t>(ow)];
-        const T top = r0[b.i0] * b.w0 + r0[b.i1] * b.w1;
-        const T bottom = r1[b.i0] * b.w0 + r1[b.i1] * b.w1;
-        yrow[ow] = top * a.w0 + bottom * a.w1;
+        const T top = detail::weighted(r0[b.i0], b.w0) + detail::weighted(r0[b.i1], b.w1);
+        const T bottom = detail::weighted(r1[b.i0], b.w0) + detail::weighted(r1[b.i1], b.w1);
+        yrow[ow] = detail::weighted(top, a.w0) + detail::weighted(bottom, a.w1);
       }
     }
   });
@@ -104,12 +109,12 @@ template <class T> void resize_bilinear_backward(int64_t n, int64_t c, int64_t h
       const T* grow = gyp + oh * out_w;
       for (int64_t ow = 0; ow < out_w; ++ow) {
         const auto& b = tw[static_cast<std::size_t>(ow)];
-        const T top = grow[ow] * a.w0;
-        const T bottom = grow[ow] * a.w1;
-        r0[b.i0] += top * b.w0;
-        r0[b.i1] += top * b.w1;
-        r1[b.i0] += bottom * b.w0;
-        r1[b.i1] += bottom * b.w1;
+        const T top = detail::weighted(grow[ow], a.w0);
+        const T bottom = detail::weighted(grow[ow], a.w1);
+        r0[b.i0] += detail::weighted(top, b.w0);
+        r0[b.i1] += detail::weighted(top, b.w1);
+        r1[b.i0] += detail::weighted(bottom, b.w0);
+        r1[b.i1] += detail::weighted(bottom, b.w1);
       }
     }
   });

@@ -70,9 +70,10 @@ template <class T> struct ResizeForwardFn {
     const auto& b = tw.taps[ow];
     const T* r0 = x + plane * h * w + a.i0 * w;
     const T* r1 = x + plane * h * w + a.i1 * w;
-    const T top = r0[b.i0] * b.w0 + r0[b.i1] * b.w1;
-    const T bottom = r1[b.i0] * b.w0 + r1[b.i1] * b.w1;
-    return top * a.w0 + bottom * a.w1;
+    using cpu::detail::weighted;
+    const T top = weighted(r0[b.i0], b.w0) + weighted(r0[b.i1], b.w1);
+    const T bottom = weighted(r1[b.i0], b.w0) + weighted(r1[b.i1], b.w1);
+    return weighted(top, a.w0) + weighted(bottom, a.w1);
   }
 };
 
@@ -88,11 +89,12 @@ template <class T> struct ResizeBackwardFn {
       const auto& a = th.taps[oh];
       for (std::int64_t ow = tw.lo[iw]; ow < tw.hi[iw]; ++ow) {
         const auto& b = tw.taps[ow];
-        const T top = g[oh * out_w + ow] * a.w0, bottom = g[oh * out_w + ow] * a.w1;
-        if (a.i0 == ih && b.i0 == iw) acc += top * b.w0;
-        if (a.i0 == ih && b.i1 == iw) acc += top * b.w1;
-        if (a.i1 == ih && b.i0 == iw) acc += bottom * b.w0;
-        if (a.i1 == ih && b.i1 == iw) acc += bottom * b.w1;
+        using cpu::detail::weighted;
+        const T top = weighted(g[oh * out_w + ow], a.w0), bottom = weighted(g[oh * out_w + ow], a.w1);
+        if (a.i0 == ih && b.i0 == iw) acc += weighted(top, b.w0);
+        if (a.i0 == ih && b.i1 == iw) acc += weighted(top, b.w1);
+        if (a.i1 == ih && b.i0 == iw) acc += weighted(bottom, b.w0);
+        if (a.i1 == ih && b.i1 == iw) acc += weighted(bottom, b.w1);
       }
     }
     return acc;
