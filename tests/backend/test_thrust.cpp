@@ -36,6 +36,24 @@ template <class T> bool close(T a, T b, double rel) {
   return std::abs(x - y) <= rel * std::max(1.0, std::abs(y));
 }
 
+/// A row's inputs at float and double on the cpu, and their copies on Device::thrust; input(k)
+/// gives the values of input k.
+struct DeviceRowInputs {
+  std::vector<xg::Tensor<float>> f_cpu, f_dev;
+  std::vector<xg::Tensor<double>> d_cpu, d_dev;
+};
+template <class Input> DeviceRowInputs device_row_inputs(std::size_t count, Input input) {
+  DeviceRowInputs in;
+  for (std::size_t k = 0; k < count; ++k) {
+    const xgrad::testing::Ref r = input(k);
+    in.f_cpu.push_back(xgrad::testing::to_tensor<float>(r));
+    in.d_cpu.push_back(xgrad::testing::to_tensor<double>(r));
+    in.f_dev.push_back(in.f_cpu.back().to(xg::Device::thrust));
+    in.d_dev.push_back(in.d_cpu.back().to(xg::Device::thrust));
+  }
+  return in;
+}
+
 }  // namespace
 
 TEST_CASE("thrust: to() inside jit says to move the inputs instead") {
@@ -121,15 +139,8 @@ TEST_CASE("thrust: every op-table row runs on Device::thrust and matches the cpu
   std::size_t ran = 0;
   for (const OpCase& c : op_table()) {
     CAPTURE(c.name);
-    std::vector<xg::Tensor<float>> f_cpu, f_dev;
-    std::vector<xg::Tensor<double>> d_cpu, d_dev;
-    for (std::size_t k = 0; k < c.shapes.size(); ++k) {
-      Ref r = random_input(c.shapes[k], c.domains[k], 31 + 97 * k);
-      f_cpu.push_back(to_tensor<float>(r));
-      d_cpu.push_back(to_tensor<double>(r));
-      f_dev.push_back(f_cpu.back().to(xg::Device::thrust));
-      d_dev.push_back(d_cpu.back().to(xg::Device::thrust));
-    }
+    const auto [f_cpu, f_dev, d_cpu, d_dev] = device_row_inputs(
+        c.shapes.size(), [&](std::size_t k) { return random_input(c.shapes[k], c.domains[k], 31 + 97 * k); });
     const std::vector<float> f_want = c.f32(f_cpu).to_vector();
     const std::vector<double> d_want = c.f64(d_cpu).to_vector();
     DefaultDevice on(xg::Device::thrust);
@@ -262,15 +273,9 @@ TEST_CASE("thrust: op-table rows with NaN, ±inf, ±0 and denormal inputs match 
     CAPTURE(c.name);
     for (int phase = 0; phase < kSpecialPhases; phase += 4) {
       CAPTURE(phase);
-      std::vector<xg::Tensor<float>> f_cpu, f_dev;
-      std::vector<xg::Tensor<double>> d_cpu, d_dev;
-      for (std::size_t k = 0; k < c.shapes.size(); ++k) {
-        Ref r = special_input(c.shapes[k], c.domains[k], 31 + 97 * k, k, phase);
-        f_cpu.push_back(to_tensor<float>(r));
-        d_cpu.push_back(to_tensor<double>(r));
-        f_dev.push_back(f_cpu.back().to(xg::Device::thrust));
-        d_dev.push_back(d_cpu.back().to(xg::Device::thrust));
-      }
+      const auto [f_cpu, f_dev, d_cpu, d_dev] = device_row_inputs(c.shapes.size(), [&](std::size_t k) {
+        return special_input(c.shapes[k], c.domains[k], 31 + 97 * k, k, phase);
+      });
       const std::vector<float> f_want = c.f32(f_cpu).to_vector();
       const std::vector<double> d_want = c.f64(d_cpu).to_vector();
       DefaultDevice on(xg::Device::thrust);

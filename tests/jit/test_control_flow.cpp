@@ -6,39 +6,16 @@
 
 #include <xgrad/xgrad.hpp>
 
+#include "jit/jit_support.hpp"
 #include "test_support.hpp"
 
 namespace xg = xgrad;
 using xgrad::testing::message_of;
+namespace xgt = xgrad::testing;
 
 namespace {
 
 using T = xg::Tensor<double>;
-
-void check_close(const T& a, const T& b, double tol = 1e-12) {
-  REQUIRE(a.shape() == b.shape());
-  auto x = a.to_vector(), y = b.to_vector();
-  for (std::size_t i = 0; i < x.size(); ++i) {
-    INFO("element " << i << ": " << x[i] << " vs " << y[i]);
-    CHECK(std::abs(x[i] - y[i]) <= tol * (1 + std::abs(y[i])));
-  }
-}
-
-/// d/dx of sum(f(x)) by central differences.
-template <class F> T numeric_grad(F f, const T& x) {
-  auto v = x.to_vector();
-  std::vector<double> g(v.size());
-  const double h = 1e-6;
-  for (std::size_t i = 0; i < v.size(); ++i) {
-    auto at = [&](double d) {
-      auto moved = v;
-      moved[i] += d;
-      return xg::sum(f(xg::tensor<double>(moved, x.shape()))).item();
-    };
-    g[i] = (at(h) - at(-h)) / (2 * h);
-  }
-  return xg::tensor<double>(g, x.shape());
-}
 
 constexpr auto program = &xgrad::testing::control_flow_program;
 
@@ -50,13 +27,13 @@ TEST_CASE("control flow: values and gradients agree eagerly, under jit, and with
   auto jitted_grad = xg::jit(xg::grad(program, xg::argnums<0, 1>));
   for (auto x : {xg::tensor<double>({0.3, -0.1, 0.5}), xg::tensor<double>({-0.3, -0.1, -0.5})}) {
     CAPTURE(x.to_vector());
-    check_close(jitted(x, w), program(x, w));
+    xgt::check_close(jitted(x, w), program(x, w));
     auto [gx, gw] = xg::grad(program, xg::argnums<0, 1>)(x, w);
     auto [jx, jw] = jitted_grad(x, w);
-    check_close(jx, gx);
-    check_close(jw, gw);
-    check_close(gx, numeric_grad([&](const T& v) { return program(v, w); }, x), 1e-6);
-    check_close(gw, numeric_grad([&](const T& v) { return program(x, v); }, w), 1e-6);
+    xgt::check_close(jx, gx);
+    xgt::check_close(jw, gw);
+    xgt::check_close(gx, xgt::numeric_grad([&](const T& v) { return program(v, w); }, x), 1e-6);
+    xgt::check_close(gw, xgt::numeric_grad([&](const T& v) { return program(x, v); }, w), 1e-6);
   }
   CHECK(jitted_grad.cache_size() == 1);  // both branches live in one graph
   auto ir = jitted.lower(xg::ones<double>({3}), w).ir();
@@ -98,8 +75,8 @@ TEST_CASE("control flow: a gradient flows to what a loop body reads from outside
   };
   auto x = xg::tensor<double>({0.2, 0.7});
   auto eager = xg::grad(f, xg::argnums<1>)(x, w);
-  check_close(xg::jit(xg::grad(f, xg::argnums<1>))(x, w), eager);
-  check_close(eager, numeric_grad([&](const T& v) { return f(x, v); }, w), 1e-6);
+  xgt::check_close(xg::jit(xg::grad(f, xg::argnums<1>))(x, w), eager);
+  xgt::check_close(eager, xgt::numeric_grad([&](const T& v) { return f(x, v); }, w), 1e-6);
 }
 
 TEST_CASE("control flow: the errors say what is wrong") {
@@ -126,7 +103,7 @@ TEST_CASE("control flow: the errors say what is wrong") {
   auto msg = message_of<xg::AutogradError>([&] { xg::jit(xg::grad(unbounded))(x); });
   CHECK(msg.find("max_iters") != std::string::npos);
   // Eagerly the tape sees every iteration, so no bound is needed.
-  check_close(xg::grad(unbounded)(x), xg::full<double>({3}, 4.0));  // two doublings: 3 -> 6 -> 12
+  xgt::check_close(xg::grad(unbounded)(x), xg::full<double>({3}, 4.0));  // two doublings: 3 -> 6 -> 12
 
   auto pred = message_of<xg::ShapeError>([&] {
     xg::cond(

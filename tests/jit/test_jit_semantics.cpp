@@ -19,31 +19,7 @@ namespace jit_semantics_test {
 using TD = xg::Tensor<double>;
 using xgrad::testing::contains;
 using xgrad::testing::message_of;
-
-void check_near(const TD& a, const TD& b, double tol) {
-  REQUIRE(a.shape() == b.shape());
-  auto x = a.to_vector(), y = b.to_vector();
-  for (std::size_t i = 0; i < x.size(); ++i) {
-    INFO("element " << i << ": " << x[i] << " vs " << y[i]);
-    CHECK(std::abs(x[i] - y[i]) <= tol * (1 + std::abs(y[i])));
-  }
-}
-
-/// d/dv of the scalar f(v) by central differences.
-template <class F> TD central_differences(F f, const TD& v) {
-  auto data = v.to_vector();
-  std::vector<double> g(data.size());
-  const double h = 1e-6;
-  for (std::size_t i = 0; i < data.size(); ++i) {
-    auto at = [&](double d) {
-      auto moved = data;
-      moved[i] += d;
-      return f(xg::tensor<double>(moved, v.shape())).item();
-    };
-    g[i] = (at(h) - at(-h)) / (2 * h);
-  }
-  return xg::tensor<double>(g, v.shape());
-}
+namespace xgt = xgrad::testing;
 
 /// A fori_loop whose body reads w and p from outside (by reference, as users write it), then
 /// a while_loop bounded for reverse mode.
@@ -69,27 +45,27 @@ TEST_CASE("jit: grad(jit(f)) and value_and_grad(jit(f)) through fori_loop and a 
   for (int call = 0; call < 2; ++call) {  // the second call runs the cached gradient graph
     CAPTURE(call);
     auto [jx, jw] = xg::grad(jf, xg::argnums<0, 1>)(x, w);
-    check_near(jx, ex, 1e-12);
-    check_near(jw, ew, 1e-12);
+    xgt::check_close(jx, ex, 1e-12);
+    xgt::check_close(jw, ew, 1e-12);
   }
-  check_near(ex, central_differences([&](const TD& v) { return f(v, w); }, x), 1e-6);
-  check_near(ew, central_differences([&](const TD& v) { return f(x, v); }, w), 1e-6);
+  xgt::check_close(ex, xgt::numeric_grad([&](const TD& v) { return f(v, w); }, x), 1e-6);
+  xgt::check_close(ew, xgt::numeric_grad([&](const TD& v) { return f(x, v); }, w), 1e-6);
 
   // Gradients reach the Parameter the loop body reads by reference.
   std::vector<xg::Parameter<double>> params{p};
   auto [value, grads] = xg::value_and_grad(jf, params)(x, w);
   auto [eager_value, eager_grads] = xg::value_and_grad(f, params)(x, w);
-  check_near(value, eager_value, 1e-12);
-  check_near(grads[0], eager_grads[0], 1e-12);
-  check_near(grads[0], central_differences([&](const TD& v) { return loops(x, w, v); }, p), 1e-6);
+  xgt::check_close(value, eager_value, 1e-12);
+  xgt::check_close(grads[0], eager_grads[0], 1e-12);
+  xgt::check_close(grads[0], xgt::numeric_grad([&](const TD& v) { return loops(x, w, v); }, p), 1e-6);
 
   // backward() after a jitted call, too.
   auto leaf = x.detach().set_requires_grad(true);
   jf(leaf, w).backward();
-  check_near(leaf.grad(), ex, 1e-12);
+  xgt::check_close(leaf.grad(), ex, 1e-12);
 
   // A second order differentiates f op by op (the loops are C++ loops then), as eagerly.
-  check_near(xg::grad(xg::grad(jf))(x, w), xg::grad(xg::grad(f))(x, w), 1e-10);
+  xgt::check_close(xg::grad(xg::grad(jf))(x, w), xg::grad(xg::grad(f))(x, w), 1e-10);
   // A second order traced whole still needs a traced loop's gradient differentiated: refused.
   auto msg = message_of<xg::AutogradError>([&] { xg::jit(xg::grad(xg::grad(f)))(x, w); });
   CHECK(contains(msg, "gradients of gradients through a traced loop are not supported"));
@@ -117,13 +93,13 @@ TEST_CASE("jit: the gradient of a function that writes into its inputs sees what
     for (int call = 0; call < 2; ++call) {  // traced, then a cache hit
       CAPTURE(call);
       stat.assign(xg::tensor<double>({1.0, 2.0}));
-      check_near(xg::grad(jf)(x), eager, 1e-12);
+      xgt::check_close(xg::grad(jf)(x), eager, 1e-12);
       CHECK(stat.to_vector() == eager_stat);  // updated once, not again by the backward pass
     }
     stat.assign(xg::tensor<double>({1.0, 2.0}));
     auto leaf = x.detach().set_requires_grad(true);
     jf(leaf).backward();
-    check_near(leaf.grad(), eager, 1e-12);
+    xgt::check_close(leaf.grad(), eager, 1e-12);
     CHECK(stat.to_vector() == eager_stat);
 
     // An argument written under no_grad and read after the write.
