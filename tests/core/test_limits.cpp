@@ -163,8 +163,9 @@ TEST_CASE("limits: set_num_threads refuses more than kMaxThreads and keeps the c
   CHECK(xg::cpu::num_threads() == before);
 }
 
-TEST_CASE("limits: when the system refuses threads, the pool runs with those that started, and "
-          "set_num_threads says so") {
+TEST_CASE(
+    "limits: when the system refuses threads, the pool runs with those that started, and "
+    "set_num_threads says so") {
   // The child lowers its address-space limit so that only a few thread stacks fit.
   const int status = in_child([] {
     std::ifstream statm("/proc/self/statm");
@@ -216,7 +217,9 @@ TEST_CASE("limits: losses and metrics refuse labels that would broadcast against
   const auto logits = xg::tensor<float>({{0, 1, 0}, {1, 0, 0}});
   CHECK_THROWS_AS(accuracy.update(logits, xg::tensor<float>({{0, 1}, {1, 0}}), 0.0f), xg::ShapeError);
   CHECK_THROWS_AS(accuracy.update(logits, xg::tensor<std::int32_t>({1, 0, 2}), 0.0f), xg::ShapeError);
-  CHECK_THROWS_AS(accuracy.update(logits, xg::tensor<std::int32_t>(std::vector<std::int32_t>{1, 0}, xg::Shape{2, 1}), 0.0f), xg::ShapeError);
+  CHECK_THROWS_AS(
+      accuracy.update(logits, xg::tensor<std::int32_t>(std::vector<std::int32_t>{1, 0}, xg::Shape{2, 1}), 0.0f),
+      xg::ShapeError);
   accuracy.update(logits, xg::tensor<std::int32_t>({1, 2}), 0.0f);
   CHECK(accuracy.value() == doctest::Approx(0.5));
   accuracy.update(logits, xg::tensor<float>({{0, 1, 0}, {1, 0, 0}}), 0.0f);

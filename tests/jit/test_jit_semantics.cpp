@@ -25,10 +25,9 @@ namespace xgt = xgrad::testing;
 /// a while_loop bounded for reverse mode.
 TD loops(const TD& x, const TD& w, const TD& p) {
   auto z = xg::fori_loop(
-      0, 4, [&w, &p](xg::Tensor<std::int32_t> i, const TD& c) { return xg::tanh(c * w + p * xg::cast<double>(i)); },
-      x);
-  return xg::sum(xg::while_loop([](const TD& c) { return xg::sum(c * c) < 30.0; },
-                                [](const TD& c) { return c * 1.5; }, z, {.max_iters = 40}));
+      0, 4, [&w, &p](xg::Tensor<std::int32_t> i, const TD& c) { return xg::tanh(c * w + p * xg::cast<double>(i)); }, x);
+  return xg::sum(xg::while_loop([](const TD& c) { return xg::sum(c * c) < 30.0; }, [](const TD& c) { return c * 1.5; },
+                                z, {.max_iters = 40}));
 }
 
 }  // namespace jit_semantics_test
@@ -131,8 +130,9 @@ TEST_CASE("jit: the gradient of a function that writes into its inputs sees what
       return xg::sum(y + x * s);
     };
     auto eager_msg = message_of<xg::AutogradError>([&] { xg::grad(h)(x, xg::tensor<double>({1.0, 2.0})); });
-    auto jit_msg =
-        message_of<xg::AutogradError>([&] { xg::grad(xg::jit(h, config))(x, xg::tensor<double>({1.0, 2.0})); });
+    auto jit_msg = message_of<xg::AutogradError>([&] {
+      xg::grad(xg::jit(h, config))(x, xg::tensor<double>({1.0, 2.0}));
+    });
     CHECK(contains(eager_msg, "saved for its gradient was modified in place"));
     CHECK(contains(jit_msg, "saved for its gradient was modified in place"));
 
@@ -141,19 +141,21 @@ TEST_CASE("jit: the gradient of a function that writes into its inputs sees what
       s += x;
       return xg::sum(x * s);
     };
-    CHECK(contains(message_of<xg::AutogradError>([&] { xg::grad(k)(x, xg::tensor<double>({1.0, 2.0})); }),
+    CHECK(contains(message_of<xg::AutogradError>([&] {
+                     xg::grad(k)(x, xg::tensor<double>({1.0, 2.0}));
+                   }),
                    "in-place update with a value that requires grad"));
-    CHECK(contains(
-        message_of<xg::AutogradError>([&] { xg::grad(xg::jit(k, config))(x, xg::tensor<double>({1.0, 2.0})); }),
-        "in-place update with a value that requires grad"));
+    CHECK(contains(message_of<xg::AutogradError>([&] {
+                     xg::grad(xg::jit(k, config))(x, xg::tensor<double>({1.0, 2.0}));
+                   }),
+                   "in-place update with a value that requires grad"));
     // Written into an argument that requires grad: refused as eagerly, naming the argument.
     auto tracked = xg::tensor<double>({1.0, 2.0}).set_requires_grad(true);
     CHECK(contains(message_of<xg::AutogradError>([&] { jg(x, tracked); }),
                    "writes in place into argument 1, which requires grad"));
     // The gradient graph leaves the inputs alone, so it cannot be differentiated again.
     auto second_order = xg::grad([&jf](const TD& v) { return xg::sum(xg::grad(jf)(v)); });
-    CHECK(contains(message_of<xg::AutogradError>([&] { second_order(x); }),
-                   "cannot itself be differentiated"));
+    CHECK(contains(message_of<xg::AutogradError>([&] { second_order(x); }), "cannot itself be differentiated"));
   }
 }
 
@@ -311,7 +313,7 @@ TEST_CASE("jit captures: a captured std::vector is read as it was at trace time;
   CHECK(total(zero).to_vector() == std::vector<double>{1, 1});
   terms.push_back(xg::full<double>({2}, 5.0));
   CHECK(total(zero).to_vector() == std::vector<double>{1, 1});  // the second term is not seen
-  terms[0].assign(xg::full<double>({2}, 3.0));                 // but the first is read by reference
+  terms[0].assign(xg::full<double>({2}, 3.0));                  // but the first is read by reference
   CHECK(total(zero).to_vector() == std::vector<double>{3, 3});
 
   auto sum_all = xg::jit([](const std::vector<TD>& ts) {

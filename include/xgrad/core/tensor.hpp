@@ -1,8 +1,8 @@
 // Tensor<T>: a cheap shared handle to shape, storage and autodiff data; Parameter<T>.
 #pragma once
 
-#include <cstdint>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -62,11 +62,11 @@ struct TensorImpl {
     const auto elements = static_cast<std::size_t>(count);
     if (elements > Storage::kMaxBytes / dtype_size(dtype)) {
       const bool fits = elements <= SIZE_MAX / dtype_size(dtype);
-      throw AllocationError(detail::concat("cannot allocate a ", dtype_name(dtype), shape, " tensor on ",
-                                           device_name(device), ": ", elements, " elements of ", dtype_size(dtype),
-                                           " bytes (", fits ? std::to_string(elements * dtype_size(dtype)) : "2^64 or more",
-                                           " bytes) exceed the ", Storage::kMaxBytes,
-                                           " bytes (128 TiB) xgrad allocates at once"));
+      throw AllocationError(
+          detail::concat("cannot allocate a ", dtype_name(dtype), shape, " tensor on ", device_name(device), ": ",
+                         elements, " elements of ", dtype_size(dtype), " bytes (",
+                         fits ? std::to_string(elements * dtype_size(dtype)) : "2^64 or more", " bytes) exceed the ",
+                         Storage::kMaxBytes, " bytes (128 TiB) xgrad allocates at once"));
     }
     auto bytes = elements * dtype_size(dtype);
     return std::make_shared<TensorImpl>(shape, dtype, std::make_shared<Storage>(bytes, device));

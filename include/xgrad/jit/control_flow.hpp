@@ -369,7 +369,8 @@ template <class Body, class Carry> tracing::detail::traced_t<Carry> fori_loop(st
                                                                               SourceLoc loc = SourceLoc::current()) {
   using namespace tracing::detail;
   using C = traced_t<Carry>;
-  constexpr std::int64_t kMin = std::numeric_limits<std::int32_t>::min(), kMax = std::numeric_limits<std::int32_t>::max();
+  constexpr std::int64_t kMin = std::numeric_limits<std::int32_t>::min(),
+                         kMax = std::numeric_limits<std::int32_t>::max();
   if (lo < kMin || lo > kMax || hi < kMin || hi > kMax)
     throw ValueError(xgrad::detail::op_message("ForiLoop", loc, "lo (", lo, ") and hi (", hi,
                                                ") must fit int32: the loop index is an int32 tensor"));
@@ -394,7 +395,8 @@ tracing::detail::traced_t<Carry> while_loop(Cond cond_fn, Body body_fn, const Ca
   using C = traced_t<Carry>;
   if (options.max_iters < -1)
     throw ValueError(xgrad::detail::op_message(
-        "While", loc, "WhileOptions::max_iters must be -1 (no bound) or a count of 0 or more, got ", options.max_iters));
+        "While", loc, "WhileOptions::max_iters must be -1 (no bound) or a count of 0 or more, got ",
+        options.max_iters));
   Flat flat;
   flatten(init, flat, std::string());
   FlatFn keep_going = [cond_fn, statics = flat.statics](std::span<const TensorBase> in) {

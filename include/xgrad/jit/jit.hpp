@@ -46,8 +46,8 @@ struct JitConfig {
 /// mean (a negative retrace limit other than -1, a level outside O0..O2, an unknown pass).
 inline void validate(const JitConfig& config) {
   if (config.max_retraces < -1)
-    throw ValueError(xgrad::detail::concat("JitConfig::max_retraces must be -1 (no limit) or a count of 0 or more, got ",
-                                           config.max_retraces));
+    throw ValueError(xgrad::detail::concat(
+        "JitConfig::max_retraces must be -1 (no limit) or a count of 0 or more, got ", config.max_retraces));
   const int level = static_cast<int>(config.level);
   if (level < 0 || level > 2)
     throw ValueError(xgrad::detail::concat("JitConfig::level must be JitLevel::O0, O1 or O2, got the value ", level));
@@ -167,8 +167,8 @@ inline std::string input_label(std::size_t q, const std::vector<std::string>& la
   if (q < labels.size()) return labels[q];
   const TensorBase& c = captures[q - labels.size()];
   const std::string name = c.impl()->autograd ? c.impl()->autograd->name : std::string();
-  return "the tensor " + (name.empty() ? std::string() : "'" + name + "' ") + "(" +
-         ir::type_str(c.dtype(), c.shape()) + ") that the function reads by reference";
+  return "the tensor " + (name.empty() ? std::string() : "'" + name + "' ") + "(" + ir::type_str(c.dtype(), c.shape()) +
+         ") that the function reads by reference";
 }
 
 /// The error for a write into an input that another input shares memory with.
@@ -327,7 +327,8 @@ class Cache {
   /// reads by reference that is among `replaced` is read from the same position of
   /// `replacements` instead.
   std::vector<TensorBase> run(const FlatFn& fn, const std::vector<TensorBase>& args,
-                              std::span<const TensorBase> replaced = {}, std::span<const TensorBase> replacements = {}) {
+                              std::span<const TensorBase> replaced = {},
+                              std::span<const TensorBase> replacements = {}) {
     Flat flat;
     flat.tensors = args;
     auto entry = find(flat);
@@ -346,7 +347,8 @@ class Cache {
     }
     std::vector<TensorBase> inputs = args;
     for (const TensorBase& c : entry->captures) {
-      auto it = std::find_if(replaced.begin(), replaced.end(), [&](const TensorBase& r) { return r.impl() == c.impl(); });
+      auto it =
+          std::find_if(replaced.begin(), replaced.end(), [&](const TensorBase& r) { return r.impl() == c.impl(); });
       inputs.push_back(it == replaced.end() ? c : replacements[static_cast<std::size_t>(it - replaced.begin())]);
     }
     return entry->program->run(inputs);
@@ -427,9 +429,9 @@ class Cache {
  private:
   /// After a trace: throws when an effect writes into an input that another input shares
   /// memory with, unless both are arguments the trace gave one symbolic tensor (Flat::aliases).
-  template <class Relabel>
-  void check_written_aliases(const ir::Graph& g, const Flat& flat, const std::vector<TensorBase>& captures,
-                             Relabel& relabel, bool aliases_merged) const {
+  template <class Relabel> void check_written_aliases(const ir::Graph& g, const Flat& flat,
+                                                      const std::vector<TensorBase>& captures, Relabel& relabel,
+                                                      bool aliases_merged) const {
     const std::size_t n = flat.tensors.size();
     if (g.effects.empty() || g.num_args != n) return;
     auto input = [&](std::size_t q) -> const TensorBase& { return q < n ? flat.tensors[q] : captures[q - n]; };
@@ -607,7 +609,8 @@ template <class F> class Jitted {
 
     GradNeeds(const std::vector<TensorBase>& inputs, std::size_t num_args) {
       if (!is_grad_enabled()) return;
-      for (std::size_t i = 0; i < inputs.size(); ++i) (i < num_args ? arguments : captures) |= inputs[i].requires_grad();
+      for (std::size_t i = 0; i < inputs.size(); ++i)
+        (i < num_args ? arguments : captures) |= inputs[i].requires_grad();
     }
     /// Whether output k goes on the tape: it depends on a tensor that requires grad.
     bool records(const Entry& entry, std::size_t k) const {
@@ -623,9 +626,9 @@ template <class F> class Jitted {
   /// Copies of the inputs the call writes into, in Entry::written's order. An argument that
   /// requires grad may not be written: eagerly that is refused too (outside no_grad), and its
   /// gradient would have to flow through the write.
-  template <class Relabel>
-  std::vector<TensorBase> values_before_writes(const Entry& entry, const std::vector<TensorBase>& inputs,
-                                               std::size_t num_args, Relabel&& relabel) const {
+  template <class Relabel> std::vector<TensorBase> values_before_writes(const Entry& entry,
+                                                                        const std::vector<TensorBase>& inputs,
+                                                                        std::size_t num_args, Relabel&& relabel) const {
     std::vector<TensorBase> before;
     for (std::size_t i : entry.written) {
       if (i < num_args && inputs[i].requires_grad()) {
@@ -645,18 +648,16 @@ template <class F> class Jitted {
   /// pre-call values of the inputs the call wrote into (Entry::written), which the gradient
   /// reads in their place.
   template <class... Args> void record(const std::shared_ptr<const Entry>& entry, const std::vector<TensorBase>& inputs,
-                                       std::size_t num_args, std::vector<TensorBase>& outputs,
-                                       const GradNeeds& needs, const std::vector<std::int64_t>& statics,
-                                       std::vector<TensorBase> before) const {
+                                       std::size_t num_args, std::vector<TensorBase>& outputs, const GradNeeds& needs,
+                                       const std::vector<std::int64_t>& statics, std::vector<TensorBase> before) const {
     const std::vector<std::reference_wrapper<const TensorBase>> refs(inputs.begin(), inputs.end());
     for (std::size_t k = 0; k < outputs.size(); ++k) {
       if (!needs.records(*entry, k)) continue;
-      xgrad::detail::record_range(
-          outputs[k], "Jit", m_cache->loc(), refs.begin(), refs.end(), {}, false,
-          [f = m_f, cache = m_cache, entry, k, inputs, num_args, statics, before](const TensorBase&,
-                                                                                   const TensorBase& g) {
-            return vjp<Args...>(*f, *cache, *entry, k, inputs, num_args, statics, before, g);
-          });
+      xgrad::detail::record_range(outputs[k], "Jit", m_cache->loc(), refs.begin(), refs.end(), {}, false,
+                                  [f = m_f, cache = m_cache, entry, k, inputs, num_args, statics, before](
+                                      const TensorBase&, const TensorBase& g) {
+                                    return vjp<Args...>(*f, *cache, *entry, k, inputs, num_args, statics, before, g);
+                                  });
       // The gradient reads the inputs again: a later write into one fails the backward pass
       // loudly. The written ones it reads from `before`, which nobody else can change.
       auto& saved = outputs[k].impl()->autograd->grad_fn->saved;
@@ -677,7 +678,8 @@ template <class F> class Jitted {
     using namespace tracing::detail;
     if (!before.empty() && (tracing::Tracer::active() || is_grad_enabled()))
       throw AutogradError(xgrad::detail::concat(
-          cache.where(), ": the function writes into its inputs in place, so its gradient runs it again as a compiled "
+          cache.where(),
+          ": the function writes into its inputs in place, so its gradient runs it again as a compiled "
           "graph that leaves them alone; that gradient cannot itself be differentiated (grad of grad, "
           "create_graph) or traced inside another jit. Move the in-place update out of the function"));
     // Gradients go to float arguments and to captures that require grad, in that order. The
@@ -688,8 +690,10 @@ template <class F> class Jitted {
     for (std::size_t w = 0; w < before.size(); ++w) {
       const std::size_t i = entry.written[w];
       values[i] = before[w];
-      if (i < num_args) held[i] = true;
-      else replaced.push_back(inputs[i]), replacements.push_back(before[w]);
+      if (i < num_args)
+        held[i] = true;
+      else
+        replaced.push_back(inputs[i]), replacements.push_back(before[w]);
     }
     for (std::size_t i = 0; i < inputs.size(); ++i) {
       if (i < num_args ? is_float(inputs[i]) : inputs[i].requires_grad()) wrt.push_back(i);
@@ -701,8 +705,8 @@ template <class F> class Jitted {
     FlatFn fn = [&f, &statics, &keep_alive](std::span<const TensorBase> leaves) {
       Reader reader{leaves, statics};
       // Braces: the leaves are read in order.
-      auto typed =
-          std::make_shared<std::tuple<traced_t<Args>...>>(std::tuple<traced_t<Args>...>{rebuild<traced_t<Args>>(reader)...});
+      auto typed = std::make_shared<std::tuple<traced_t<Args>...>>(
+          std::tuple<traced_t<Args>...>{rebuild<traced_t<Args>>(reader)...});
       keep_alive.push_back(typed);
       Flat out;
       flatten(std::apply(f, *typed), out, std::string());

@@ -71,8 +71,9 @@ class SoftmaxCrossEntropy : public Loss {
     if (labels.shape() != logits.shape())
       throw_shape_error(name(), loc, "dense labels must have the logits' shape ", logits.shape(), ", got ",
                         labels.shape());
-    return detail::reduce(neg(sum(mul(Tensor<float>(labels, loc), log_softmax(logits, -1, loc), loc), {-1}, false, loc), loc),
-                          m_options.reduction, loc);
+    return detail::reduce(
+        neg(sum(mul(Tensor<float>(labels, loc), log_softmax(logits, -1, loc), loc), {-1}, false, loc), loc),
+        m_options.reduction, loc);
   }
 
  private:

@@ -48,17 +48,16 @@ class Model {
 
   /// Trains for `epochs` passes over `dataset` (anything iterable whose batches have `images`
   /// and `labels`, with size() batches), calling `callbacks` around epochs and steps.
-  template <class Dataset>
-  void train(int epochs, const Dataset& dataset, callbacks::Callbacks callbacks = {},
-             SourceLoc loc = SourceLoc::current()) {
+  template <class Dataset> void train(int epochs, const Dataset& dataset, callbacks::Callbacks callbacks = {},
+                                      SourceLoc loc = SourceLoc::current()) {
     run(epochs, dataset, static_cast<const Dataset*>(nullptr), callbacks, loc);
   }
 
   /// Trains as train() does and evaluates on `valid` after each epoch; the results reach the
   /// callbacks' on_eval_end (LossMonitor prints them).
-  template <class Dataset, class Valid>
-  void fit(int epochs, const Dataset& train, const Valid& valid, callbacks::Callbacks callbacks = {},
-           SourceLoc loc = SourceLoc::current()) {
+  template <class Dataset, class Valid> void fit(int epochs, const Dataset& train, const Valid& valid,
+                                                 callbacks::Callbacks callbacks = {},
+                                                 SourceLoc loc = SourceLoc::current()) {
     run(epochs, train, &valid, callbacks, loc);
   }
 
@@ -118,7 +117,8 @@ class Model {
 
   template <class Dataset, class Valid>
   void run(int epochs, const Dataset& dataset, const Valid* valid, callbacks::Callbacks& callbacks, SourceLoc loc) {
-    if (epochs <= 0) throw ValueError(xgrad::detail::op_message("Model::train", loc, "epochs must be > 0, got ", epochs));
+    if (epochs <= 0)
+      throw ValueError(xgrad::detail::op_message("Model::train", loc, "epochs must be > 0, got ", epochs));
     callbacks::RunContext ctx;
     ctx.epochs = epochs;
     ctx.steps_per_epoch = static_cast<std::int64_t>(dataset.size());
