@@ -81,3 +81,14 @@ TEST_CASE("fuzz regression: reducing an empty tensor over a huge axis returns at
   CHECK(xg::max(xg::zeros<float>({huge, 0}), {0}, true).shape() == xg::Shape{1, 0});
   CHECK(xg::sum(xg::zeros<float>({0, 3}), {0}).to_vector() == std::vector<float>{0, 0, 0});
 }
+
+TEST_CASE("fuzz regression: a broadcasting op with an empty output walks no rows") {
+  // [2^40, 0] broadcast against [1, 1]: no elements, but 2^40 outer rows of none each.
+  const std::int64_t huge = std::int64_t{1} << 40;
+  const auto c = xg::zeros<bool>({huge, 0});
+  const auto a = xg::ones<float>({huge, 0}), b = xg::ones<float>({1, 1});
+  CHECK(xg::where(c, a, b).shape() == xg::Shape{huge, 0});
+  CHECK(xg::add(a, b).shape() == xg::Shape{huge, 0});
+  CHECK(xg::fma(a, b, b).shape() == xg::Shape{huge, 0});
+  CHECK(xg::jit([](const xg::Tensor<float>& x, const xg::Tensor<float>& y) { return x * y + y; })(a, b).numel() == 0);
+}

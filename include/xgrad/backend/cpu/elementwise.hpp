@@ -61,7 +61,10 @@ template <int N> struct BroadcastPlan {
   }
 
   XGRAD_HD std::int64_t inner() const { return rank ? dims[rank - 1] : 1; }
+  /// Rows of inner() elements: none when the output is empty (a [2^31, 0] output has no rows
+  /// to walk, however many its outer axes count).
   XGRAD_HD std::int64_t outer() const {
+    if (inner() == 0) return 0;
     std::int64_t n = 1;
     for (int i = 0; i + 1 < rank; ++i) n *= dims[i];
     return n;
