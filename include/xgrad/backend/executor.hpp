@@ -81,7 +81,7 @@ class Program {
       ws.out.clear();  // each output's planned buffer, or undefined: the kernel makes its own
       for (const ir::Value* v : node.outputs)
         ws.out.push_back(moved ? TensorBase() : ws.planned[static_cast<std::size_t>(v->id)]);
-      if (moved && node.op == "Const" && ws.constants[k].defined())
+      if (moved && node.is<op::Const>() && ws.constants[k].defined())
         ws.out[0] = ws.constants[k];
       else
         node.kernel(ws.in, ws.out);
@@ -105,7 +105,7 @@ class Program {
       const TensorBase& t = env[static_cast<std::size_t>(v->id)];
       // A constant belongs to the graph, an arena buffer to the next call (a kernel may pass
       // one through, as a reduction over size-1 axes does): the caller gets a copy.
-      const bool shared = (v->producer && v->producer->op == "Const") || t.impl()->storage->borrowed();
+      const bool shared = (v->producer && v->producer->is<op::Const>()) || t.impl()->storage->borrowed();
       results.push_back(shared ? xgrad::detail::copy_to(t, t.device()) : t);
     }
     for (auto& t : env) t = TensorBase();
@@ -221,8 +221,9 @@ class Program {
     if (device != Device::cpu) {
       ws->constants.resize(g.nodes.size());
       for (std::size_t k = 0; k < g.nodes.size(); ++k) {
-        const TensorBase& c = g.nodes[k]->constant;
-        if (g.nodes[k]->op == "Const" && c.numel() > 1) ws->constants[k] = xgrad::detail::copy_to(c, device);
+        if (!g.nodes[k]->is<op::Const>()) continue;
+        const TensorBase& c = g.nodes[k]->params<op::Const>().value;
+        if (c.numel() > 1) ws->constants[k] = xgrad::detail::copy_to(c, device);
       }
     }
     if (!m_plan) return ws;
@@ -268,7 +269,7 @@ class Program {
 
   static void check_output(const ir::Node& node, const ir::Value& v, const TensorBase& t) {
     if (!t.defined() || t.dtype() != v.dtype || !(t.shape() == v.shape))
-      throw std::logic_error(xgrad::detail::concat("xgrad internal error: ", node.op, " (", node.loc.str(), ") made ",
+      throw std::logic_error(xgrad::detail::concat("xgrad internal error: ", node.op(), " (", node.loc.str(), ") made ",
                                                    t.defined() ? ir::type_str(t.dtype(), t.shape()) : "nothing",
                                                    " where the graph expects ", ir::type_str(v.dtype, v.shape)));
   }

@@ -7,6 +7,7 @@
 
 #include "xgrad/backend/cpu/conv.hpp"
 #include "xgrad/backend/cpu/copy.hpp"
+#include "xgrad/backend/cpu/gemm.hpp"
 #include "xgrad/backend/cpu/pool.hpp"
 #include "xgrad/backend/cpu/reduce.hpp"
 #include "xgrad/backend/cpu/resize.hpp"
@@ -16,6 +17,7 @@
 #if defined(XGRAD_WITH_THRUST)
 #include "xgrad/backend/thrust/conv_pool.hpp"
 #include "xgrad/backend/thrust/copy.hpp"
+#include "xgrad/backend/thrust/gemm.hpp"
 #include "xgrad/backend/thrust/resize.hpp"
 #include "xgrad/backend/thrust/softmax_xent.hpp"
 #endif
@@ -67,6 +69,16 @@ template <class T, class I>
 void argmax(Device device, const T* x, I* y, std::int64_t outer, std::int64_t reduced, std::int64_t inner) {
   XGRAD_ON_THRUST(device, argmax(x, y, outer, reduced, inner));
   cpu::argmax(x, y, outer, reduced, inner);
+}
+
+/// See cpu::batched_gemm; `done` (fusion's epilogue) is cpu only: on a device the fused group
+/// runs after its anchor.
+template <class T> void batched_gemm(Device device, const cpu::BroadcastPlan<2>& plan, std::int64_t count,
+                                     std::int64_t m, std::int64_t n, std::int64_t k, const T* a, std::int64_t a_rs,
+                                     std::int64_t a_cs, const T* b, std::int64_t b_rs, std::int64_t b_cs, T* c,
+                                     const cpu::RangeDone* done) {
+  XGRAD_ON_THRUST(device, batched_gemm(plan, count, m, n, k, a, a_rs, a_cs, b, b_rs, b_cs, c));
+  cpu::batched_gemm(plan, count, m, n, k, a, a_rs, a_cs, b, b_rs, b_cs, c, done);
 }
 
 /// See cpu::conv2d_forward; `done` (fusion's epilogue, compiled graphs only) is cpu only.

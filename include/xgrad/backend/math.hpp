@@ -11,6 +11,9 @@
 #include <type_traits>
 
 #include <xsimd/xsimd.hpp>
+#if defined(__AVX512F__) || defined(__FMA__)
+#include <immintrin.h>
+#endif
 
 #include "xgrad/core/device.hpp"
 
@@ -190,7 +193,8 @@ template <class V> XGRAD_HD V pow(const V& a, const V& b) {
     // every input and right on denormals (xsimd::pow calls xsimd's own).
     const V m = math::exp(b * math::log(xsimd::abs(a)));
     const V nan(std::numeric_limits<T>::quiet_NaN());
-    V z = xsimd::select(a < zero, xsimd::select(xsimd::is_flint(b) | xsimd::isinf(b), xsimd::select(odd, -m, m), nan), m);
+    V z =
+        xsimd::select(a < zero, xsimd::select(xsimd::is_flint(b) | xsimd::isinf(b), xsimd::select(odd, -m, m), nan), m);
     z = xsimd::select(a_zero & negative, xsimd::select(odd, xsimd::copysign(inf, a), inf), z);
     z = xsimd::select(a_zero & (b > zero), xsimd::select(odd, a, zero), z);
     z = xsimd::select(a == -inf, xsimd::select(odd, -inf, inf), z);
@@ -240,6 +244,34 @@ template <class U, class T> XGRAD_HD U convert(const T& x) {
     return static_cast<U>(x);
   } else {
     return static_cast<U>(x);
+  }
+}
+
+/// a * b + c rounded once, on batches and on scalars alike, so both agree bit for bit.
+/// xsimd 8's fma is a multiply then an add on AVX-512, so the batch form calls the
+/// instructions itself, or std::fma per lane where there are none.
+template <class V> XGRAD_HD V fma(const V& a, const V& b, const V& c) {
+  if constexpr (xsimd::is_batch<V>::value) {
+    using T = typename V::value_type;
+    [[maybe_unused]] constexpr bool f32 = std::is_same_v<T, float>;
+#if defined(__AVX512F__)
+    if constexpr (sizeof(V) == 64 && f32) return V(_mm512_fmadd_ps(a, b, c));
+    if constexpr (sizeof(V) == 64 && !f32) return V(_mm512_fmadd_pd(a, b, c));
+#endif
+#if defined(__FMA__)
+    if constexpr (sizeof(V) == 32 && f32) return V(_mm256_fmadd_ps(a, b, c));
+    if constexpr (sizeof(V) == 32 && !f32) return V(_mm256_fmadd_pd(a, b, c));
+    if constexpr (sizeof(V) == 16 && f32) return V(_mm_fmadd_ps(a, b, c));
+    if constexpr (sizeof(V) == 16 && !f32) return V(_mm_fmadd_pd(a, b, c));
+#endif
+    alignas(V::arch_type::alignment()) T x[V::size], y[V::size], z[V::size];
+    a.store_aligned(x);
+    b.store_aligned(y);
+    c.store_aligned(z);
+    for (std::size_t i = 0; i < V::size; ++i) x[i] = std::fma(x[i], y[i], z[i]);
+    return V::load_aligned(x);
+  } else {
+    return std::fma(a, b, c);
   }
 }
 

@@ -163,7 +163,7 @@ inline MemoryPlan plan_memory(const ir::Graph& g) {
   for (std::size_t k = 0; k < num_nodes; ++k) {
     const ir::Node& node = *g.nodes[k];
     // Consts own their value; control-flow nodes return their body's results.
-    const bool own_buffers = node.op == "Const" || (!node.subgraphs.empty() && node.op != "Fused");
+    const bool own_buffers = node.is<op::Const>() || (!node.subgraphs.empty() && !node.is<op::Fused>());
     for (const ir::Value* v : node.outputs) {
       if (own_buffers) plannable[root[id(v)]] = false;
       last_use[root[id(v)]] = std::max<std::ptrdiff_t>(last_use[root[id(v)]], static_cast<std::ptrdiff_t>(k));

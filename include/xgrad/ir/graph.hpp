@@ -4,14 +4,17 @@
 #pragma once
 
 #include <array>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <span>
+#include <sstream>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "xgrad/core/tensor.hpp"
+#include "xgrad/ir/primitive.hpp"
 
 namespace xgrad {
 
@@ -22,14 +25,14 @@ using BlockKernel = void (*)(const void* const* in, const std::int64_t* stride, 
 /// A unary op's block kernels merged with one cheap neighbour in a fused group, so the value
 /// between them stays in a register (backend/cpu/fused.hpp).
 struct MergedBlockKernels {
-  /// The ops whose result the unary op may read in registers, and the ops that may read its.
-  static constexpr std::array<std::string_view, 4> feeders{"Add", "Sub", "Mul", "Fma"};
-  static constexpr std::array<std::string_view, 3> consumers{"Add", "Mul", "Fma"};
-  /// after[p]: Op(P(...)), reading P's operands, for P = feeders[p].
-  std::array<BlockKernel, feeders.size()> after{};
+  /// How many ops the unary op may read the result of in registers (op::MergeFeeders), and
+  /// how many may read its result (op::MergeConsumers), both in ops/elementwise.hpp.
+  static constexpr std::size_t num_feeders = 4, num_consumers = 3;
+  /// after[p]: Op(P(...)), reading P's operands, for P the p-th feeder.
+  std::array<BlockKernel, num_feeders> after{};
   /// into[e][j]: E(...) with Op(x) as operand j, reading x and then E's other operands, for
-  /// E = consumers[e] (null past E's arity).
-  std::array<std::array<BlockKernel, 3>, consumers.size()> into{};
+  /// E the e-th consumer (null past E's arity).
+  std::array<std::array<BlockKernel, 3>, num_consumers> into{};
 };
 
 /// Properties of an op that graph passes match on.
@@ -41,6 +44,92 @@ struct OpTraits {
   BlockKernel block = nullptr;                 // elementwise ops that fusion can put in a group
   const MergedBlockKernels* merged = nullptr;  // unary ops with a batch body
 };
+
+namespace ir {
+
+/// `t` where the host can read it: itself, or a copy of a device tensor. Passes and printers
+/// read constants' elements.
+inline TensorBase on_host(const TensorBase& t) {
+  return t.device() == Device::cpu ? t : xgrad::detail::copy_to(t, Device::cpu);
+}
+
+/// A short text of a small constant's values for the IR: "2", "[1, 0.5]".
+inline std::string constant_text(const TensorBase& t) {
+  std::ostringstream out;
+  auto emit = [&](const auto* p) {
+    if (t.ndim() > 0) out << "[";
+    for (std::int64_t i = 0; i < t.numel(); ++i) {
+      if (i) out << ", ";
+      if constexpr (std::is_same_v<std::decay_t<decltype(*p)>, bool>)
+        out << (p[i] ? "true" : "false");
+      else
+        out << +p[i];
+    }
+    if (t.ndim() > 0) out << "]";
+  };
+  const TensorBase host = on_host(t);
+  const void* data = host.impl()->storage->data();
+  switch (t.dtype()) {
+    case DType::float32:
+      emit(static_cast<const float*>(data));
+      break;
+    case DType::float64:
+      emit(static_cast<const double*>(data));
+      break;
+    case DType::int32:
+      emit(static_cast<const std::int32_t*>(data));
+      break;
+    case DType::int64:
+      emit(static_cast<const std::int64_t*>(data));
+      break;
+    case DType::boolean:
+      emit(static_cast<const bool*>(data));
+      break;
+  }
+  return out.str();
+}
+
+}  // namespace ir
+
+namespace op {
+
+/// A value made while tracing (a scalar, a gradient seed) or folded from constants; printed
+/// when it has at most 8 elements. Two are equal when they hold the same bytes (up to 256) or
+/// are one tensor.
+struct Const {
+  static constexpr std::string_view name = "Const";
+  TensorBase value;
+
+  std::vector<ir::Attr> attrs() const {
+    if (value.numel() > 8) return {};
+    return {{"value", ir::constant_text(value)}};
+  }
+  bool operator==(const Const& other) const {
+    const TensorBase &a = value, &b = other.value;
+    if (a.impl() == b.impl()) return true;
+    if (a.dtype() != b.dtype() || !(a.shape() == b.shape())) return false;
+    const std::size_t bytes = static_cast<std::size_t>(a.numel()) * dtype_size(a.dtype());
+    if (bytes > 256) return false;
+    const TensorBase ha = ir::on_host(a), hb = ir::on_host(b);
+    return std::memcmp(ha.impl()->storage->data(), hb.impl()->storage->data(), bytes) == 0;
+  }
+};
+
+/// A group of elementwise ops (and the op whose epilogue they may run as) made one node by the
+/// fuse pass; `body` names its subgraph, `ops` lists what it runs, `merged` the neighbours whose
+/// kernels were merged.
+struct Fused {
+  static constexpr std::string_view name = "Fused";
+  std::string body, ops, merged;
+  std::vector<ir::Attr> attrs() const {
+    std::vector<ir::Attr> out{{"body", body}, {"ops", '"' + ops + '"'}};
+    if (!merged.empty()) out.push_back({"merged", '"' + merged + '"'});
+    return out;
+  }
+  bool operator==(const Fused&) const = default;
+};
+
+}  // namespace op
 
 namespace ir {
 
@@ -57,13 +146,6 @@ struct Value {
   bool by_reference = false;  // an input bound to a tensor that exists outside the graph
 };
 
-/// An op attribute as printed ("transpose_a", "false"); passes compare them as text.
-struct Attr {
-  std::string name;
-  std::string value;
-  bool operator==(const Attr&) const = default;
-};
-
 /// Runs a node on concrete tensors: reads `in`, sets every element of `out`.
 using Kernel = std::function<void(std::span<const TensorBase> in, std::span<TensorBase> out)>;
 
@@ -77,10 +159,9 @@ using EpilogueKernel =
     std::function<void(std::span<const TensorBase> in, const TensorBase& dest, const BlockDone& done)>;
 
 struct Node {
-  std::string op;
+  std::shared_ptr<const Primitive> primitive;
   std::vector<Value*> inputs;
   std::vector<Value*> outputs;
-  std::vector<Attr> attrs;
   SourceLoc loc;
   std::string scope;  // the Module path, e.g. "LeNet5/conv1"
   OpTraits traits;
@@ -88,10 +169,14 @@ struct Node {
   std::vector<std::shared_ptr<const Graph>> subgraphs;
   Kernel kernel;
   EpilogueKernel epilogue_kernel;  // ops whose output can be finished part by part (MatMul)
-  TensorBase constant;             // the value of a Const node
   // A fused group: per output, the inputs whose buffer it may take when this node reads them
   // last (every element read before the same element is written).
   std::vector<std::vector<int>> in_place;
+
+  std::string_view op() const { return primitive->name(); }
+  std::vector<Attr> attrs() const { return primitive->attrs(); }
+  template <PrimitiveDefinition P> bool is() const { return primitive->is<P>(); }
+  template <PrimitiveDefinition P> const P& params() const { return primitive->params<P>(); }
 };
 
 struct Graph {

@@ -12,41 +12,6 @@
 
 namespace xgrad::ir {
 
-/// A short text of a small constant's values for the IR: "2", "[1, 0.5]".
-inline std::string constant_text(const TensorBase& t) {
-  std::ostringstream out;
-  auto emit = [&](const auto* p) {
-    if (t.ndim() > 0) out << "[";
-    for (std::int64_t i = 0; i < t.numel(); ++i) {
-      if (i) out << ", ";
-      if constexpr (std::is_same_v<std::decay_t<decltype(*p)>, bool>)
-        out << (p[i] ? "true" : "false");
-      else
-        out << +p[i];
-    }
-    if (t.ndim() > 0) out << "]";
-  };
-  const void* data = t.impl()->storage->data();
-  switch (t.dtype()) {
-    case DType::float32:
-      emit(static_cast<const float*>(data));
-      break;
-    case DType::float64:
-      emit(static_cast<const double*>(data));
-      break;
-    case DType::int32:
-      emit(static_cast<const std::int32_t*>(data));
-      break;
-    case DType::int64:
-      emit(static_cast<const std::int64_t*>(data));
-      break;
-    case DType::boolean:
-      emit(static_cast<const bool*>(data));
-      break;
-  }
-  return out.str();
-}
-
 /// "f32[3, 8]"; an input read by reference prints as "Ref[f32[32, 8]]".
 inline std::string type_str(DType dtype, const Shape& shape) {
   return xgrad::detail::concat(dtype_short_name(dtype), shape);
@@ -83,11 +48,10 @@ inline std::string node_str(const Node& node) {
       out << (i ? ", " : "") << "%" << node.outputs[i]->id << " : " << type_str(*node.outputs[i]);
     out << ") = ";
   }
-  out << node.op << "(" << detail::operand_list(node.inputs) << ")";
-  if (!node.attrs.empty()) {
+  out << node.op() << "(" << detail::operand_list(node.inputs) << ")";
+  if (const std::vector<Attr> attrs = node.attrs(); !attrs.empty()) {
     out << " {";
-    for (std::size_t i = 0; i < node.attrs.size(); ++i)
-      out << (i ? ", " : "") << node.attrs[i].name << "=" << node.attrs[i].value;
+    for (std::size_t i = 0; i < attrs.size(); ++i) out << (i ? ", " : "") << attrs[i].name << "=" << attrs[i].value;
     out << "}";
   }
   out << detail::node_comment(node);
@@ -164,7 +128,8 @@ inline void dot_body(std::ostringstream& out, const Graph& graph, const std::str
     std::string id = prefix + "n" + std::to_string(i);
     std::string types;
     for (const Value* v : node.outputs) types += "\\n" + dot_escape(type_str(*v));
-    out << "  " << id << " [shape=box, label=\"" << dot_escape(node.op) << types << "\\n" << node.loc.str() << "\"];\n";
+    out << "  " << id << " [shape=box, label=\"" << dot_escape(std::string(node.op())) << types << "\\n"
+        << node.loc.str() << "\"];\n";
     for (const Value* in : node.inputs) {
       std::string from = in->producer ? prefix + "n" + std::to_string(index_of.at(in->producer))
                                       : prefix + "v" + std::to_string(in->id);

@@ -21,13 +21,13 @@ inline void verify(const Graph& graph) {
   for (const auto& node : graph.nodes) {
     for (const Value* in : node->inputs)
       if (!defined.count(in))
-        fail(xgrad::detail::concat(node->op, " reads %", in->id, " before it is defined (", node->loc.str(), ")"));
+        fail(xgrad::detail::concat(node->op(), " reads %", in->id, " before it is defined (", node->loc.str(), ")"));
     for (const Value* out : node->outputs) {
       if (out->producer != node.get() || out->graph != &graph)
-        fail(xgrad::detail::concat(node->op, " lists %", out->id, " as an output it does not make"));
+        fail(xgrad::detail::concat(node->op(), " lists %", out->id, " as an output it does not make"));
       if (!defined.insert(out).second) fail(xgrad::detail::concat("%", out->id, " is defined twice"));
     }
-    if (!node->kernel) fail(xgrad::detail::concat(node->op, " has no kernel"));
+    if (!node->kernel) fail(xgrad::detail::concat(node->op(), " has no kernel"));
     for (const auto& sub : node->subgraphs) verify(*sub);
   }
   for (const Value* v : graph.outputs)

@@ -18,6 +18,34 @@
 
 namespace xgrad {
 
+namespace op {
+struct Cond {
+  static constexpr std::string_view name = "Cond";
+};
+struct ForiLoop {
+  static constexpr std::string_view name = "ForiLoop";
+  std::int64_t lo = 0, trips = 0;
+  std::vector<ir::Attr> attrs() const { return {{"lo", std::to_string(lo)}, {"trips", std::to_string(trips)}}; }
+  bool operator==(const ForiLoop&) const = default;
+};
+struct While {
+  static constexpr std::string_view name = "While";
+  std::int64_t max_iters = -1;  // -1: no bound
+  std::vector<ir::Attr> attrs() const {
+    if (max_iters < 0) return {};
+    return {{"max_iters", std::to_string(max_iters)}};
+  }
+  bool operator==(const While&) const = default;
+};
+/// A traced loop's gradient: reruns the loop keeping each carry, then the body's pullback.
+struct ForiLoopGrad {
+  static constexpr std::string_view name = "ForiLoopGrad";
+};
+struct WhileGrad {
+  static constexpr std::string_view name = "WhileGrad";
+};
+}  // namespace op
+
 namespace tracing::detail {
 
 using Types = std::vector<std::pair<DType, Shape>>;
@@ -91,16 +119,16 @@ inline std::vector<TensorBase> cond_flat(const TensorBase& pred, const FlatFn& t
                                          const std::vector<TensorBase>& operands, SourceLoc loc) {
   auto* tracer = Tracer::active();
   if (!tracer) {
-    check_predicate("Cond", pred, loc);
+    check_predicate(op::Cond::name, pred, loc);
     return scalar_bool(pred) ? then_fn(operands) : else_fn(operands);
   }
-  xgrad::detail::OpScope scope("Cond", loc, {pred});
-  check_predicate("Cond", pred, loc);
+  xgrad::detail::OpScope scope(op::Cond::name, loc, {pred});
+  check_predicate(op::Cond::name, pred, loc);
   Subgraph then_g = trace_subgraph("cond_then", then_fn, operands);
   Subgraph else_g = trace_subgraph("cond_else", else_fn, operands);
   Types types = types_of(then_g.outputs);
   if (types != types_of(else_g.outputs))
-    throw_shape_error("Cond", loc, "the branches return different types: then ", types_text(types), ", else ",
+    throw_shape_error(op::Cond::name, loc, "the branches return different types: then ", types_text(types), ", else ",
                       types_text(types_of(else_g.outputs)));
   std::vector<TensorBase> inputs{pred};
   inputs.insert(inputs.end(), operands.begin(), operands.end());
@@ -114,12 +142,13 @@ inline std::vector<TensorBase> cond_flat(const TensorBase& pred, const FlatFn& t
     auto results = take_then ? then_g.run(args, caps.first(n_then)) : else_g.run(args, caps.subspan(n_then));
     std::copy(results.begin(), results.end(), out.begin());
   };
-  auto outs = tracer->emit("Cond", loc, inputs, types, kernel, {}, {}, {then_g.graph, else_g.graph});
+  auto outs =
+      tracer->emit(ir::make_primitive(op::Cond{}), loc, inputs, types, kernel, {}, {then_g.graph, else_g.graph});
 
   std::vector<TensorBase> diff_inputs(inputs.begin() + 1, inputs.end());
   std::vector<TensorBase> captures(diff_inputs.begin() + static_cast<std::ptrdiff_t>(n), diff_inputs.end());
   const std::size_t num_outputs = outs.size();
-  record_outputs("Cond", loc, diff_inputs, outs,
+  record_outputs(op::Cond::name, loc, diff_inputs, outs,
                  [pred, then_fn, else_fn, operands, captures, num_outputs, loc](std::size_t k, const TensorBase& g) {
                    auto targets = requiring_grad(captures);
                    auto pullback = [&](const FlatFn& branch) -> FlatFn {
@@ -140,12 +169,14 @@ inline std::vector<TensorBase> cond_flat(const TensorBase& pred, const FlatFn& t
 /// A loop over flat carries: `body` maps (i, carry...) to carry; `keep_going` (when set)
 /// maps carry to a bool scalar; at most `max_iters` iterations when that is not negative.
 struct LoopSpec {
-  std::string op;  // "ForiLoop" or "While"
+  bool fori = false;  // a ForiLoop, else a While
   FlatFn body;
   FlatFn keep_going;
   std::int64_t lo = 0;
   std::int64_t max_iters = -1;
   SourceLoc loc;
+
+  std::string_view op() const { return fori ? xgrad::op::ForiLoop::name : xgrad::op::While::name; }
 };
 
 /// The loop's subgraphs, traced once.
@@ -173,15 +204,15 @@ struct TracedLoop {
 inline TracedLoop trace_loop(const LoopSpec& spec, const std::vector<TensorBase>& init) {
   std::vector<TensorBase> body_args{scalar<std::int32_t>(0)};
   body_args.insert(body_args.end(), init.begin(), init.end());
-  TracedLoop loop{trace_subgraph(spec.op + "_body", spec.body, body_args), std::nullopt};
+  TracedLoop loop{trace_subgraph(xgrad::detail::concat(spec.op(), "_body"), spec.body, body_args), std::nullopt};
   if (types_of(loop.body.outputs) != types_of(init))
-    throw_shape_error(spec.op, spec.loc, "the body returns ", types_text(types_of(loop.body.outputs)),
+    throw_shape_error(spec.op(), spec.loc, "the body returns ", types_text(types_of(loop.body.outputs)),
                       " for a carry of ", types_text(types_of(init)), "; it must return the carry's types");
   if (spec.keep_going) {
-    loop.keep_going = trace_subgraph(spec.op + "_cond", spec.keep_going, init);
+    loop.keep_going = trace_subgraph(xgrad::detail::concat(spec.op(), "_cond"), spec.keep_going, init);
     if (loop.keep_going->outputs.size() != 1)
-      throw_shape_error(spec.op, spec.loc, "the condition must return one tensor");
-    check_predicate(spec.op, loop.keep_going->outputs[0], spec.loc);
+      throw_shape_error(spec.op(), spec.loc, "the condition must return one tensor");
+    check_predicate(spec.op(), loop.keep_going->outputs[0], spec.loc);
   }
   return loop;
 }
@@ -198,19 +229,19 @@ inline std::vector<TensorBase> loop_flat(const LoopSpec& spec, const std::vector
     for (std::int64_t it = 0; spec.max_iters < 0 || it < spec.max_iters; ++it) {
       if (spec.keep_going) {
         auto c = spec.keep_going(carry);
-        check_predicate(spec.op, c.at(0), spec.loc);
+        check_predicate(spec.op(), c.at(0), spec.loc);
         if (!scalar_bool(c[0])) break;
       }
       std::vector<TensorBase> args{scalar<std::int32_t>(static_cast<std::int32_t>(spec.lo + it))};
       args.insert(args.end(), carry.begin(), carry.end());
       carry = spec.body(args);
       if (types_of(carry) != types_of(init))
-        throw_shape_error(spec.op, spec.loc, "the body returns ", types_text(types_of(carry)), " for a carry of ",
+        throw_shape_error(spec.op(), spec.loc, "the body returns ", types_text(types_of(carry)), " for a carry of ",
                           types_text(types_of(init)), "; it must return the carry's types");
     }
     return carry;
   }
-  xgrad::detail::OpScope scope(spec.op, spec.loc, {});
+  xgrad::detail::OpScope scope(spec.op(), spec.loc, {});
   TracedLoop loop = trace_loop(spec, init);
   std::vector<TensorBase> inputs = init;
   inputs.insert(inputs.end(), loop.body.captures.begin(), loop.body.captures.end());
@@ -221,15 +252,13 @@ inline std::vector<TensorBase> loop_flat(const LoopSpec& spec, const std::vector
         loop.run(spec, std::vector<TensorBase>(in.begin(), in.begin() + static_cast<std::ptrdiff_t>(n)), in.subspan(n));
     std::copy(result.begin(), result.end(), out.begin());
   };
-  std::vector<ir::Attr> attrs;
-  if (spec.op == "ForiLoop") attrs.push_back({"lo", std::to_string(spec.lo)});
-  if (spec.max_iters >= 0)
-    attrs.push_back({spec.op == "ForiLoop" ? "trips" : "max_iters", std::to_string(spec.max_iters)});
+  auto primitive = spec.fori ? ir::make_primitive(op::ForiLoop{spec.lo, spec.max_iters})
+                             : ir::make_primitive(op::While{spec.max_iters});
   std::vector<std::shared_ptr<const ir::Graph>> subgraphs{loop.body.graph};
   if (loop.keep_going) subgraphs.push_back(loop.keep_going->graph);
-  auto outs = tracer->emit(spec.op, spec.loc, inputs, types_of(init), kernel, attrs, {}, subgraphs);
+  auto outs = tracer->emit(std::move(primitive), spec.loc, inputs, types_of(init), kernel, {}, subgraphs);
   std::vector<TensorBase> captures(inputs.begin() + static_cast<std::ptrdiff_t>(n), inputs.end());
-  record_outputs(spec.op, spec.loc, inputs, outs, [spec, init, captures](std::size_t k, const TensorBase& g) {
+  record_outputs(spec.op(), spec.loc, inputs, outs, [spec, init, captures](std::size_t k, const TensorBase& g) {
     auto grads = loop_gradient(spec, init, captures, k, g);
     return place_grads(grads, init, captures);
   });
@@ -243,12 +272,12 @@ inline std::vector<TensorBase> loop_gradient(const LoopSpec& spec, const std::ve
                                              const TensorBase& g) {
   if (spec.keep_going && spec.max_iters < 0)
     throw AutogradError(
-        xgrad::detail::op_message("While", spec.loc,
+        xgrad::detail::op_message(op::While::name, spec.loc,
                                   "reverse-mode gradients of a traced while_loop need a bound on its iterations; pass "
                                   "{.max_iters = N} (the backward pass keeps the carry of each iteration)"));
   if (is_grad_enabled())
-    throw AutogradError(
-        xgrad::detail::op_message(spec.op, spec.loc, "gradients of gradients through a traced loop are not supported"));
+    throw AutogradError(xgrad::detail::op_message(spec.op(), spec.loc,
+                                                  "gradients of gradients through a traced loop are not supported"));
   const std::size_t n = init.size();
   auto targets = requiring_grad(captures);
   std::vector<std::size_t> float_carries;
@@ -263,7 +292,7 @@ inline std::vector<TensorBase> loop_gradient(const LoopSpec& spec, const std::ve
   std::vector<TensorBase> pullback_args{scalar<std::int32_t>(0)};
   pullback_args.insert(pullback_args.end(), init.begin(), init.end());
   for (std::size_t j : float_carries) pullback_args.push_back(init[j]);
-  Subgraph back = trace_subgraph(spec.op + "_pullback", pullback, pullback_args);
+  Subgraph back = trace_subgraph(xgrad::detail::concat(spec.op(), "_pullback"), pullback, pullback_args);
   TracedLoop loop = trace_loop(spec, init);
 
   std::vector<TensorBase> inputs = init;
@@ -302,7 +331,8 @@ inline std::vector<TensorBase> loop_gradient(const LoopSpec& spec, const std::ve
       out[nf + t] =
           t < target_grads.size() ? target_grads[t] : zeros_of_type(target_types[t].first, target_types[t].second);
   };
-  return Tracer::active()->emit(spec.op + "Grad", spec.loc, inputs, types, kernel, {}, {},
+  auto primitive = spec.fori ? ir::make_primitive(op::ForiLoopGrad{}) : ir::make_primitive(op::WhileGrad{});
+  return Tracer::active()->emit(std::move(primitive), spec.loc, inputs, types, kernel, {},
                                 {loop.body.graph, back.graph});
 }
 
@@ -372,11 +402,11 @@ template <class Body, class Carry> tracing::detail::traced_t<Carry> fori_loop(st
   constexpr std::int64_t kMin = std::numeric_limits<std::int32_t>::min(),
                          kMax = std::numeric_limits<std::int32_t>::max();
   if (lo < kMin || lo > kMax || hi < kMin || hi > kMax)
-    throw ValueError(xgrad::detail::op_message("ForiLoop", loc, "lo (", lo, ") and hi (", hi,
+    throw ValueError(xgrad::detail::op_message(op::ForiLoop::name, loc, "lo (", lo, ") and hi (", hi,
                                                ") must fit int32: the loop index is an int32 tensor"));
   Flat flat;
   flatten(init, flat, std::string());
-  LoopSpec spec{"ForiLoop", loop_body<C, true>(body_fn, flat.statics), {}, lo, std::max<std::int64_t>(hi - lo, 0), loc};
+  LoopSpec spec{true, loop_body<C, true>(body_fn, flat.statics), {}, lo, std::max<std::int64_t>(hi - lo, 0), loc};
   return rebuild_carry<C>(loop_flat(spec, flat.tensors), flat.statics);
 }
 
@@ -395,7 +425,7 @@ tracing::detail::traced_t<Carry> while_loop(Cond cond_fn, Body body_fn, const Ca
   using C = traced_t<Carry>;
   if (options.max_iters < -1)
     throw ValueError(xgrad::detail::op_message(
-        "While", loc, "WhileOptions::max_iters must be -1 (no bound) or a count of 0 or more, got ",
+        op::While::name, loc, "WhileOptions::max_iters must be -1 (no bound) or a count of 0 or more, got ",
         options.max_iters));
   Flat flat;
   flatten(init, flat, std::string());
@@ -403,7 +433,7 @@ tracing::detail::traced_t<Carry> while_loop(Cond cond_fn, Body body_fn, const Ca
     Reader reader{in, statics};
     return std::vector<TensorBase>{cond_fn(rebuild<C>(reader))};
   };
-  LoopSpec spec{"While", loop_body<C, false>(body_fn, flat.statics), keep_going, 0, options.max_iters, loc};
+  LoopSpec spec{false, loop_body<C, false>(body_fn, flat.statics), keep_going, 0, options.max_iters, loc};
   return rebuild_carry<C>(loop_flat(spec, flat.tensors), flat.statics);
 }
 

@@ -98,7 +98,7 @@ inline void save_stage(const ir::Graph& graph, const std::string& stage, const i
   write_file(stem.string() + ".dot", ir::to_dot(graph));
 }
 
-inline std::string json_string(const std::string& s) {
+inline std::string json_string(std::string_view s) {
   std::string out = "\"";
   for (char c : s) {
     switch (c) {
@@ -146,13 +146,14 @@ inline std::string json_graph(const ir::Graph& g) {
   out << "], \"nodes\": [";
   for (std::size_t k = 0; k < g.nodes.size(); ++k) {
     const ir::Node& n = *g.nodes[k];
-    out << (k ? ", " : "") << "{\"op\": " << json_string(n.op) << ", \"inputs\": [";
+    out << (k ? ", " : "") << "{\"op\": " << json_string(n.op()) << ", \"inputs\": [";
     for (std::size_t i = 0; i < n.inputs.size(); ++i) out << (i ? ", " : "") << n.inputs[i]->id;
     out << "], \"outputs\": [";
     for (std::size_t i = 0; i < n.outputs.size(); ++i) out << (i ? ", " : "") << json_value(*n.outputs[i]);
     out << "], \"attrs\": {";
-    for (std::size_t i = 0; i < n.attrs.size(); ++i)
-      out << (i ? ", " : "") << json_string(n.attrs[i].name) << ": " << json_string(n.attrs[i].value);
+    const std::vector<ir::Attr> attrs = n.attrs();
+    for (std::size_t i = 0; i < attrs.size(); ++i)
+      out << (i ? ", " : "") << json_string(attrs[i].name) << ": " << json_string(attrs[i].value);
     out << "}, \"location\": " << json_location(n.loc) << ", \"scope\": " << json_string(n.scope) << "}";
   }
   out << "], \"outputs\": [";
@@ -163,7 +164,7 @@ inline std::string json_graph(const ir::Graph& g) {
 
 /// How a value came to be, for the failing node's input list.
 inline std::string origin(const ir::Value& v) {
-  if (v.producer) return xgrad::detail::concat("made by ", v.producer->op, " at ", v.producer->loc.str());
+  if (v.producer) return xgrad::detail::concat("made by ", v.producer->op(), " at ", v.producer->loc.str());
   std::string name = v.name.empty() ? "" : " '" + v.name + "'";
   return v.by_reference ? "a tensor read by reference" + name : "an input of the graph" + name;
 }

@@ -128,16 +128,15 @@ class Tracer {
   ir::Value* resolve(const TensorBase& t);
 
   /// Appends a node reading `inputs` and making values of the given types.
-  std::vector<TensorBase> emit(std::string op, SourceLoc loc, std::span<const TensorBase> inputs,
-                               const std::vector<std::pair<DType, Shape>>& outputs, ir::Kernel kernel,
-                               std::vector<ir::Attr> attrs = {}, OpTraits traits = {},
+  std::vector<TensorBase> emit(std::shared_ptr<const ir::Primitive> primitive, SourceLoc loc,
+                               std::span<const TensorBase> inputs, const std::vector<std::pair<DType, Shape>>& outputs,
+                               ir::Kernel kernel, OpTraits traits = {},
                                std::vector<std::shared_ptr<const ir::Graph>> subgraphs = {}, bool has_effect = false) {
     auto node = std::make_unique<ir::Node>();
-    node->op = std::move(op);
+    node->primitive = std::move(primitive);
     SourceLoc forward = GradientScope::location();
     node->loc = forward.line() != 0 ? forward : loc;
     node->scope = scope_path();
-    node->attrs = std::move(attrs);
     node->traits = traits;
     node->kernel = std::move(kernel);
     node->subgraphs = std::move(subgraphs);
@@ -240,12 +239,10 @@ inline ir::Value* Tracer::resolve(const TensorBase& t) {
 
 inline ir::Value* Tracer::add_constant(const TensorBase& t) {
   auto node = std::make_unique<ir::Node>();
-  node->op = "Const";
+  node->primitive = ir::make_primitive(op::Const{t});
   node->scope = scope_path();
-  node->constant = t;
   node->kernel = [t](std::span<const TensorBase>, std::span<TensorBase> out) { out[0] = t; };
   node->outputs.push_back(m_graph->new_value(t.dtype(), t.shape(), node.get()));
-  if (t.numel() <= 8) node->attrs.push_back({"value", ir::constant_text(t)});
   return m_graph->append(std::move(node))->outputs[0];
 }
 

@@ -15,10 +15,7 @@
 #include <vector>
 
 #include "xgrad/autograd/node.hpp"
-#include "xgrad/backend/cpu/elementwise.hpp"
-#if defined(XGRAD_WITH_THRUST)
-#include "xgrad/backend/thrust/elementwise.hpp"
-#endif
+#include "xgrad/backend/map.hpp"
 #include "xgrad/core/tensor.hpp"
 #include "xgrad/jit/tracer.hpp"
 
@@ -51,11 +48,6 @@ class OpScope {
   SourceLoc m_loc;
   std::vector<TensorBase> m_inputs;
   int m_exceptions = 0;
-};
-
-/// No attributes: what most ops print.
-struct NoAttrs {
-  std::vector<ir::Attr> operator()() const { return {}; }
 };
 
 /// The tensor a kernel writes its result into: `dest` when the graph executor planned a
@@ -91,50 +83,39 @@ inline Device check_devices(std::string_view op, SourceLoc loc, std::span<const 
   return device_of(inputs);
 }
 
-/// Runs elementwise op Op on Device::thrust into out (the CPU backend's drivers run it on cpu).
-template <class Op, class R, class... T> void map_on_thrust(Tensor<R>& out, const Tensor<T>&... inputs) {
-#if defined(XGRAD_WITH_THRUST)
-  thrust_backend::map<Op>(out, inputs...);
-#else
-  (void)out;
-  ((void)inputs, ...);
-#endif
-}
-
-/// Runs a primitive op: `compute(inputs, dest)` maps concrete inputs to the output, written
-/// into `dest` when that is defined (see output()). Eagerly it runs now; while tracing, a node
-/// joins the graph and its kernel runs `compute` when the graph does. `make_attrs` (called
-/// only when tracing) describes the op's parameters for the IR.
-template <class Compute, class MakeAttrs = NoAttrs>
-TensorBase primitive(std::string_view op, SourceLoc loc, std::span<const TensorBase> inputs, DType dtype,
-                     const Shape& shape, Compute compute, MakeAttrs make_attrs = {}, OpTraits traits = {}) {
-  checked_numel(op, loc, shape);  // every output shape, traced or not, is one a tensor can have
+/// Runs primitive `def` (its definition with parameters, ir/primitive.hpp): `compute(inputs,
+/// dest)` maps concrete inputs to the output, written into `dest` when that is defined (see
+/// output()). Eagerly it runs now; while tracing, a node holding `def` joins the graph and its
+/// kernel runs `compute` when the graph does.
+template <ir::PrimitiveDefinition P, class Compute>
+TensorBase primitive(const P& def, SourceLoc loc, std::span<const TensorBase> inputs, DType dtype, const Shape& shape,
+                     Compute compute, OpTraits traits = {}) {
+  checked_numel(P::name, loc, shape);  // every output shape, traced or not, is one a tensor can have
   if (auto* tracer = tracing::Tracer::active()) [[unlikely]] {
     return tracer->emit(
-        std::string(op), loc, inputs, {{dtype, shape}},
+        ir::make_primitive(def), loc, inputs, {{dtype, shape}},
         [compute](std::span<const TensorBase> in, std::span<TensorBase> out) { out[0] = compute(in, out[0]); },
-        make_attrs(), traits)[0];
+        traits)[0];
   }
-  check_devices(op, loc, inputs);
-  return naming_allocations(op, loc, [&] { return compute(inputs, TensorBase()); });
+  check_devices(P::name, loc, inputs);
+  return naming_allocations(P::name, loc, [&] { return compute(inputs, TensorBase()); });
 }
-template <class Compute, class MakeAttrs = NoAttrs>
-TensorBase primitive(std::string_view op, SourceLoc loc, std::initializer_list<TensorBase> inputs, DType dtype,
-                     const Shape& shape, Compute compute, MakeAttrs make_attrs = {}, OpTraits traits = {}) {
-  return primitive(op, loc, std::span<const TensorBase>(inputs.begin(), inputs.size()), dtype, shape,
-                   std::move(compute), std::move(make_attrs), traits);
+template <ir::PrimitiveDefinition P, class Compute>
+TensorBase primitive(const P& def, SourceLoc loc, std::initializer_list<TensorBase> inputs, DType dtype,
+                     const Shape& shape, Compute compute, OpTraits traits = {}) {
+  return primitive(def, loc, std::span<const TensorBase>(inputs.begin(), inputs.size()), dtype, shape,
+                   std::move(compute), traits);
 }
 
 /// As primitive(), for an op whose kernel can say when parts of its output are final:
 /// `compute(inputs, dest, done)`, `done` null when nothing listens. While tracing, the node
 /// also gets that form as its epilogue kernel, which fusion uses to run elementwise work on
 /// each finished part while it is in cache.
-template <class Compute, class MakeAttrs>
-TensorBase primitive_with_epilogue(std::string_view op, SourceLoc loc, std::initializer_list<TensorBase> inputs,
-                                   DType dtype, const Shape& shape, Compute compute, MakeAttrs make_attrs,
-                                   OpTraits traits = {}) {
+template <ir::PrimitiveDefinition P, class Compute>
+TensorBase primitive_with_epilogue(const P& def, SourceLoc loc, std::initializer_list<TensorBase> inputs, DType dtype,
+                                   const Shape& shape, Compute compute, OpTraits traits = {}) {
   auto plain = [compute](std::span<const TensorBase> in, const TensorBase& dest) { return compute(in, dest, nullptr); };
-  TensorBase out = primitive(op, loc, inputs, dtype, shape, plain, std::move(make_attrs), traits);
+  TensorBase out = primitive(def, loc, inputs, dtype, shape, plain, traits);
   if (auto* tracer = tracing::Tracer::active())
     tracer->graph().nodes.back()->epilogue_kernel =  // the node primitive() just appended
         [compute](std::span<const TensorBase> in, const TensorBase& dest, const ir::BlockDone& done) {
@@ -195,9 +176,14 @@ inline void record(const TensorBase& out, std::string_view op, SourceLoc loc, Te
   record_range(out, op, loc, inputs.begin(), inputs.end(), saved, reads_output, std::move(rule));
 }
 
+/// True when Op is in op::Fusible, the ops a fused group runs on Device::thrust (defined with
+/// that list, in ops/elementwise.hpp).
+template <class Op> consteval bool is_fusible();
+
 /// Op's traits, with the block kernel fusion runs it through (and, for a unary op, the
 /// kernels merging it with a neighbour).
 template <class Op> OpTraits with_block(BlockKernel block, const MergedBlockKernels* merged = nullptr) {
+  static_assert(is_fusible<Op>(), "an op fusion may put in a group must be listed in op::Fusible");
   OpTraits traits = Op::traits;
   traits.block = block;
   traits.merged = merged;
@@ -211,17 +197,14 @@ template <class Op, class T> const MergedBlockKernels* merged_block_kernels();
 /// Runs unary elementwise op Op: out[i] = Op::apply(x[i]).
 template <class Op, class T> Tensor<T> unary(const Tensor<T>& x, SourceLoc loc) {
   Tensor<T> out(primitive(
-      Op::name, loc, {x}, dtype_of<T>(), x.shape(),
+      Op{}, loc, {x}, dtype_of<T>(), x.shape(),
       [](std::span<const TensorBase> in, const TensorBase& dest) {
         Tensor<T> v(in[0]);
         auto out = output<T>(dest, v.shape(), v.device());
-        if (v.device() == Device::thrust)
-          map_on_thrust<Op>(out, v);
-        else
-          cpu::map_unary<Op>(v.data(), out.data(), v.numel());
+        kernels::map<Op>(v.device(), out, v);
         return TensorBase(out);
       },
-      NoAttrs{}, with_block<Op>(&cpu::unary_block<Op, T, T>, merged_block_kernels<Op, T>())));
+      with_block<Op>(&cpu::unary_block<Op, T, T>, merged_block_kernels<Op, T>())));
   if constexpr (FloatingPoint<T>) {
     if (should_record(x)) {
       // Keep the input alive only for rules that read it.
@@ -251,18 +234,15 @@ Tensor<typename Op::template result<T>> binary(const Tensor<T>& a, const Tensor<
   OpScope scope(Op::name, loc, {a, b});
   Shape shape = broadcast_or_throw(Op::name, a, b, loc);
   Tensor<R> out(primitive(
-      Op::name, loc, {a, b}, dtype_of<R>(), shape,
+      Op{}, loc, {a, b}, dtype_of<R>(), shape,
       [shape](std::span<const TensorBase> in, const TensorBase& dest) {
         Tensor<T> x(in[0]), y(in[1]);
         const Device device = device_of(in);
         auto out = output<R>(dest, shape, device);
-        if (device == Device::thrust)
-          map_on_thrust<Op>(out, x, y);
-        else
-          cpu::map_binary<Op>(cpu::BroadcastPlan<2>(shape, {&x.shape(), &y.shape()}), x.data(), y.data(), out.data());
+        kernels::map<Op>(device, out, x, y);
         return TensorBase(out);
       },
-      NoAttrs{}, with_block<Op>(&cpu::binary_block<Op, T, R>)));
+      with_block<Op>(&cpu::binary_block<Op, T, R>)));
   if constexpr (FloatingPoint<T> && FloatingPoint<R>) {
     if (should_record(a, b)) {
       Tensor<T> ka = Op::reads_inputs ? a : Tensor<T>(), kb = Op::reads_inputs ? b : Tensor<T>();

@@ -8,9 +8,6 @@
 #include <utility>
 
 #include <xsimd/xsimd.hpp>
-#if defined(__AVX512F__) || defined(__FMA__)
-#include <immintrin.h>
-#endif
 
 #include "xgrad/backend/math.hpp"
 #include "xgrad/core/factory.hpp"
@@ -280,36 +277,12 @@ struct Where {
   }
 };
 
-/// a * b + c rounded once, on batches and on scalars alike, so both agree bit for bit.
-/// xsimd 8's fma is a multiply then an add on AVX-512, so the batch form calls the
-/// instructions itself, or std::fma per lane where there are none.
+/// a * b + c rounded once, on batches and on scalars alike, so both agree bit for bit
+/// (math::fma).
 struct Fma {
   static constexpr std::string_view name = "Fma";
   static constexpr OpTraits traits{.elementwise = true};
-  template <class V> XGRAD_HD static V apply(const V& a, const V& b, const V& c) {
-    if constexpr (detail::is_batch<V>) {
-      using T = typename V::value_type;
-      [[maybe_unused]] constexpr bool f32 = std::is_same_v<T, float>;
-#if defined(__AVX512F__)
-      if constexpr (sizeof(V) == 64 && f32) return V(_mm512_fmadd_ps(a, b, c));
-      if constexpr (sizeof(V) == 64 && !f32) return V(_mm512_fmadd_pd(a, b, c));
-#endif
-#if defined(__FMA__)
-      if constexpr (sizeof(V) == 32 && f32) return V(_mm256_fmadd_ps(a, b, c));
-      if constexpr (sizeof(V) == 32 && !f32) return V(_mm256_fmadd_pd(a, b, c));
-      if constexpr (sizeof(V) == 16 && f32) return V(_mm_fmadd_ps(a, b, c));
-      if constexpr (sizeof(V) == 16 && !f32) return V(_mm_fmadd_pd(a, b, c));
-#endif
-      alignas(V::arch_type::alignment()) T x[V::size], y[V::size], z[V::size];
-      a.store_aligned(x);
-      b.store_aligned(y);
-      c.store_aligned(z);
-      for (std::size_t i = 0; i < V::size; ++i) x[i] = std::fma(x[i], y[i], z[i]);
-      return V::load_aligned(x);
-    } else {
-      return std::fma(a, b, c);
-    }
-  }
+  template <class V> XGRAD_HD static V apply(const V& a, const V& b, const V& c) { return math::fma(a, b, c); }
 };
 
 /// The ops a fused group may hold, numbered by their place here on Device::thrust, where one
@@ -317,19 +290,37 @@ struct Fma {
 using Fusible = std::tuple<Neg, Exp, Log, Sqrt, Rsqrt, Tanh, Sigmoid, Relu, Sign, Abs, Square, Sin, Cos, Add, Sub, Mul,
                            Div, Pow, Maximum, Minimum, Equal, Less, Greater, Where, Fma>;
 
+/// The cheap ops a unary op's kernel may be merged with in a fused group (MergedBlockKernels):
+/// those whose result it may read in registers, and those that may read its result.
+using MergeFeeders = std::tuple<Add, Sub, Mul, Fma>;
+using MergeConsumers = std::tuple<Add, Mul, Fma>;
+static_assert(std::tuple_size_v<MergeFeeders> == MergedBlockKernels::num_feeders &&
+              std::tuple_size_v<MergeConsumers> == MergedBlockKernels::num_consumers);
+
 }  // namespace op
+
+namespace detail {
+/// Op's place in op::Fusible (the functor's op number on Device::thrust), or -1.
+template <class Op> consteval int fusible_index() {
+  return []<class... Ops>(std::tuple<Ops...>*) {
+    int i = 0, found = -1;
+    (void)((std::is_same_v<Op, Ops> ? (found = i, true) : (++i, false)) || ...);
+    return found;
+  }(static_cast<op::Fusible*>(nullptr));
+}
+template <class Op> consteval bool is_fusible() { return fusible_index<Op>() >= 0; }
+}  // namespace detail
 
 namespace detail {
 
 template <class Op, class T> const MergedBlockKernels* merged_block_kernels() {
   using Merged = MergedBlockKernels;
-  static_assert(Merged::feeders == std::array{op::Add::name, op::Sub::name, op::Mul::name, op::Fma::name});
-  static_assert(Merged::consumers == std::array{op::Add::name, op::Mul::name, op::Fma::name});
+  static_assert(std::is_same_v<op::MergeConsumers, std::tuple<op::Add, op::Mul, op::Fma>>, "the table's rows below");
   if constexpr (cpu::detail::SimdBody<Op, T>) {
     using cpu::unary_after_block, cpu::unary_into_block;
     static constexpr Merged table{
-        .after = {&unary_after_block<Op, op::Add, T>, &unary_after_block<Op, op::Sub, T>,
-                  &unary_after_block<Op, op::Mul, T>, &unary_after_block<Op, op::Fma, T>},
+        .after = []<class... P>(std::tuple<P...>*) { return std::array{&unary_after_block<Op, P, T>...}; }(
+                     static_cast<op::MergeFeeders*>(nullptr)),
         .into = {{{&unary_into_block<Op, op::Add, 0, T>, &unary_into_block<Op, op::Add, 1, T>, nullptr},
                   {&unary_into_block<Op, op::Mul, 0, T>, &unary_into_block<Op, op::Mul, 1, T>, nullptr},
                   {&unary_into_block<Op, op::Fma, 0, T>, &unary_into_block<Op, op::Fma, 1, T>,
@@ -403,21 +394,16 @@ template <Element T> Tensor<T> where(const Tensor<bool>& cond, const Tensor<T>& 
     throw_shape_error(op::Where::name, loc, "shapes cannot be broadcast together (inputs ",
                       detail::describe_inputs({{"cond", &cond}, {"x", &a}, {"y", &b}}), ")");
   Tensor<T> out(detail::primitive(
-      op::Where::name, loc, {cond, a, b}, dtype_of<T>(), shape,
+      op::Where{}, loc, {cond, a, b}, dtype_of<T>(), shape,
       [shape](std::span<const TensorBase> in, const TensorBase& dest) {
         Tensor<bool> c(in[0]);
         Tensor<T> x(in[1]), y(in[2]);
         const Device device = detail::device_of(in);
         auto out = detail::output<T>(dest, shape, device);
-        if (device == Device::thrust) {
-          detail::map_on_thrust<op::Where>(out, c, x, y);
-          return TensorBase(out);
-        }
-        cpu::map_ternary<op::Where>(cpu::BroadcastPlan<3>(shape, {&c.shape(), &x.shape(), &y.shape()}), c.data(),
-                                    x.data(), y.data(), out.data());
+        kernels::map<op::Where>(device, out, c, x, y);
         return TensorBase(out);
       },
-      detail::NoAttrs{}, detail::with_block<op::Where>(&cpu::ternary_block<op::Where, bool, T>)));
+      detail::with_block<op::Where>(&cpu::ternary_block<op::Where, bool, T>)));
   if constexpr (FloatingPoint<T>) {
     if (detail::should_record(a, b)) {
       detail::record(out, op::Where::name, loc, {cond, a, b}, {cond}, false,
@@ -440,20 +426,15 @@ Tensor<T> fma(const Tensor<T>& a, const Tensor<T>& b, const Tensor<T>& c, Source
     throw_shape_error(op::Fma::name, loc, "shapes cannot be broadcast together (inputs ",
                       detail::describe_inputs({{"a", &a}, {"b", &b}, {"c", &c}}), ")");
   Tensor<T> out(detail::primitive(
-      op::Fma::name, loc, {a, b, c}, dtype_of<T>(), shape,
+      op::Fma{}, loc, {a, b, c}, dtype_of<T>(), shape,
       [shape](std::span<const TensorBase> in, const TensorBase& dest) {
         Tensor<T> x(in[0]), y(in[1]), z(in[2]);
         const Device device = detail::device_of(in);
         auto out = detail::output<T>(dest, shape, device);
-        if (device == Device::thrust) {
-          detail::map_on_thrust<op::Fma>(out, x, y, z);
-          return TensorBase(out);
-        }
-        cpu::map_ternary<op::Fma>(cpu::BroadcastPlan<3>(shape, {&x.shape(), &y.shape(), &z.shape()}), x.data(),
-                                  y.data(), z.data(), out.data());
+        kernels::map<op::Fma>(device, out, x, y, z);
         return TensorBase(out);
       },
-      detail::NoAttrs{}, detail::with_block<op::Fma>(&cpu::ternary_block<op::Fma, T, T>)));
+      detail::with_block<op::Fma>(&cpu::ternary_block<op::Fma, T, T>)));
   if (detail::should_record(a, b, c)) {
     detail::record(out, op::Fma::name, loc, {a, b, c}, {a, b}, false, [a, b](const TensorBase&, const TensorBase& g) {
       Tensor<T> grad(g);

@@ -3,23 +3,30 @@
 
 #include <algorithm>
 
-#include "xgrad/backend/cpu/gemm.hpp"
-#include "xgrad/backend/cpu/thread_pool.hpp"
-#if defined(XGRAD_WITH_THRUST)
-#include "xgrad/backend/thrust/gemm.hpp"
-#endif
+#include "xgrad/backend/kernels.hpp"
 #include "xgrad/ops/dispatch.hpp"
 
 namespace xgrad {
+
+namespace op {
+struct MatMul {
+  static constexpr std::string_view name = "MatMul";
+  bool transpose_a = false, transpose_b = false;
+  std::vector<ir::Attr> attrs() const {
+    return {{"transpose_a", transpose_a ? "true" : "false"}, {"transpose_b", transpose_b ? "true" : "false"}};
+  }
+  bool operator==(const MatMul&) const = default;
+};
+}  // namespace op
 
 /// op(a) @ op(b) over the last two axes, where op transposes when asked (MindSpore's
 /// MatMul(transpose_a, transpose_b)); leading axes broadcast like NumPy's.
 template <FloatingPoint T> Tensor<T> matmul(const Tensor<T>& a, const Tensor<T>& b, bool transpose_a, bool transpose_b,
                                             SourceLoc loc = SourceLoc::current()) {
-  detail::OpScope scope("MatMul", loc, {a, b});
+  detail::OpScope scope(op::MatMul::name, loc, {a, b});
   auto fail = [&](const char* why) {
     throw_shape_error(
-        "MatMul", loc, why, " (inputs ", detail::describe_inputs({{"x", &a}, {"y", &b}}),
+        op::MatMul::name, loc, why, " (inputs ", detail::describe_inputs({{"x", &a}, {"y", &b}}),
         transpose_a || transpose_b ? detail::concat(", transpose_a=", transpose_a, ", transpose_b=", transpose_b) : "",
         ")");
   };
@@ -37,7 +44,7 @@ template <FloatingPoint T> Tensor<T> matmul(const Tensor<T>& a, const Tensor<T>&
   shape.push_back(m);
   shape.push_back(n);
   Tensor<T> out(detail::primitive_with_epilogue(
-      "MatMul", loc, {a, b}, dtype_of<T>(), shape,
+      op::MatMul{transpose_a, transpose_b}, loc, {a, b}, dtype_of<T>(), shape,
       [=](std::span<const TensorBase> in, const TensorBase& dest, const ir::BlockDone* done) {
         Tensor<T> x(in[0]), y(in[1]);
         const Device device = detail::device_of(in);
@@ -48,46 +55,16 @@ template <FloatingPoint T> Tensor<T> matmul(const Tensor<T>& a, const Tensor<T>&
         const std::int64_t lda = sa.back(), ldb = sb.back();
         const std::int64_t a_rs = transpose_a ? 1 : lda, a_cs = transpose_a ? lda : 1;
         const std::int64_t b_rs = transpose_b ? 1 : ldb, b_cs = transpose_b ? ldb : 1;
-        const T* pa = x.data();
-        const T* pb = y.data();
-        T* pc = out.data();
-#if defined(XGRAD_WITH_THRUST)
-        if (device == Device::thrust) {  // no epilogue: there a fused group runs after its anchor
-          thrust_backend::batched_gemm(plan, count, m, n, k, pa, a_rs, a_cs, pb, b_rs, b_cs, pc);
-          return TensorBase(out);
-        }
-#endif
-        auto run = [&](std::int64_t lo, std::int64_t hi) {
-          for (std::int64_t i = lo; i < hi; ++i) {
-            // plan walks batch indices; its strides count matrices, not elements.
-            std::int64_t ia = plan.row_offset(0, i / plan.inner()) + (i % plan.inner()) * plan.inner_stride(0);
-            std::int64_t ib = plan.row_offset(1, i / plan.inner()) + (i % plan.inner()) * plan.inner_stride(1);
-            // Matrix i's blocks, as element ranges of the whole output. The callback points at
-            // this frame, so std::function keeps it without the heap.
-            const cpu::GemmBlockRanges ranges{done, i * m * n, n};
-            const cpu::GemmBlockDone block_done = [r = &ranges](std::int64_t row, std::int64_t rows, std::int64_t col,
-                                                                std::int64_t cols) { (*r)(row, rows, col, cols); };
-            cpu::gemm<T>(m, n, k, T(1), pa + ia * m * k, a_rs, a_cs, pb + ib * k * n, b_rs, b_cs, T(0), pc + i * m * n,
-                         n, done ? &block_done : nullptr);
-          }
-        };
-        // Many small products: one per thread. Few large ones: gemm spreads each over the threads.
-        if (count > 1 && m * n * k < 64 * 64 * 64)
-          cpu::parallel_for(0, count, 1, run);
-        else
-          run(0, count);
+        kernels::batched_gemm(device, plan, count, m, n, k, x.data(), a_rs, a_cs, y.data(), b_rs, b_cs, out.data(),
+                              done);
         return TensorBase(out);
-      },
-      [=] {
-        return std::vector<ir::Attr>{{"transpose_a", transpose_a ? "true" : "false"},
-                                     {"transpose_b", transpose_b ? "true" : "false"}};
       }));
 
   if constexpr (FloatingPoint<T>) {
     if (detail::should_record(a, b)) {
       // Each gradient costs a matmul: compute only those an input needs.
       const bool need_a = a.requires_grad(), need_b = b.requires_grad();
-      detail::record(out, "MatMul", loc, {a, b}, {a, b}, false,
+      detail::record(out, op::MatMul::name, loc, {a, b}, {a, b}, false,
                      [a, b, transpose_a, transpose_b, need_a, need_b](const TensorBase&, const TensorBase& grad) {
                        Tensor<T> g(grad), ga, gb;
                        if (need_a) {

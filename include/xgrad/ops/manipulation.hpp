@@ -13,48 +13,93 @@
 
 namespace xgrad {
 
+namespace op {
+
+struct Reshape {
+  static constexpr std::string_view name = "Reshape";
+  Shape shape;
+  std::vector<ir::Attr> attrs() const { return {{"shape", shape.str()}}; }
+  bool operator==(const Reshape&) const = default;
+};
+struct Transpose {
+  static constexpr std::string_view name = "Transpose";
+  std::vector<std::int64_t> perm;
+  std::vector<ir::Attr> attrs() const { return {{"perm", Shape(perm).str()}}; }
+  bool operator==(const Transpose&) const = default;
+};
+struct BroadcastTo {
+  static constexpr std::string_view name = "BroadcastTo";
+  Shape shape;
+  std::vector<ir::Attr> attrs() const { return {{"shape", shape.str()}}; }
+  bool operator==(const BroadcastTo&) const = default;
+};
+struct Slice {
+  static constexpr std::string_view name = "Slice";
+  std::vector<std::int64_t> begin, size;
+  std::vector<ir::Attr> attrs() const { return {{"begin", Shape(begin).str()}, {"size", Shape(size).str()}}; }
+  bool operator==(const Slice&) const = default;
+};
+/// Slice's adjoint: zeros of the input's shape with the gradient written at `begin`.
+struct SliceGrad {
+  static constexpr std::string_view name = "SliceGrad";
+  std::vector<std::int64_t> begin;
+  std::vector<ir::Attr> attrs() const { return {{"begin", Shape(begin).str()}}; }
+  bool operator==(const SliceGrad&) const = default;
+};
+struct Concat {
+  static constexpr std::string_view name = "Concat";
+  int axis = 0;
+  std::vector<ir::Attr> attrs() const { return {{"axis", std::to_string(axis)}}; }
+  bool operator==(const Concat&) const = default;
+};
+struct Cast {
+  static constexpr std::string_view name = "Cast";
+  DType to = DType::float32;
+  std::vector<ir::Attr> attrs() const { return {{"to", std::string(dtype_short_name(to))}}; }
+  bool operator==(const Cast&) const = default;
+};
+
+}  // namespace op
+
 /// A view of x with a new shape of the same size; one -1 is inferred.
 template <Element T>
 Tensor<T> reshape(const Tensor<T>& x, const std::vector<std::int64_t>& dims, SourceLoc loc = SourceLoc::current()) {
-  detail::OpScope scope("Reshape", loc, {x});
+  detail::OpScope scope(op::Reshape::name, loc, {x});
   Shape shape;
   int inferred = -1;
   std::int64_t known = 1;
   for (std::size_t i = 0; i < dims.size(); ++i) {
     if (dims[i] == -1) {
-      if (inferred >= 0) throw_shape_error("Reshape", loc, "only one -1 is allowed in ", Shape(dims));
+      if (inferred >= 0) throw_shape_error(op::Reshape::name, loc, "only one -1 is allowed in ", Shape(dims));
       inferred = static_cast<int>(i);
     } else if (dims[i] < 0) {
-      throw_shape_error("Reshape", loc, "size ", dims[i], " in ", Shape(dims), " must be non-negative or -1");
+      throw_shape_error(op::Reshape::name, loc, "size ", dims[i], " in ", Shape(dims), " must be non-negative or -1");
     } else {
-      known = detail::checked_mul("Reshape", loc, "the product of the given sizes", known, dims[i]);
+      known = detail::checked_mul(op::Reshape::name, loc, "the product of the given sizes", known, dims[i]);
     }
     shape.push_back(dims[i]);
   }
   if (inferred >= 0) {
     if (known == 0 || x.numel() % known != 0)
-      throw_shape_error("Reshape", loc, "cannot reshape input ", dtype_name(x.dtype()), x.shape(), " into ",
+      throw_shape_error(op::Reshape::name, loc, "cannot reshape input ", dtype_name(x.dtype()), x.shape(), " into ",
                         Shape(dims));
     shape[inferred] = x.numel() / known;
   }
   if (shape.numel() != x.numel())
-    throw_shape_error("Reshape", loc, "cannot reshape input ", dtype_name(x.dtype()), x.shape(), " (", x.numel(),
-                      " elements) into ", shape, " (", shape.numel(), " elements)");
+    throw_shape_error(op::Reshape::name, loc, "cannot reshape input ", dtype_name(x.dtype()), x.shape(), " (",
+                      x.numel(), " elements) into ", shape, " (", shape.numel(), " elements)");
   Tensor<T> out(detail::primitive(
-      "Reshape", loc, {x}, x.dtype(), shape,
+      op::Reshape{shape}, loc, {x}, x.dtype(), shape,
       [shape](std::span<const TensorBase> in, const TensorBase& dest) {
         // The graph executor may hand over a view it made in advance over the input's buffer.
         if (dest.defined() && dest.impl()->storage == in[0].impl()->storage) return dest;
         return TensorBase(std::make_shared<TensorImpl>(shape, in[0].dtype(), in[0].impl()->storage));
       },
-      [shape] {
-        return std::vector<ir::Attr>{{"shape", shape.str()}};
-      },
       OpTraits{.view = true}));
   if constexpr (FloatingPoint<T>) {
     if (detail::should_record(x)) {
       Shape in_shape = x.shape();
-      detail::record(out, "Reshape", loc, {x}, {}, false, [in_shape](const TensorBase&, const TensorBase& g) {
+      detail::record(out, op::Reshape::name, loc, {x}, {}, false, [in_shape](const TensorBase&, const TensorBase& g) {
         return autograd::Grads{reshape(Tensor<T>(g), in_shape.to_vector())};
       });
     }
@@ -65,19 +110,19 @@ Tensor<T> reshape(const Tensor<T>& x, const std::vector<std::int64_t>& dims, Sou
 /// Permutes the axes (reverses them when perm is empty). Materializes the result.
 template <Element T>
 Tensor<T> transpose(const Tensor<T>& x, std::vector<std::int64_t> perm = {}, SourceLoc loc = SourceLoc::current()) {
-  detail::OpScope scope("Transpose", loc, {x});
+  detail::OpScope scope(op::Transpose::name, loc, {x});
   const int rank = x.ndim();
   if (perm.empty()) {
     perm.resize(rank);
     std::iota(perm.rbegin(), perm.rend(), 0);
   }
   if (static_cast<int>(perm.size()) != rank)
-    throw_shape_error("Transpose", loc, "perm ", Shape(perm), " has ", perm.size(), " axes, input ",
+    throw_shape_error(op::Transpose::name, loc, "perm ", Shape(perm), " has ", perm.size(), " axes, input ",
                       dtype_name(x.dtype()), x.shape(), " has ", rank);
   std::vector<bool> seen(rank, false);
   for (auto& p : perm) {
-    p = normalize_axis(p, rank, "Transpose", loc);
-    if (seen[p]) throw_shape_error("Transpose", loc, "perm ", Shape(perm), " repeats axis ", p);
+    p = normalize_axis(p, rank, op::Transpose::name, loc);
+    if (seen[p]) throw_shape_error(op::Transpose::name, loc, "perm ", Shape(perm), " repeats axis ", p);
     seen[p] = true;
   }
   Shape shape;
@@ -87,22 +132,19 @@ Tensor<T> transpose(const Tensor<T>& x, std::vector<std::int64_t> perm = {}, Sou
     shape.push_back(x.shape()[perm[i]]);
     src[i] = in_strides[perm[i]];
   }
-  Tensor<T> out(detail::primitive(
-      "Transpose", loc, {x}, x.dtype(), shape,
-      [shape, src](std::span<const TensorBase> in, const TensorBase& dest) {
-        const Device device = in[0].device();
-        auto out = detail::output<T>(dest, shape, device);
-        kernels::strided_copy(device, shape, Tensor<T>(in[0]).data(), src, out.data(), shape.strides());
-        return TensorBase(out);
-      },
-      [perm] {
-        return std::vector<ir::Attr>{{"perm", Shape(perm).str()}};
-      }));
+  Tensor<T> out(detail::primitive(op::Transpose{perm}, loc, {x}, x.dtype(), shape,
+                                  [shape, src](std::span<const TensorBase> in, const TensorBase& dest) {
+                                    const Device device = in[0].device();
+                                    auto out = detail::output<T>(dest, shape, device);
+                                    kernels::strided_copy(device, shape, Tensor<T>(in[0]).data(), src, out.data(),
+                                                          shape.strides());
+                                    return TensorBase(out);
+                                  }));
   if constexpr (FloatingPoint<T>) {
     if (detail::should_record(x)) {
       std::vector<std::int64_t> inverse(rank);
       for (int i = 0; i < rank; ++i) inverse[perm[i]] = i;
-      detail::record(out, "Transpose", loc, {x}, {}, false, [inverse](const TensorBase&, const TensorBase& g) {
+      detail::record(out, op::Transpose::name, loc, {x}, {}, false, [inverse](const TensorBase&, const TensorBase& g) {
         return autograd::Grads{transpose(Tensor<T>(g), inverse)};
       });
     }
@@ -117,14 +159,14 @@ template <Numeric T> Tensor<T> sum_to(const Tensor<T>& x, const Shape& shape, So
 
 /// x repeated along broadcast axes to take `shape` (NumPy rules). Materializes the result.
 template <Element T> Tensor<T> broadcast_to(const Tensor<T>& x, const Shape& shape, SourceLoc loc) {
-  detail::OpScope scope("BroadcastTo", loc, {x});
+  detail::OpScope scope(op::BroadcastTo::name, loc, {x});
   Shape check;
   if (!try_broadcast(x.shape(), shape, check) || !(check == shape))
-    throw_shape_error("BroadcastTo", loc, "input ", dtype_name(x.dtype()), x.shape(), " cannot be broadcast to ",
-                      shape);
+    throw_shape_error(op::BroadcastTo::name, loc, "input ", dtype_name(x.dtype()), x.shape(),
+                      " cannot be broadcast to ", shape);
   if (x.shape() == shape) return x;
   Tensor<T> out(detail::primitive(
-      "BroadcastTo", loc, {x}, x.dtype(), shape,
+      op::BroadcastTo{shape}, loc, {x}, x.dtype(), shape,
       [shape](std::span<const TensorBase> in, const TensorBase& dest) {
         Tensor<T> v(in[0]);
         auto out = detail::output<T>(dest, shape, v.device());
@@ -132,16 +174,14 @@ template <Element T> Tensor<T> broadcast_to(const Tensor<T>& x, const Shape& sha
                               shape.strides());
         return TensorBase(out);
       },
-      [shape] {
-        return std::vector<ir::Attr>{{"shape", shape.str()}};
-      },
       OpTraits{.block = cpu::copy_block<T>}));  // fusion gathers broadcast inputs per block
   if constexpr (FloatingPoint<T>) {
     if (detail::should_record(x)) {
       Shape in_shape = x.shape();
-      detail::record(out, "BroadcastTo", loc, {x}, {}, false, [in_shape](const TensorBase&, const TensorBase& g) {
-        return autograd::Grads{sum_to(Tensor<T>(g), in_shape)};
-      });
+      detail::record(out, op::BroadcastTo::name, loc, {x}, {}, false,
+                     [in_shape](const TensorBase&, const TensorBase& g) {
+                       return autograd::Grads{sum_to(Tensor<T>(g), in_shape)};
+                     });
     }
   }
   return out;
@@ -190,10 +230,10 @@ template <Numeric T> Tensor<T> slice_backward(const Tensor<T>& g, const Shape& i
 /// a size of -1 runs to the end of that axis.
 template <Element T> Tensor<T> slice(const Tensor<T>& x, const std::vector<std::int64_t>& begin,
                                      const std::vector<std::int64_t>& size, SourceLoc loc = SourceLoc::current()) {
-  detail::OpScope scope("Slice", loc, {x});
+  detail::OpScope scope(op::Slice::name, loc, {x});
   const int rank = x.ndim();
   if (static_cast<int>(begin.size()) != rank || static_cast<int>(size.size()) != rank)
-    throw_shape_error("Slice", loc, "begin ", Shape(begin), " and size ", Shape(size),
+    throw_shape_error(op::Slice::name, loc, "begin ", Shape(begin), " and size ", Shape(size),
                       " need one entry per axis of input ", dtype_name(x.dtype()), x.shape());
   Shape shape;
   std::int64_t offset = 0;
@@ -204,28 +244,26 @@ template <Element T> Tensor<T> slice(const Tensor<T>& x, const std::vector<std::
     const bool begin_fits = begin[i] >= 0 && begin[i] <= extent;
     const std::int64_t n = !begin_fits ? -1 : size[i] == -1 ? extent - begin[i] : size[i];
     if (!begin_fits || n < 0 || n > extent - begin[i])
-      throw_shape_error("Slice", loc, "begin ", Shape(begin), " with size ", Shape(size), " leaves input ",
+      throw_shape_error(op::Slice::name, loc, "begin ", Shape(begin), " with size ", Shape(size), " leaves input ",
                         dtype_name(x.dtype()), x.shape(), " at axis ", i);
     shape.push_back(n);
     offset += begin[i] * strides[i];
   }
-  Tensor<T> out(detail::primitive(
-      "Slice", loc, {x}, x.dtype(), shape,
-      [shape, offset, strides](std::span<const TensorBase> in, const TensorBase& dest) {
-        const Device device = in[0].device();
-        auto out = detail::output<T>(dest, shape, device);
-        kernels::strided_copy(device, shape, Tensor<T>(in[0]).data() + offset, strides, out.data(), shape.strides());
-        return TensorBase(out);
-      },
-      [begin, size] {
-        return std::vector<ir::Attr>{{"begin", Shape(begin).str()}, {"size", Shape(size).str()}};
-      }));
+  Tensor<T> out(detail::primitive(op::Slice{begin, size}, loc, {x}, x.dtype(), shape,
+                                  [shape, offset, strides](std::span<const TensorBase> in, const TensorBase& dest) {
+                                    const Device device = in[0].device();
+                                    auto out = detail::output<T>(dest, shape, device);
+                                    kernels::strided_copy(device, shape, Tensor<T>(in[0]).data() + offset, strides,
+                                                          out.data(), shape.strides());
+                                    return TensorBase(out);
+                                  }));
   if constexpr (FloatingPoint<T>) {
     if (detail::should_record(x)) {
       Shape in_shape = x.shape();
-      detail::record(out, "Slice", loc, {x}, {}, false, [in_shape, begin](const TensorBase&, const TensorBase& g) {
-        return autograd::Grads{slice_backward(Tensor<T>(g), in_shape, begin)};
-      });
+      detail::record(out, op::Slice::name, loc, {x}, {}, false,
+                     [in_shape, begin](const TensorBase&, const TensorBase& g) {
+                       return autograd::Grads{slice_backward(Tensor<T>(g), in_shape, begin)};
+                     });
     }
   }
   return out;
@@ -234,36 +272,34 @@ template <Element T> Tensor<T> slice(const Tensor<T>& x, const std::vector<std::
 /// Zeros of `in_shape` with g written at `begin`: the adjoint of slice.
 template <Numeric T> Tensor<T> slice_backward(const Tensor<T>& g, const Shape& in_shape,
                                               const std::vector<std::int64_t>& begin, SourceLoc loc) {
-  detail::OpScope scope("SliceGrad", loc, {g});
+  detail::OpScope scope(op::SliceGrad::name, loc, {g});
   const int rank = in_shape.ndim();
   bool fits = g.ndim() == rank && static_cast<int>(begin.size()) == rank;
   for (int i = 0; fits && i < rank; ++i)
     fits = begin[i] >= 0 && begin[i] <= in_shape[i] && g.shape()[i] <= in_shape[i] - begin[i];
   if (!fits)
-    throw_shape_error("SliceGrad", loc, "the gradient ", dtype_name(g.dtype()), g.shape(), " at begin ", Shape(begin),
-                      " must lie inside the input shape ", in_shape, " (one begin per axis)");
-  detail::checked_numel("SliceGrad", loc, in_shape);  // before its strides are computed
+    throw_shape_error(op::SliceGrad::name, loc, "the gradient ", dtype_name(g.dtype()), g.shape(), " at begin ",
+                      Shape(begin), " must lie inside the input shape ", in_shape, " (one begin per axis)");
+  detail::checked_numel(op::SliceGrad::name, loc, in_shape);  // before its strides are computed
   auto strides = in_shape.strides();
   std::int64_t offset = 0;
   for (int i = 0; i < in_shape.ndim(); ++i) offset += begin[i] * strides[i];
-  Tensor<T> out(detail::primitive(
-      "SliceGrad", loc, {g}, g.dtype(), in_shape,
-      [in_shape, offset, strides](std::span<const TensorBase> in, const TensorBase& dest) {
-        Tensor<T> v(in[0]);
-        auto out = detail::output<T>(dest, in_shape, v.device());
-        kernels::fill(v.device(), out.data(), out.numel(), T(0));
-        kernels::strided_copy(v.device(), v.shape(), v.data(), v.shape().strides(), out.data() + offset, strides);
-        return TensorBase(out);
-      },
-      [begin] {
-        return std::vector<ir::Attr>{{"begin", Shape(begin).str()}};
-      }));
+  Tensor<T> out(detail::primitive(op::SliceGrad{begin}, loc, {g}, g.dtype(), in_shape,
+                                  [in_shape, offset, strides](std::span<const TensorBase> in, const TensorBase& dest) {
+                                    Tensor<T> v(in[0]);
+                                    auto out = detail::output<T>(dest, in_shape, v.device());
+                                    kernels::fill(v.device(), out.data(), out.numel(), T(0));
+                                    kernels::strided_copy(v.device(), v.shape(), v.data(), v.shape().strides(),
+                                                          out.data() + offset, strides);
+                                    return TensorBase(out);
+                                  }));
   if constexpr (FloatingPoint<T>) {
     if (detail::should_record(g)) {
       std::vector<std::int64_t> size = g.shape().to_vector();
-      detail::record(out, "SliceGrad", loc, {g}, {}, false, [begin, size](const TensorBase&, const TensorBase& gg) {
-        return autograd::Grads{slice(Tensor<T>(gg), begin, size)};
-      });
+      detail::record(out, op::SliceGrad::name, loc, {g}, {}, false,
+                     [begin, size](const TensorBase&, const TensorBase& gg) {
+                       return autograd::Grads{slice(Tensor<T>(gg), begin, size)};
+                     });
     }
   }
   return out;
@@ -272,10 +308,10 @@ template <Numeric T> Tensor<T> slice_backward(const Tensor<T>& g, const Shape& i
 /// Joins tensors along an existing axis; all other extents must agree.
 template <Element T>
 Tensor<T> concat(const std::vector<Tensor<T>>& xs, std::int64_t axis = 0, SourceLoc loc = SourceLoc::current()) {
-  if (xs.empty()) throw_shape_error("Concat", loc, "needs at least one input");
-  detail::OpScope scope("Concat", loc, {xs[0]});
+  if (xs.empty()) throw_shape_error(op::Concat::name, loc, "needs at least one input");
+  detail::OpScope scope(op::Concat::name, loc, {xs[0]});
   const Shape& first = xs[0].shape();
-  int a = normalize_axis(axis, first.ndim(), "Concat", loc);
+  int a = normalize_axis(axis, first.ndim(), op::Concat::name, loc);
   Shape shape = first;
   shape[a] = 0;
   for (std::size_t k = 0; k < xs.size(); ++k) {
@@ -285,30 +321,26 @@ Tensor<T> concat(const std::vector<Tensor<T>>& xs, std::int64_t axis = 0, Source
     if (!fits) {
       std::string all;
       for (std::size_t j = 0; j < xs.size(); ++j) all += detail::concat(j ? ", " : "", "x", j, ": ", xs[j].shape());
-      throw_shape_error("Concat", loc, "input ", k, " has shape ", s, ", which does not match input 0 outside axis ", a,
-                        " (inputs ", all, ")");
+      throw_shape_error(op::Concat::name, loc, "input ", k, " has shape ", s,
+                        ", which does not match input 0 outside axis ", a, " (inputs ", all, ")");
     }
-    shape[a] = detail::checked_add("Concat", loc, "the concatenated extent", shape[a], s[a]);
+    shape[a] = detail::checked_add(op::Concat::name, loc, "the concatenated extent", shape[a], s[a]);
   }
   std::vector<TensorBase> inputs(xs.begin(), xs.end());
-  Tensor<T> out(detail::primitive(
-      "Concat", loc, inputs, dtype_of<T>(), shape,
-      [shape, a](std::span<const TensorBase> in, const TensorBase& dest) {
-        const Device device = detail::device_of(in);
-        auto out = detail::output<T>(dest, shape, device);
-        auto strides = shape.strides();
-        std::int64_t at = 0;
-        for (const auto& part : in) {
-          Tensor<T> x(part);
-          kernels::strided_copy(device, x.shape(), x.data(), x.shape().strides(), out.data() + at * strides[a],
-                                strides);
-          at += x.shape()[a];
-        }
-        return TensorBase(out);
-      },
-      [a] {
-        return std::vector<ir::Attr>{{"axis", std::to_string(a)}};
-      }));
+  Tensor<T> out(detail::primitive(op::Concat{a}, loc, inputs, dtype_of<T>(), shape,
+                                  [shape, a](std::span<const TensorBase> in, const TensorBase& dest) {
+                                    const Device device = detail::device_of(in);
+                                    auto out = detail::output<T>(dest, shape, device);
+                                    auto strides = shape.strides();
+                                    std::int64_t at = 0;
+                                    for (const auto& part : in) {
+                                      Tensor<T> x(part);
+                                      kernels::strided_copy(device, x.shape(), x.data(), x.shape().strides(),
+                                                            out.data() + at * strides[a], strides);
+                                      at += x.shape()[a];
+                                    }
+                                    return TensorBase(out);
+                                  }));
   if constexpr (FloatingPoint<T>) {
     bool any = false;
     for (const auto& x : xs) any = any || detail::should_record(x);
@@ -316,7 +348,7 @@ Tensor<T> concat(const std::vector<Tensor<T>>& xs, std::int64_t axis = 0, Source
       std::vector<Shape> shapes;
       for (const auto& x : xs) shapes.push_back(x.shape());
       std::vector<std::reference_wrapper<const TensorBase>> refs(xs.begin(), xs.end());
-      detail::record_range(out, "Concat", loc, refs.begin(), refs.end(), {}, false,
+      detail::record_range(out, op::Concat::name, loc, refs.begin(), refs.end(), {}, false,
                            [shapes, a](const TensorBase&, const TensorBase& g) {
                              Tensor<T> grad(g);
                              autograd::Grads grads;
@@ -351,20 +383,16 @@ template <Element U, Element T> Tensor<U> cast(const Tensor<T>& x, SourceLoc loc
   if constexpr (std::is_same_v<T, U>) {
     return x;
   } else {
-    Tensor<U> out(detail::primitive(
-        "Cast", loc, {x}, dtype_of<U>(), x.shape(),
-        [](std::span<const TensorBase> in, const TensorBase& dest) {
-          const Device device = in[0].device();
-          auto out = detail::output<U>(dest, in[0].shape(), device);
-          kernels::cast(device, Tensor<T>(in[0]).data(), out.data(), out.numel());
-          return TensorBase(out);
-        },
-        [] {
-          return std::vector<ir::Attr>{{"to", std::string(dtype_short_name(dtype_of<U>()))}};
-        }));
+    Tensor<U> out(detail::primitive(op::Cast{dtype_of<U>()}, loc, {x}, dtype_of<U>(), x.shape(),
+                                    [](std::span<const TensorBase> in, const TensorBase& dest) {
+                                      const Device device = in[0].device();
+                                      auto out = detail::output<U>(dest, in[0].shape(), device);
+                                      kernels::cast(device, Tensor<T>(in[0]).data(), out.data(), out.numel());
+                                      return TensorBase(out);
+                                    }));
     if constexpr (FloatingPoint<T> && FloatingPoint<U>) {
       if (detail::should_record(x)) {
-        detail::record(out, "Cast", loc, {x}, {}, false,
+        detail::record(out, op::Cast::name, loc, {x}, {}, false,
                        [](const TensorBase&, const TensorBase& g) { return autograd::Grads{cast<T>(Tensor<U>(g))}; });
       }
     }

@@ -9,6 +9,15 @@
 
 namespace xgrad {
 
+namespace op {
+struct Print {
+  static constexpr std::string_view name = "Print";
+  std::string label;
+  std::vector<ir::Attr> attrs() const { return {{"label", '"' + label + '"'}}; }
+  bool operator==(const Print&) const = default;
+};
+}  // namespace op
+
 /// Writes "label Tensor(...)" to standard output when this op runs: at once in eager mode,
 /// and every time the graph runs (not while it is traced) under jit.
 template <Element T> void print(const std::string& label, const Tensor<T>& t, SourceLoc loc = SourceLoc::current()) {
@@ -16,9 +25,9 @@ template <Element T> void print(const std::string& label, const Tensor<T>& t, So
   if (auto* tracer = tracing::Tracer::active()) {
     const TensorBase inputs[] = {t};
     tracer->emit(
-        "Print", loc, inputs, {},
-        [show](std::span<const TensorBase> in, std::span<TensorBase>) { show(Tensor<T>(in[0])); },
-        {{"label", '"' + label + '"'}}, {}, {}, /*has_effect=*/true);
+        ir::make_primitive(op::Print{label}), loc, inputs, {},
+        [show](std::span<const TensorBase> in, std::span<TensorBase>) { show(Tensor<T>(in[0])); }, {}, {},
+        /*has_effect=*/true);
     return;
   }
   show(t);

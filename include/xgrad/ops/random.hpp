@@ -32,25 +32,33 @@ template <class T> struct UniformSample {
 };
 }  // namespace detail
 
+namespace op {
+struct RandomUniform {
+  static constexpr std::string_view name = "RandomUniform";
+  Device device = Device::cpu;  // where the samples are made when the key is a cpu scalar
+  bool operator==(const RandomUniform&) const = default;
+};
+}  // namespace op
+
 /// Samples of U[0, 1) of `shape`, determined by the int64 scalar `key` alone. They are made on
 /// the key's device, or on the default device when the key is a cpu scalar.
 template <FloatingPoint T>
 Tensor<T> random_uniform(const Tensor<std::int64_t>& key, const Shape& shape, SourceLoc loc = SourceLoc::current()) {
-  detail::OpScope scope("RandomUniform", loc, {key});
-  if (key.numel() != 1) throw_shape_error("RandomUniform", loc, "key must hold one value, got shape ", key.shape());
-  detail::check_sizes("RandomUniform", shape, loc);
+  detail::OpScope scope(op::RandomUniform::name, loc, {key});
+  if (key.numel() != 1)
+    throw_shape_error(op::RandomUniform::name, loc, "key must hold one value, got shape ", key.shape());
+  detail::check_sizes(op::RandomUniform::name, shape, loc);
   const Device device = key.is_symbolic() || key.device() == Device::cpu ? default_device() : key.device();
-  detail::check_available(device, "RandomUniform");
-  return Tensor<T>(detail::primitive(
-      "RandomUniform", loc, {key}, dtype_of<T>(), shape,
-      [shape, device](std::span<const TensorBase> in, const TensorBase& dest) {
-        auto out = detail::output<T>(dest, shape, in[0].device() == Device::cpu ? device : in[0].device());
-        const detail::UniformSample<T> sample{
-            detail::mix64(static_cast<std::uint64_t>(Tensor<std::int64_t>(in[0]).item()))};
-        kernels::tabulate(out.device(), out.data(), out.numel(), sample);
-        return TensorBase(out);
-      },
-      detail::NoAttrs{}));
+  detail::check_available(device, op::RandomUniform::name);
+  return Tensor<T>(detail::primitive(op::RandomUniform{device}, loc, {key}, dtype_of<T>(), shape,
+                                     [shape, device](std::span<const TensorBase> in, const TensorBase& dest) {
+                                       auto out = detail::output<T>(
+                                           dest, shape, in[0].device() == Device::cpu ? device : in[0].device());
+                                       const detail::UniformSample<T> sample{detail::mix64(
+                                           static_cast<std::uint64_t>(Tensor<std::int64_t>(in[0]).item()))};
+                                       kernels::tabulate(out.device(), out.data(), out.numel(), sample);
+                                       return TensorBase(out);
+                                     }));
 }
 
 }  // namespace xgrad

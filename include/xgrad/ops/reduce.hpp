@@ -42,6 +42,27 @@ struct MinReducer : ExtremumReducer<MinReducer> {
   template <class V> XGRAD_HD static V combine(const V& a, const V& b) { return math::min(a, b); }
 };
 
+/// The reductions to a shape that keeps the reduced axes as 1s (sum, max and min over any axes
+/// are these, reshaped when keepdims is false).
+template <class Reducer, const char* Name> struct ReduceTo {
+  static constexpr std::string_view name = Name;
+  using reducer = Reducer;
+  Shape shape;
+  std::vector<ir::Attr> attrs() const { return {{"shape", shape.str()}}; }
+  bool operator==(const ReduceTo&) const = default;
+};
+inline constexpr char sum_to_name[] = "SumTo", reduce_max_name[] = "ReduceMax", reduce_min_name[] = "ReduceMin";
+using SumTo = ReduceTo<SumReducer, sum_to_name>;
+using ReduceMax = ReduceTo<MaxReducer, reduce_max_name>;
+using ReduceMin = ReduceTo<MinReducer, reduce_min_name>;
+
+struct Argmax {
+  static constexpr std::string_view name = "Argmax";
+  int axis = 0;
+  std::vector<ir::Attr> attrs() const { return {{"axis", std::to_string(axis)}}; }
+  bool operator==(const Argmax&) const = default;
+};
+
 }  // namespace op
 
 namespace detail {
@@ -116,22 +137,19 @@ inline ReducedShapes reduced_shapes(std::string_view op, const TensorBase& x, co
 /// Sums x over its broadcast axes so that it takes `shape` (the adjoint of broadcast_to).
 template <Numeric T> Tensor<T> sum_to(const Tensor<T>& x, const Shape& shape, SourceLoc loc) {
   if (x.shape() == shape) return x;
-  detail::OpScope scope("SumTo", loc, {x});
+  detail::OpScope scope(op::SumTo::name, loc, {x});
   Shape check;
   if (!try_broadcast(shape, x.shape(), check) || !(check == x.shape()))
-    throw_shape_error("SumTo", loc, "input ", dtype_name(x.dtype()), x.shape(), " does not broadcast from ", shape);
-  Tensor<T> out(detail::primitive(
-      "SumTo", loc, {x}, x.dtype(), shape,
-      [shape](std::span<const TensorBase> in, const TensorBase& dest) {
-        return TensorBase(detail::reduce_to<op::SumReducer>(Tensor<T>(in[0]), shape, dest));
-      },
-      [shape] {
-        return std::vector<ir::Attr>{{"shape", shape.str()}};
-      }));
+    throw_shape_error(op::SumTo::name, loc, "input ", dtype_name(x.dtype()), x.shape(), " does not broadcast from ",
+                      shape);
+  Tensor<T> out(detail::primitive(op::SumTo{shape}, loc, {x}, x.dtype(), shape,
+                                  [shape](std::span<const TensorBase> in, const TensorBase& dest) {
+                                    return TensorBase(detail::reduce_to<op::SumReducer>(Tensor<T>(in[0]), shape, dest));
+                                  }));
   if constexpr (FloatingPoint<T>) {
     if (detail::should_record(x)) {
       Shape in_shape = x.shape();
-      detail::record(out, "SumTo", loc, {x}, {}, false, [in_shape](const TensorBase&, const TensorBase& g) {
+      detail::record(out, op::SumTo::name, loc, {x}, {}, false, [in_shape](const TensorBase&, const TensorBase& g) {
         return autograd::Grads{broadcast_to(Tensor<T>(g), in_shape)};
       });
     }
@@ -160,23 +178,20 @@ namespace detail {
 
 /// max or min over axes; the gradient is shared evenly between tied extrema, or between the NaNs
 /// of a group whose result is NaN (as PyTorch's).
-template <class R, class T> Tensor<T> extremum(std::string_view op, const Tensor<T>& x,
-                                               const std::vector<std::int64_t>& axes, bool keepdims, SourceLoc loc) {
-  OpScope scope(op, loc, {x});
-  auto shapes = reduced_shapes(op, x, axes, keepdims, loc);
+template <class Reduce, class T>
+Tensor<T> extremum(const Tensor<T>& x, const std::vector<std::int64_t>& axes, bool keepdims, SourceLoc loc) {
+  constexpr std::string_view name = Reduce::name;
+  OpScope scope(name, loc, {x});
+  auto shapes = reduced_shapes(name, x, axes, keepdims, loc);
   if (shapes.count == 0 && shapes.kept.numel() != 0)
-    throw_shape_error(op, loc, "cannot reduce over an empty axis of input ", dtype_name(x.dtype()), x.shape());
-  Tensor<T> kept(primitive(
-      op, loc, {x}, x.dtype(), shapes.kept,
-      [kept_shape = shapes.kept](std::span<const TensorBase> in, const TensorBase& dest) {
-        return TensorBase(reduce_to<R>(Tensor<T>(in[0]), kept_shape, dest));
-      },
-      [&shapes] {
-        return std::vector<ir::Attr>{{"shape", shapes.kept.str()}};
-      }));
+    throw_shape_error(name, loc, "cannot reduce over an empty axis of input ", dtype_name(x.dtype()), x.shape());
+  Tensor<T> kept(primitive(Reduce{shapes.kept}, loc, {x}, x.dtype(), shapes.kept,
+                           [kept_shape = shapes.kept](std::span<const TensorBase> in, const TensorBase& dest) {
+                             return TensorBase(reduce_to<typename Reduce::reducer>(Tensor<T>(in[0]), kept_shape, dest));
+                           }));
   if constexpr (FloatingPoint<T>) {
     if (should_record(x)) {
-      record(kept, op, loc, {x}, {x}, true, [x](const TensorBase& y, const TensorBase& g) {
+      record(kept, name, loc, {x}, {x}, true, [x](const TensorBase& y, const TensorBase& g) {
         const Tensor<T> yt(y);
         const auto x_nan = equal(equal(x, x), false);
         auto mask = cast<T>(where(equal(yt, yt), equal(x, yt), x_nan));
@@ -192,38 +207,36 @@ template <class R, class T> Tensor<T> extremum(std::string_view op, const Tensor
 /// Largest element over `axes` (all axes when empty).
 template <Numeric T> Tensor<T> max(const Tensor<T>& x, const std::vector<std::int64_t>& axes = {},
                                    bool keepdims = false, SourceLoc loc = SourceLoc::current()) {
-  return detail::extremum<op::MaxReducer>("ReduceMax", x, axes, keepdims, loc);
+  return detail::extremum<op::ReduceMax>(x, axes, keepdims, loc);
 }
 
 /// Smallest element over `axes` (all axes when empty).
 template <Numeric T> Tensor<T> min(const Tensor<T>& x, const std::vector<std::int64_t>& axes = {},
                                    bool keepdims = false, SourceLoc loc = SourceLoc::current()) {
-  return detail::extremum<op::MinReducer>("ReduceMin", x, axes, keepdims, loc);
+  return detail::extremum<op::ReduceMin>(x, axes, keepdims, loc);
 }
 
 /// Index of the largest element along `axis` (the first on ties), as int32 like labels.
 template <Numeric T> Tensor<std::int32_t> argmax(const Tensor<T>& x, std::int64_t axis = -1, bool keepdims = false,
                                                  SourceLoc loc = SourceLoc::current()) {
   if (x.ndim() == 0) return zeros<std::int32_t>(Shape{});
-  detail::OpScope scope("Argmax", loc, {x});
-  int a = normalize_axis(axis, x.ndim(), "Argmax", loc);
+  detail::OpScope scope(op::Argmax::name, loc, {x});
+  int a = normalize_axis(axis, x.ndim(), op::Argmax::name, loc);
   if (x.shape()[a] == 0)
-    throw_shape_error("Argmax", loc, "axis ", axis, " of input ", dtype_name(x.dtype()), x.shape(), " is empty");
-  auto shapes = detail::reduced_shapes("Argmax", x, {a}, keepdims, loc);
+    throw_shape_error(op::Argmax::name, loc, "axis ", axis, " of input ", dtype_name(x.dtype()), x.shape(),
+                      " is empty");
+  auto shapes = detail::reduced_shapes(op::Argmax::name, x, {a}, keepdims, loc);
   std::int64_t outer = 1, inner = 1;
   for (int i = 0; i < a; ++i) outer *= x.shape()[i];
   for (int i = a + 1; i < x.ndim(); ++i) inner *= x.shape()[i];
   const std::int64_t extent = x.shape()[a];
   return Tensor<std::int32_t>(detail::primitive(
-      "Argmax", loc, {x}, DType::int32, shapes.out,
+      op::Argmax{a}, loc, {x}, DType::int32, shapes.out,
       [out_shape = shapes.out, outer, extent, inner](std::span<const TensorBase> in, const TensorBase& dest) {
         const Device device = in[0].device();
         auto out = detail::output<std::int32_t>(dest, out_shape, device);
         kernels::argmax(device, Tensor<T>(in[0]).data(), out.data(), outer, extent, inner);
         return TensorBase(out);
-      },
-      [a] {
-        return std::vector<ir::Attr>{{"axis", std::to_string(a)}};
       }));
 }
 

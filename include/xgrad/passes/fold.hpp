@@ -13,13 +13,13 @@ inline bool fold(ir::Graph& g, const PassContext&) {
   bool changed = false;
   for (std::size_t k = 0; k < g.nodes.size(); ++k) {
     ir::Node& node = *g.nodes[k];
-    if (node.op == "Const" || node.has_effect || !node.subgraphs.empty() || node.inputs.empty()) continue;
+    if (node.is<op::Const>() || node.has_effect || !node.subgraphs.empty() || node.inputs.empty()) continue;
     std::vector<TensorBase> in;
     std::int64_t in_numel = 0, out_numel = 0;
     for (const ir::Value* v : node.inputs) {
       const ir::Node* c = constant_node(v);
       if (!c) break;
-      in.push_back(c->constant);
+      in.push_back(c->params<op::Const>().value);
       in_numel += v->shape.numel();
     }
     if (in.size() != node.inputs.size()) continue;
@@ -33,14 +33,12 @@ inline bool fold(ir::Graph& g, const PassContext&) {
     std::vector<std::unique_ptr<ir::Node>> consts;
     for (std::size_t i = 0; i < out.size(); ++i) {
       auto c = std::make_unique<ir::Node>();
-      c->op = "Const";
+      c->primitive = ir::make_primitive(op::Const{out[i]});
       c->loc = node.loc;
       c->scope = node.scope;
-      c->constant = out[i];
       c->kernel = [t = out[i]](std::span<const TensorBase>, std::span<TensorBase> o) { o[0] = t; };
       c->outputs.push_back(node.outputs[i]);
       node.outputs[i]->producer = c.get();
-      if (out[i].numel() <= 8) c->attrs.push_back({"value", ir::constant_text(out[i])});
       consts.push_back(std::move(c));
     }
     g.nodes.erase(g.nodes.begin() + static_cast<std::ptrdiff_t>(k));

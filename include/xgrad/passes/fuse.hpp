@@ -19,16 +19,23 @@
 #include <unordered_set>
 #include <vector>
 
-#include "xgrad/backend/cpu/fused.hpp"
-#if defined(XGRAD_WITH_THRUST)
-#include "xgrad/backend/thrust/fused.hpp"
+#include "xgrad/backend/fused_group.hpp"
 #include "xgrad/ops/elementwise.hpp"
-#endif
+#include "xgrad/ops/manipulation.hpp"
 #include "xgrad/passes/rewrite.hpp"
 
 namespace xgrad::passes {
 
 namespace detail {
+
+/// The place of node's op in the type list Ops (a std::tuple), or -1.
+template <class Ops> int index_in(const ir::Node& node) {
+  return [&]<class... Op>(std::tuple<Op...>*) {
+    int i = 0, found = -1;
+    (void)((node.is<Op>() ? (found = i, true) : (++i, false)) || ...);
+    return found;
+  }(static_cast<Ops*>(nullptr));
+}
 
 inline bool fusible(const ir::Node& node) {
   return node.traits.block && !node.has_effect && node.subgraphs.empty() && node.outputs.size() == 1;
@@ -37,8 +44,7 @@ inline bool fusible(const ir::Node& node) {
 /// A copy of `node` for a fused node's body, reading `inputs`.
 inline std::unique_ptr<ir::Node> body_copy(const ir::Node& node, std::vector<ir::Value*> inputs) {
   auto copy = std::make_unique<ir::Node>();
-  copy->op = node.op;
-  copy->attrs = node.attrs;
+  copy->primitive = node.primitive;
   copy->loc = node.loc;
   copy->scope = node.scope;
   copy->traits = node.traits;
@@ -46,23 +52,6 @@ inline std::unique_ptr<ir::Node> body_copy(const ir::Node& node, std::vector<ir:
   copy->inputs = std::move(inputs);
   return copy;
 }
-
-#if defined(XGRAD_WITH_THRUST)
-/// Runs a fused node's body node by node, each through its own kernel: how a group runs off
-/// the cpu when the device has no fused kernel for it.
-inline void run_body(const ir::Graph& body, std::span<const TensorBase> in, std::span<TensorBase> out) {
-  std::vector<TensorBase> env(body.values.size()), node_in, node_out;
-  for (std::size_t i = 0; i < body.inputs.size(); ++i) env[static_cast<std::size_t>(body.inputs[i]->id)] = in[i];
-  for (const auto& node : body.nodes) {
-    node_in.clear();
-    for (const ir::Value* v : node->inputs) node_in.push_back(env[static_cast<std::size_t>(v->id)]);
-    node_out.assign(1, TensorBase());
-    node->kernel(node_in, node_out);
-    env[static_cast<std::size_t>(node->outputs[0]->id)] = std::move(node_out[0]);
-  }
-  for (std::size_t j = 0; j < body.outputs.size(); ++j) out[j] = env[static_cast<std::size_t>(body.outputs[j]->id)];
-}
-#endif
 
 /// The Fused node standing for `members` (indices into g.nodes, in order) and, when given,
 /// the `anchor` node whose output only they read: the group then runs as the anchor's
@@ -78,7 +67,6 @@ inline std::unique_ptr<ir::Node> make_fused(const ir::Graph& g, const std::vecto
   if (anchor) made.insert(anchor->outputs[0]);
   std::unordered_map<const ir::Value*, ir::Value*> inner;
   auto fused = std::make_unique<ir::Node>();
-  fused->op = "Fused";
   std::vector<std::pair<DType, Shape>> input_types;
   auto add_input = [&](ir::Value* v) {
     if (made.count(v) || inner.count(v)) return;
@@ -103,16 +91,25 @@ inline std::unique_ptr<ir::Node> make_fused(const ir::Graph& g, const std::vecto
     inner[result] = body->new_value(result->dtype, result->shape, copy.get());
     copy->outputs.push_back(inner[result]);
     input_types.emplace_back(result->dtype, result->shape);
-    ops = anchor->op;
+    ops = anchor->op();
     body->append(std::move(copy));
   }
-  const Shape& shape = g.nodes[members.front()]->outputs[0]->shape;
-  std::vector<cpu::FusedKernel::Step> steps;
-  std::vector<int> output_slots;
+  backend::FusedGroupSpec spec;
+  spec.shape = g.nodes[members.front()]->outputs[0]->shape;
+  const Shape& shape = spec.shape;
+  std::vector<cpu::FusedKernel::Step>& steps = spec.steps;
+  std::vector<int>& output_slots = spec.output_slots;
   for (std::size_t i : members) {
     const ir::Node& node = *g.nodes[i];
     auto copy = body_copy(node, {});
-    cpu::FusedKernel::Step step{node.traits.block, {}, node.outputs[0]->dtype, -1, node.op, node.traits.merged};
+    cpu::FusedKernel::Step step{node.traits.block,
+                                {},
+                                node.outputs[0]->dtype,
+                                -1,
+                                node.op(),
+                                node.traits.merged,
+                                index_in<op::MergeFeeders>(node),
+                                index_in<op::MergeConsumers>(node)};
     for (ir::Value* v : node.inputs) {
       copy->inputs.push_back(inner.at(v));
       step.args.push_back(inner.at(v)->id);
@@ -126,22 +123,25 @@ inline std::unique_ptr<ir::Node> make_fused(const ir::Graph& g, const std::vecto
       body->outputs.push_back(out);
       output_slots.push_back(out->id);
     }
-    ops += (ops.empty() ? "" : ", ") + node.op;
+    ops += (ops.empty() ? "" : ", ") + std::string(node.op());
+    // A broadcast input is gathered per block; every other member is an op of op::Fusible
+    // (with_block's static_assert).
+    spec.device_ops.push_back(node.is<op::BroadcastTo>() ? -1 : index_in<op::Fusible>(node));
     steps.push_back(std::move(step));
     body->append(std::move(copy));
   }
-#if defined(XGRAD_WITH_THRUST)
-  using DeviceGroup = thrust_backend::FusedGroup<op::Fusible>;
-  std::vector<DeviceGroup::Step> device_steps;
-  for (const auto& step : steps) device_steps.push_back({step.op, step.args, step.dtype, step.result});
-  auto device_group = std::make_shared<const std::optional<DeviceGroup>>(
-      DeviceGroup::make(shape, input_types, device_steps, output_slots));
-#endif
+  if (anchor) {
+    spec.anchor_kernel = anchor->kernel;
+    spec.epilogue_of = {anchor->epilogue_kernel, anchor_inputs};
+  }
+  spec.input_types = input_types;
+  spec.body = body;
+  std::vector<std::string> merged_pairs;
+  fused->kernel = backend::fused_kernel(spec, merged_pairs);
   // In place: output j may take input i's buffer when i has the output's shape and element
   // size and no step after the one writing j reads i. Not an anchor's input: the anchor may
   // still be reading it while the group writes its first parts.
   // Decided on the steps as they run, after merging (a merged step reads its pair's inputs).
-  const std::vector<std::string> merged_pairs = cpu::FusedKernel::merge_neighbours(steps, output_slots);
   const int num_inputs = static_cast<int>(input_types.size());
   const int num_node_inputs = static_cast<int>(body->inputs.size());
   std::vector<int> last_read(static_cast<std::size_t>(num_inputs), -1);
@@ -161,45 +161,19 @@ inline std::unique_ptr<ir::Node> make_fused(const ir::Graph& g, const std::vecto
     }
     fused->in_place.push_back(std::move(candidates));
   }
-  cpu::FusedKernel::Anchor epilogue_of;
   if (anchor) {
     // The anchor's result is the node's last output: the buffer the anchor writes into.
     fused->outputs.push_back(anchor->outputs[0]);
     body->outputs.push_back(inner.at(anchor->outputs[0]));
     fused->in_place.emplace_back();
-    epilogue_of = {anchor->epilogue_kernel, anchor_inputs};
   }
   const ir::Node& last = *g.nodes[members.back()];
   fused->loc = last.loc;
   fused->scope = last.scope;
   fused->traits.elementwise = !anchor;
-  fused->attrs.push_back({"body", body->name});
-  fused->attrs.push_back({"ops", "\"" + ops + "\""});
-  if (!merged_pairs.empty()) {
-    std::string pairs;
-    for (const std::string& pair : merged_pairs) pairs += (pairs.empty() ? "" : ", ") + pair;
-    fused->attrs.push_back({"merged", "\"" + pairs + "\""});
-  }
-  auto kernel = std::make_shared<const cpu::FusedKernel>(shape, input_types, std::move(steps), std::move(output_slots),
-                                                         std::move(epilogue_of));
-  ir::Kernel on_cpu = [kernel](std::span<const TensorBase> in, std::span<TensorBase> out) { (*kernel)(in, out); };
-#if defined(XGRAD_WITH_THRUST)
-  // Device::thrust: the anchor (as its own node), then the group as one functor.
-  ir::Kernel anchor_kernel = anchor ? anchor->kernel : ir::Kernel();
-  fused->kernel = [on_cpu, device_group, anchor_kernel, anchor_inputs, body = std::shared_ptr<const ir::Graph>(body)](
-                      std::span<const TensorBase> in, std::span<TensorBase> out) {
-    if (std::none_of(in.begin(), in.end(), [](const TensorBase& t) { return t.device() != Device::cpu; }))
-      return on_cpu(in, out);
-    if (!*device_group) return run_body(*body, in, out);
-    if (!anchor_kernel) return (**device_group)(in, out);
-    std::vector<TensorBase> group_in(in.begin(), in.end());
-    anchor_kernel(in.first(static_cast<std::size_t>(anchor_inputs)), out.last(1));
-    group_in.push_back(out.back());
-    (**device_group)(group_in, out.first(out.size() - 1));
-  };
-#else
-  fused->kernel = std::move(on_cpu);
-#endif
+  std::string pairs;
+  for (const std::string& pair : merged_pairs) pairs += (pairs.empty() ? "" : ", ") + pair;
+  fused->primitive = ir::make_primitive(op::Fused{body->name, ops, pairs});
   fused->subgraphs.push_back(std::move(body));
   for (ir::Value* v : fused->outputs) v->producer = fused.get();
   return fused;

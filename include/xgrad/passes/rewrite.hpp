@@ -40,14 +40,14 @@ inline void replace_uses(ir::Graph& g, const ir::Value* from, ir::Value* to) {
 
 /// The node making `v`, when it is a Const; null otherwise.
 inline const ir::Node* constant_node(const ir::Value* v) {
-  return v->producer && v->producer->op == "Const" ? v->producer : nullptr;
+  return v->producer && v->producer->is<op::Const>() ? v->producer : nullptr;
 }
 
 /// True when every element of the Const `v` equals `x`.
 inline bool is_constant(const ir::Value* v, double x) {
   const ir::Node* c = constant_node(v);
   if (!c) return false;
-  const TensorBase& t = c->constant;
+  const TensorBase t = ir::on_host(c->params<op::Const>().value);
   const void* data = t.impl()->storage->data();
   for (std::int64_t i = 0; i < t.numel(); ++i) {
     double e = t.dtype() == DType::float32   ? static_cast<const float*>(data)[i]

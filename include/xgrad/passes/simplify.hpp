@@ -23,55 +23,33 @@ namespace detail {
 
 inline bool same_type(const ir::Value* a, const ir::Value* b) { return a->dtype == b->dtype && a->shape == b->shape; }
 
-/// The non-negative integers of an attribute printed as a list, "[1, 0, 2]".
-inline std::vector<std::int64_t> numbers(const ir::Attr& attr) {
-  std::vector<std::int64_t> out;
-  std::int64_t value = 0;
-  bool in_number = false;
-  for (char c : attr.value) {
-    if (c >= '0' && c <= '9') {
-      value = value * 10 + (c - '0');
-      in_number = true;
-    } else if (in_number) {
-      out.push_back(value);
-      value = 0;
-      in_number = false;
-    }
-  }
-  return out;
-}
-
-/// A Transpose node's perm.
-inline std::vector<std::int64_t> permutation(const ir::Node& transpose) { return numbers(transpose.attrs.at(0)); }
-
 /// The value `node` can be replaced by, or null.
 inline ir::Value* simpler(const ir::Node& node, const PassContext& ctx) {
   const auto& in = node.inputs;
   if (node.outputs.size() != 1) return nullptr;
   const ir::Value* out = node.outputs[0];
   auto operand_if = [&](ir::Value* x) { return same_type(x, out) ? x : nullptr; };
-  const std::string& op = node.op;
-  if (op == "Mul" && is_constant(in[1], 1)) return operand_if(in[0]);  // x * 1
-  if (op == "Mul" && is_constant(in[0], 1)) return operand_if(in[1]);
-  if (op == "Div" && is_constant(in[1], 1)) return operand_if(in[0]);  // x / 1
-  if (op == "Sub" && is_constant(in[1], 0)) return operand_if(in[0]);  // x - 0 (exact, -0 stays -0)
+  if (node.is<op::Mul>() && is_constant(in[1], 1)) return operand_if(in[0]);  // x * 1
+  if (node.is<op::Mul>() && is_constant(in[0], 1)) return operand_if(in[1]);
+  if (node.is<op::Div>() && is_constant(in[1], 1)) return operand_if(in[0]);  // x / 1
+  if (node.is<op::Sub>() && is_constant(in[1], 0)) return operand_if(in[0]);  // x - 0 (exact, -0 stays -0)
   if (!ctx.strict) {
-    if (op == "Add" && is_constant(in[1], 0)) return operand_if(in[0]);  // x + 0
-    if (op == "Add" && is_constant(in[0], 0)) return operand_if(in[1]);
+    if (node.is<op::Add>() && is_constant(in[1], 0)) return operand_if(in[0]);  // x + 0
+    if (node.is<op::Add>() && is_constant(in[0], 0)) return operand_if(in[1]);
   }
   auto producer_op = [&](std::size_t i) -> const ir::Node* {
     const ir::Node* p = in.empty() ? nullptr : in[i]->producer;
     return p && p->outputs.size() == 1 ? p : nullptr;
   };
   const ir::Node* p = producer_op(0);
-  if (op == "Neg" && p && p->op == "Neg") return operand_if(p->inputs[0]);  // --x
-  if (!ctx.strict && p && ((op == "Exp" && p->op == "Log") || (op == "Log" && p->op == "Exp")))
-    return operand_if(p->inputs[0]);                           // exp(log x), log(exp x)
-  if (op == "Reshape" && same_type(in[0], out)) return in[0];  // reshape to its own shape
-  if (op == "Reshape" && p && p->op == "Reshape" && same_type(p->inputs[0], out)) return p->inputs[0];
-  if (op == "Transpose" && p && p->op == "Transpose" && same_type(p->inputs[0], out)) {
+  if (node.is<op::Neg>() && p && p->is<op::Neg>()) return operand_if(p->inputs[0]);  // --x
+  if (!ctx.strict && p && ((node.is<op::Exp>() && p->is<op::Log>()) || (node.is<op::Log>() && p->is<op::Exp>())))
+    return operand_if(p->inputs[0]);                                  // exp(log x), log(exp x)
+  if (node.is<op::Reshape>() && same_type(in[0], out)) return in[0];  // reshape to its own shape
+  if (node.is<op::Reshape>() && p && p->is<op::Reshape>() && same_type(p->inputs[0], out)) return p->inputs[0];
+  if (node.is<op::Transpose>() && p && p->is<op::Transpose>() && same_type(p->inputs[0], out)) {
     // transpose(transpose(x, p1), p2) is x when p1[p2[i]] == i for every axis.
-    auto outer = permutation(node), inner = permutation(*p);
+    const auto &outer = node.params<op::Transpose>().perm, &inner = p->params<op::Transpose>().perm;
     bool identity = outer.size() == inner.size();
     for (std::size_t i = 0; identity && i < outer.size(); ++i)
       identity = inner[static_cast<std::size_t>(outer[i])] == static_cast<std::int64_t>(i);
@@ -88,7 +66,7 @@ inline bool absorb_broadcasts(ir::Node& node) {
   bool changed = false;
   for (std::size_t i = 0; i < node.inputs.size(); ++i) {
     const ir::Node* p = node.inputs[i]->producer;
-    if (!p || p->op != "BroadcastTo") continue;
+    if (!p || !p->is<op::BroadcastTo>()) continue;
     Shape shape = p->inputs[0]->shape;
     for (std::size_t j = 0; j < node.inputs.size(); ++j) {
       Shape next;
@@ -107,9 +85,9 @@ inline bool absorb_broadcasts(ir::Node& node) {
 /// instead of k additions: not under strict. Null when the pattern does not apply.
 inline ir::Value* sum_of_broadcast(ir::Graph& g, std::size_t at, const PassContext& ctx) {
   const ir::Node& node = *g.nodes[at];
-  if (ctx.strict || node.op != "SumTo") return nullptr;
+  if (ctx.strict || !node.is<op::SumTo>()) return nullptr;
   const ir::Node* p = node.inputs[0]->producer;
-  if (!p || p->op != "BroadcastTo") return nullptr;
+  if (!p || !p->is<op::BroadcastTo>()) return nullptr;
   ir::Value* x = p->inputs[0];
   const Shape &from = x->shape, &wide = node.inputs[0]->shape, &to = node.outputs[0]->shape;
   if (x->dtype != DType::float32 && x->dtype != DType::float64) return nullptr;
@@ -154,12 +132,12 @@ inline std::size_t readers(const ir::Graph& g, const ir::Value* v) {
 /// of two (not under strict) and one pass over memory instead of two. Null when it does not apply.
 inline ir::Value* multiply_add(ir::Graph& g, std::size_t at, const PassContext& ctx) {
   const ir::Node& node = *g.nodes[at];
-  if (ctx.strict || node.op != "Add") return nullptr;
+  if (ctx.strict || !node.is<op::Add>()) return nullptr;
   const DType dtype = node.outputs[0]->dtype;
   if (dtype != DType::float32 && dtype != DType::float64) return nullptr;
   for (std::size_t k = 0; k < 2; ++k) {
     const ir::Node* p = node.inputs[k]->producer;
-    if (!p || p->op != "Mul" || readers(g, node.inputs[k]) != 1) continue;
+    if (!p || !p->is<op::Mul>() || readers(g, node.inputs[k]) != 1) continue;
     std::vector<ir::Value*> args{p->inputs[0], p->inputs[1], node.inputs[1 - k]};
     if (std::any_of(args.begin(), args.end(), [&](const ir::Value* v) { return v->dtype != dtype; })) continue;
     auto fused = [&]<class T>(std::type_identity<T>) {
@@ -181,13 +159,24 @@ inline std::size_t position_of(const ir::Graph& g, const ir::Node* node) {
 /// True when `v` is a Const whose elements are all +0 (not -0).
 inline bool is_positive_zero(const ir::Value* v) {
   if (!is_constant(v, 0)) return false;
-  const TensorBase& t = constant_node(v)->constant;
+  const TensorBase t = ir::on_host(constant_node(v)->params<op::Const>().value);
   const void* data = t.impl()->storage->data();
   for (std::int64_t i = 0; i < t.numel(); ++i)
     if ((t.dtype() == DType::float32 && std::signbit(static_cast<const float*>(data)[i])) ||
         (t.dtype() == DType::float64 && std::signbit(static_cast<const double*>(data)[i])))
       return false;
   return true;
+}
+
+/// Where the MaxPool whose gradient `grad` is (same input and geometry) sits before position
+/// `before`; `before` when there is none.
+inline std::size_t forward_max_pool(const ir::Graph& g, const ir::Node& grad, std::size_t before) {
+  const cpu::Pool2dGeometry& geo = grad.params<op::MaxPoolGrad>().geometry;
+  for (std::size_t k = 0; k < before; ++k) {
+    const ir::Node& n = *g.nodes[k];
+    if (n.is<op::MaxPool>() && n.inputs[0] == grad.inputs[0] && n.params<op::MaxPool>().geometry == geo) return k;
+  }
+  return before;
 }
 
 /// where(y > 0, MaxPoolGrad(y, g), 0) -> MaxPoolGrad(y, where(MaxPool(y) > 0, g, 0)): ReLU's
@@ -198,23 +187,20 @@ inline bool is_positive_zero(const ir::Value* v) {
 /// True when it rewrote the Select at `at`.
 inline bool mask_through_max_pool_grad(ir::Graph& g, std::size_t& at) {
   const ir::Node& select = *g.nodes[at];
-  if (select.op != "Select" || !is_positive_zero(select.inputs[2])) return false;
+  if (!select.is<op::Where>() || !is_positive_zero(select.inputs[2])) return false;
   const ir::Node* greater = select.inputs[0]->producer;
   ir::Node* grad = select.inputs[1]->producer;
-  if (!greater || greater->op != "Greater" || !is_positive_zero(greater->inputs[1]) || !grad ||
-      grad->op != "MaxPoolGrad" || greater->inputs[0] != grad->inputs[0] || readers(g, select.inputs[1]) != 1 ||
+  if (!greater || !greater->is<op::Greater>() || !is_positive_zero(greater->inputs[1]) || !grad ||
+      !grad->is<op::MaxPoolGrad>() || greater->inputs[0] != grad->inputs[0] || readers(g, select.inputs[1]) != 1 ||
       !same_type(select.inputs[1], select.outputs[0]))
     return false;
   ir::Value* y = grad->inputs[0];
   const DType dtype = y->dtype;
   if (dtype != DType::float32 && dtype != DType::float64) return false;
   const std::size_t grad_at = position_of(g, grad);
-  const ir::Node* pool = nullptr;
-  for (std::size_t k = 0; k < grad_at && !pool; ++k) {
-    const ir::Node& n = *g.nodes[k];
-    if (n.op == "MaxPool" && n.inputs[0] == y && n.attrs == grad->attrs) pool = &n;
-  }
-  if (!pool) return false;
+  const std::size_t pool_at = forward_max_pool(g, *grad, grad_at);
+  if (pool_at == grad_at) return false;
+  const ir::Node* pool = g.nodes[pool_at].get();
   const std::size_t size_before = g.nodes.size();
   auto masked = [&]<class T>(std::type_identity<T>) {
     return splice(g, grad_at, {pool->outputs[0], grad->inputs[1]}, *grad, [](std::span<const TensorBase> in) {
@@ -228,15 +214,6 @@ inline bool mask_through_max_pool_grad(ir::Graph& g, std::size_t& at) {
   return true;
 }
 
-/// The geometry of a MaxPool node, read back from its shapes and attributes.
-inline cpu::Pool2dGeometry pool_geometry_of(const ir::Node& pool) {
-  const Shape &in = pool.inputs[0]->shape, &out = pool.outputs[0]->shape;
-  std::vector<std::int64_t> v;  // kernel, stride, pad: two each
-  for (const ir::Attr& a : pool.attrs)
-    for (std::int64_t n : numbers(a)) v.push_back(n);
-  return {in[0], in[1], in[2], in[3], v.at(0), v.at(1), v.at(2), v.at(3), v.at(4), v.at(5), out[2], out[3]};
-}
-
 /// MaxPool(x) and MaxPoolGrad(x, g) with the same attributes -> MaxPoolTake(x, a) and
 /// MaxPoolPut(a, g), a = MaxPoolArgmax(x): each window's argmax found once instead of in the
 /// forward's max and again in the backward. Not strict: where +0 and -0 tie, the max kernel may
@@ -244,17 +221,14 @@ inline cpu::Pool2dGeometry pool_geometry_of(const ir::Node& pool) {
 /// indexes the (dead) MaxPoolGrad again.
 inline bool share_max_pool_argmax(ir::Graph& g, std::size_t& at, const PassContext& ctx) {
   ir::Node* grad = g.nodes[at].get();
-  if (ctx.strict || grad->op != "MaxPoolGrad") return false;
+  if (ctx.strict || !grad->is<op::MaxPoolGrad>()) return false;
   ir::Value* x = grad->inputs[0];
   const DType dtype = x->dtype;
   if ((dtype != DType::float32 && dtype != DType::float64) || x->shape[2] * x->shape[3] > INT32_MAX) return false;
-  std::size_t pool_at = 0;
-  while (pool_at < at && !(g.nodes[pool_at]->op == "MaxPool" && g.nodes[pool_at]->inputs[0] == x &&
-                           g.nodes[pool_at]->attrs == grad->attrs))
-    ++pool_at;
+  const std::size_t pool_at = forward_max_pool(g, *grad, at);
   if (pool_at == at) return false;
   ir::Node* pool = g.nodes[pool_at].get();
-  const cpu::Pool2dGeometry geo = pool_geometry_of(*pool);
+  const cpu::Pool2dGeometry geo = pool->params<op::MaxPool>().geometry;
   auto rewrite = [&]<class T>(std::type_identity<T>) {
     ir::Value* argmax = splice(g, pool_at, {x}, *pool, [&](std::span<const TensorBase> in) {
       return TensorBase(xgrad::detail::max_pool_argmax(Tensor<T>(in[0]), geo, pool->loc));
@@ -303,7 +277,7 @@ inline bool simplify(ir::Graph& g, const PassContext& ctx) {
     changed = detail::absorb_broadcasts(*node) || changed;
     // reshape(reshape(x)): the outer one reads x directly (a reshape's kernel depends only on
     // its output shape).
-    if (node->op == "Reshape" && node->inputs[0]->producer && node->inputs[0]->producer->op == "Reshape") {
+    if (node->is<op::Reshape>() && node->inputs[0]->producer && node->inputs[0]->producer->is<op::Reshape>()) {
       node->inputs[0] = node->inputs[0]->producer->inputs[0];
       changed = true;
     }

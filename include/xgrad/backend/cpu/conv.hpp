@@ -21,6 +21,7 @@ namespace xgrad::cpu {
 /// caller computes.
 struct Conv2dGeometry {
   int64_t n, c_in, h, w, c_out, kh, kw, stride_h, stride_w, pad_top, pad_left, dil_h, dil_w, out_h, out_w;
+  bool operator==(const Conv2dGeometry&) const = default;
 };
 
 namespace detail {

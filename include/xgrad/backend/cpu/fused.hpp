@@ -37,11 +37,13 @@ class FusedKernel {
   /// One op of the group. Slots number the group's inputs first, then the steps' results.
   struct Step {
     BlockKernel kernel;
-    std::vector<int> args;  // slots
-    DType dtype;            // of the result
-    int result;             // slot
-    std::string op;
+    std::vector<int> args;                       // slots
+    DType dtype;                                 // of the result
+    int result;                                  // slot
+    std::string_view op;                         // the op's name, for the node's "merged" attribute
     const MergedBlockKernels* merged = nullptr;  // a unary op's kernels merged with a neighbour
+    int feeder = -1;                             // the op's place among MergedBlockKernels' feeders, or -1
+    int consumer = -1;                           // and among its consumers
   };
 
   /// Makes each unary step with merged kernels one step with a cheap neighbour (see
@@ -59,17 +61,14 @@ class FusedKernel {
     auto only_reader_of = [&](int slot) { return reads[slot] == 1; };
     std::vector<bool> gone(steps.size(), false), merged(steps.size(), false);
     std::vector<std::string> pairs;
-    auto index_of = [](const auto& names, const std::string& op) {
-      return static_cast<std::size_t>(std::find(names.begin(), names.end(), op) - names.begin());
-    };
     for (std::size_t m = 0; m < steps.size(); ++m) {  // a feeder into a unary step
       Step& u = steps[m];
       if (!u.merged || u.args.size() != 1 || !maker.count(u.args[0]) || !only_reader_of(u.args[0])) continue;
       const std::size_t k = maker[u.args[0]];
-      const std::size_t p = index_of(MergedBlockKernels::feeders, steps[k].op);
-      if (merged[k] || p == MergedBlockKernels::feeders.size() || steps[k].dtype != u.dtype) continue;
-      pairs.push_back(steps[k].op + "+" + u.op);
-      u.kernel = u.merged->after[p];
+      const int p = steps[k].feeder;
+      if (merged[k] || p < 0 || steps[k].dtype != u.dtype) continue;
+      pairs.push_back(xgrad::detail::concat(steps[k].op, "+", u.op));
+      u.kernel = u.merged->after[static_cast<std::size_t>(p)];
       u.args = steps[k].args;
       gone[k] = merged[k] = merged[m] = true;
     }
@@ -79,12 +78,12 @@ class FusedKernel {
       std::size_t m = k + 1;
       while (m < steps.size() && std::count(steps[m].args.begin(), steps[m].args.end(), u.result) == 0) ++m;
       if (m == steps.size()) continue;
-      const std::size_t e = index_of(MergedBlockKernels::consumers, steps[m].op);
-      if (merged[m] || e == MergedBlockKernels::consumers.size() || steps[m].dtype != u.dtype) continue;
+      const int e = steps[m].consumer;
+      if (merged[m] || e < 0 || steps[m].dtype != u.dtype) continue;
       Step& c = steps[m];
       const auto pos = static_cast<std::size_t>(std::find(c.args.begin(), c.args.end(), u.result) - c.args.begin());
-      pairs.push_back(u.op + "+" + c.op);
-      c.kernel = u.merged->into[e][pos];
+      pairs.push_back(xgrad::detail::concat(u.op, "+", c.op));
+      c.kernel = u.merged->into[static_cast<std::size_t>(e)][pos];
       c.args.erase(c.args.begin() + static_cast<std::ptrdiff_t>(pos));
       c.args.insert(c.args.begin(), u.args[0]);
       gone[k] = merged[k] = merged[m] = true;

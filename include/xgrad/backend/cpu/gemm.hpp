@@ -18,6 +18,7 @@
 #include <immintrin.h>
 #endif
 
+#include "xgrad/backend/cpu/elementwise.hpp"
 #include "xgrad/backend/cpu/thread_pool.hpp"
 
 namespace xgrad::cpu {
@@ -480,6 +481,34 @@ template <class T> void gemm(int64_t m, int64_t n, int64_t k, T alpha, const T* 
       }
     }
   });
+}
+
+/// `count` products C_i[m x n] = A_i B_i (C packed, one matrix after another), where `plan`
+/// maps product i to its matrices of A and B (its strides count matrices: broadcast batch
+/// axes) and each operand's element (r, c) is at r * row stride + c * column stride within
+/// its matrix. `done`, when given, is told each finished range of C's elements.
+template <class T> void batched_gemm(const BroadcastPlan<2>& plan, int64_t count, int64_t m, int64_t n, int64_t k,
+                                     const T* a, int64_t a_rs, int64_t a_cs, const T* b, int64_t b_rs, int64_t b_cs,
+                                     T* c, const RangeDone* done) {
+  auto run = [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      const int64_t ia = plan.row_offset(0, i / plan.inner()) + (i % plan.inner()) * plan.inner_stride(0);
+      const int64_t ib = plan.row_offset(1, i / plan.inner()) + (i % plan.inner()) * plan.inner_stride(1);
+      // Matrix i's blocks, as element ranges of the whole output. The callback points at this
+      // frame, so std::function keeps it without the heap.
+      const GemmBlockRanges ranges{done, i * m * n, n};
+      const GemmBlockDone block_done = [r = &ranges](int64_t row, int64_t rows, int64_t col, int64_t cols) {
+        (*r)(row, rows, col, cols);
+      };
+      gemm<T>(m, n, k, T(1), a + ia * m * k, a_rs, a_cs, b + ib * k * n, b_rs, b_cs, T(0), c + i * m * n, n,
+              done ? &block_done : nullptr);
+    }
+  };
+  // Many small products: one per thread. Few large ones: gemm spreads each over the threads.
+  if (count > 1 && m * n * k < 64 * 64 * 64)
+    parallel_for(0, count, 1, run);
+  else
+    run(0, count);
 }
 
 }  // namespace xgrad::cpu

@@ -20,6 +20,7 @@ namespace xgrad::cpu {
 /// padding is implied by out_h/out_w, which the caller computes.
 struct Pool2dGeometry {
   int64_t n, c, h, w, kh, kw, stride_h, stride_w, pad_top, pad_left, out_h, out_w;
+  bool operator==(const Pool2dGeometry&) const = default;
 };
 
 namespace detail {

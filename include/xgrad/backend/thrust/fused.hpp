@@ -2,7 +2,7 @@
 // over the output's elements, each reading the group's inputs once, running every op's own
 // scalar body (Op::apply) on values held in registers, and writing the group's live outputs.
 // No intermediate buffers. Groups whose values are float, double or bool run this way; others
-// (integer arithmetic) run op by op through the eager kernels (passes::detail::run_body).
+// (integer arithmetic) run op by op through the eager kernels (backend::detail::run_body).
 #pragma once
 
 #include <cstdint>
@@ -149,22 +149,12 @@ template <class Ops> struct FusedFn {
   }
 };
 
-/// Index of the op named `name` in `Ops`, or -1.
-template <class Ops> int fused_op_index(std::string_view name) {
-  return [&]<std::size_t... I>(std::index_sequence<I...>) {
-    int found = -1;
-    (void)((std::tuple_element_t<I, Ops>::name == name && (found = static_cast<int>(I), true)) || ...);
-    return found;
-  }
-  (std::make_index_sequence<std::tuple_size_v<Ops>>{});
-}
-
 /// A group as the functor runs it, built once when the group is fused; empty (nullopt) when
-/// a value is not float, double or bool, an op is not in `Ops`, or the group is too large.
+/// a value is not float, double or bool or the group is too large.
 template <class Ops> class FusedGroup {
  public:
   struct Step {
-    std::string_view op;
+    int op;                 // the op's place in Ops; -1 for a broadcast input gathered per block
     std::vector<int> args;  // slots
     DType dtype;            // of the result
     int result;             // slot
@@ -200,8 +190,7 @@ template <class Ops> class FusedGroup {
       for (int a : step.args)
         if (a < fn.num_inputs) fn.inputs[a].read = true;
       FusedStep& s = fn.steps[fn.num_steps++];
-      s.op = static_cast<std::int8_t>(step.op == "BroadcastTo" ? -1 : fused_op_index<Ops>(step.op));
-      if (s.op < 0 && step.op != "BroadcastTo") return std::nullopt;
+      s.op = static_cast<std::int8_t>(step.op);
       // The type the body computes in: its (last) operand's; a Select's condition is bool.
       const DType operand = slot_dtype.at(static_cast<std::size_t>(step.args.back()));
       if (operand == DType::boolean && s.op >= 0) return std::nullopt;

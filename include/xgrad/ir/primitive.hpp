@@ -1,0 +1,106 @@
+// What an IR node computes: a primitive's definition with its parameters, typed. Each
+// primitive is a struct (op::Conv2D, op::Transpose, op::Add, ...) holding its name once, as
+// `static constexpr std::string_view name`, and its parameters as fields; a node holds one
+// behind ir::Primitive, so that passes ask `node.is<op::MaxPool>()` and read
+// `node.params<op::MaxPool>().geometry` instead of comparing and parsing text, and a misspelt
+// op is a compile error. The printed attributes are derived from the fields.
+//
+// A definition struct P provides:
+//   static constexpr std::string_view name;               the op's name in IR text and errors
+//   std::vector<ir::Attr> attrs() const;                  (if it has parameters) as printed
+//   bool operator==(const P&) const;                      (if it has parameters) what CSE compares
+// Slots the function transforms (jvp, vmap) will add rules to live beside these, in the same
+// struct.
+#pragma once
+
+#include <concepts>
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+namespace xgrad::ir {
+
+/// An op parameter as printed ("transpose_a", "false"): derived from the typed fields.
+struct Attr {
+  std::string name;
+  std::string value;
+  bool operator==(const Attr&) const = default;
+};
+
+/// A primitive's definition: a name, and equality-comparable parameters unless it has none.
+template <class P>
+concept PrimitiveDefinition = std::copy_constructible<P> && requires {
+  { P::name } -> std::convertible_to<std::string_view>;
+} &&(std::is_empty_v<P> || std::equality_comparable<P>);
+
+namespace detail {
+template <class P> inline constexpr char type_tag = 0;  // one address per definition type
+}  // namespace detail
+
+/// A node's primitive with its parameters, of any definition type.
+class Primitive {
+ public:
+  virtual ~Primitive() = default;
+  virtual std::string_view name() const = 0;
+  /// The parameters as printed: IR text, the JSON report, the dot graph.
+  virtual std::vector<Attr> attrs() const = 0;
+  /// The same definition with equal parameters: two nodes that compute the same thing from
+  /// the same inputs.
+  virtual bool equals(const Primitive& other) const = 0;
+  /// Equal primitives hash equally.
+  std::size_t hash() const {
+    std::size_t h = std::hash<std::string_view>{}(name());
+    for (const Attr& a : attrs()) h = h * 31 + std::hash<std::string>{}(a.value);
+    return h;
+  }
+
+  template <PrimitiveDefinition P> bool is() const { return type() == &detail::type_tag<P>; }
+  /// The typed parameters; P must be this primitive's definition (check with is<P>()).
+  template <PrimitiveDefinition P> const P& params() const;
+
+ protected:
+  virtual const void* type() const = 0;
+};
+
+template <PrimitiveDefinition P> class PrimitiveOf final : public Primitive {
+ public:
+  explicit PrimitiveOf(P params) : m_params(std::move(params)) {}
+  std::string_view name() const override { return P::name; }
+  std::vector<Attr> attrs() const override {
+    if constexpr (requires { m_params.attrs(); })
+      return m_params.attrs();
+    else
+      return {};
+  }
+  bool equals(const Primitive& other) const override {
+    if (!other.is<P>()) return false;
+    if constexpr (std::is_empty_v<P>)
+      return true;
+    else
+      return m_params == other.params<P>();
+  }
+  const P& params() const { return m_params; }
+
+ private:
+  const void* type() const override { return &detail::type_tag<P>; }
+  P m_params;
+};
+
+template <PrimitiveDefinition P> const P& Primitive::params() const {
+  if (!is<P>())
+    throw std::logic_error(std::string("xgrad internal error: a ") + std::string(name()) + " node read as " +
+                           std::string(P::name));
+  return static_cast<const PrimitiveOf<P>&>(*this).params();
+}
+
+/// A shared, immutable primitive for a node.
+template <PrimitiveDefinition P> std::shared_ptr<const Primitive> make_primitive(P params) {
+  return std::make_shared<const PrimitiveOf<P>>(std::move(params));
+}
+
+}  // namespace xgrad::ir
