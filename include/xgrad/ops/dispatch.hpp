@@ -2,6 +2,7 @@
 // Elementwise ops only describe themselves (ops/elementwise.hpp); these drivers run them.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <exception>
 #include <functional>
@@ -11,6 +12,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -155,7 +157,8 @@ template <class It> void record_range(const TensorBase& out, std::string_view op
     node->inputs.push_back({in.impl()->requires_grad() ? in.impl()->autograd : nullptr, in.shape()});
   }
   node->saved.reserve(saved.size());
-  for (const TensorBase& s : saved) node->saved.push_back(autograd::Node::Saved::of(s));
+  for (const TensorBase& s : saved)
+    if (s.defined()) node->saved.push_back(autograd::Node::Saved::of(s));
   if (reads_output) {
     node->out_storage = out.impl()->storage;
     node->out_value = out.impl()->value;
@@ -179,6 +182,76 @@ inline void record(const TensorBase& out, std::string_view op, SourceLoc loc, Te
 /// True when Op is in op::Fusible, the ops a fused group runs on Device::thrust (defined with
 /// that list, in ops/elementwise.hpp).
 template <class Op> consteval bool is_fusible();
+
+/// Runs primitive `def`, a definition with a kernel of its own (the convolutions, pooling and
+/// resize, one-hot and cross-entropy of ops/nn.hpp), on typed inputs whose shapes the caller has
+/// checked. Def provides:
+///   Shape output_shape() const;                                (or of the inputs' shapes)
+///   void check(std::span<const TensorBase> in, SourceLoc) const;  optional: checks of values,
+///                                                              made when the kernel runs
+///   void run(Device, const In*... inputs, R* out) const;        the kernel call per device
+///     (with `static constexpr bool epilogue = true`, a last `const ir::BlockDone*` argument:
+///     fusion may then run elementwise work on each finished part of the output);
+/// and, when differentiable,
+///   static constexpr std::array<bool, N> differentiable;      the inputs gradients flow to
+///   static constexpr std::array<bool, N> saved;                the inputs the rule reads
+///   autograd::Grads grad(const Tensor<R>& g, std::array<bool, N> needs, SourceLoc,
+///                        const Tensor<In>&... inputs) const;   written with xgrad ops; unsaved
+///                                                              inputs come as empty tensors
+/// Here: the device check, output allocation, eager run or trace, and the tape record.
+template <class R, class Def, class... In> Tensor<R> apply(const Def& def, SourceLoc loc, const Tensor<In>&... inputs) {
+  constexpr std::size_t n = sizeof...(In);
+  const Shape shape = [&] {
+    if constexpr (requires { def.output_shape(inputs.shape()...); })
+      return def.output_shape(inputs.shape()...);
+    else
+      return def.output_shape();
+  }();
+  auto compute = [def, shape, loc](std::span<const TensorBase> in, const TensorBase& dest, const ir::BlockDone* done) {
+    if constexpr (requires { def.check(in, loc); }) def.check(in, loc);
+    const Device device = device_of(in);
+    auto out = output<R>(dest, shape, device);
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      if constexpr (requires { Def::epilogue; })
+        def.run(device, Tensor<In>(in[I]).data()..., out.data(), done);
+      else
+        def.run(device, Tensor<In>(in[I]).data()..., out.data());
+    }
+    (std::index_sequence_for<In...>{});
+    return TensorBase(out);
+  };
+  Tensor<R> out;
+  if constexpr (requires { Def::epilogue; })
+    out = Tensor<R>(primitive_with_epilogue(def, loc, {inputs...}, dtype_of<R>(), shape, compute));
+  else
+    out = Tensor<R>(primitive(
+        def, loc, {inputs...}, dtype_of<R>(), shape,
+        [compute](std::span<const TensorBase> in, const TensorBase& dest) { return compute(in, dest, nullptr); }));
+  if constexpr (requires { Def::differentiable; }) {
+    constexpr auto each = std::index_sequence_for<In...>{};
+    const std::array<bool, n> needs = [&]<std::size_t... I>(std::index_sequence<I...>) {
+      return std::array<bool, n>{(Def::differentiable[I] && is_grad_enabled() && inputs.impl()->requires_grad())...};
+    }
+    (each);
+    if (std::find(needs.begin(), needs.end(), true) != needs.end()) {
+      // Only the inputs the rule reads stay alive with the tape.
+      const auto kept = [&]<std::size_t... I>(std::index_sequence<I...>) {
+        return std::tuple<Tensor<In>...>{(Def::saved[I] ? inputs : Tensor<In>())...};
+      }
+      (each);
+      std::apply(
+          [&](const auto&... k) {
+            record(out, Def::name, loc, {inputs...}, {k...}, false,
+                   [def, kept, needs, loc](const TensorBase&, const TensorBase& g) {
+                     return std::apply([&](const auto&... k) { return def.grad(Tensor<R>(g), needs, loc, k...); },
+                                       kept);
+                   });
+          },
+          kept);
+    }
+  }
+  return out;
+}
 
 /// Op's traits, with the block kernel fusion runs it through (and, for a unary op, the
 /// kernels merging it with a neighbour).

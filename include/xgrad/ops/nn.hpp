@@ -38,6 +38,25 @@ struct ResizeGeometry {
   bool operator==(const ResizeGeometry&) const = default;
 };
 
+namespace detail {
+
+inline void check_labels(std::string_view op, const TensorBase& labels, std::int64_t classes, SourceLoc loc) {
+  std::vector<std::int32_t> host;  // device labels are read through a copy
+  if (labels.device() != Device::cpu) host = Tensor<std::int32_t>(labels).to_vector();
+  const std::int32_t* l = host.empty() ? Tensor<std::int32_t>(labels).data() : host.data();
+  if (std::int64_t i = cpu::first_bad_label(l, labels.numel(), classes); i >= 0)
+    throw_value_error(op, loc, "label ", l[i], " at index ", i, " is outside [0, ", classes, ")");
+}
+
+/// Element k of a one-hot tensor: 1 where its class is its row's label.
+template <class T> struct OneHotElement {
+  const std::int32_t* labels;
+  std::int64_t classes;
+  XGRAD_HD T operator()(std::int64_t k) const { return labels[k / classes] == k % classes ? T(1) : T(0); }
+};
+
+}  // namespace detail
+
 namespace op {
 
 /// The parameters of the convolution, pooling and resize primitives: their geometry, of which
@@ -57,48 +76,262 @@ inline std::vector<ir::Attr> window_attrs(const ResizeGeometry& r) {
           {"align_corners", r.align_corners ? "true" : "false"}};
 }
 
-template <const char* Name, class Geometry> struct Windowed {
-  static constexpr std::string_view name = Name;
+template <class Geometry> struct Windowed {
   Geometry geometry;
   std::vector<ir::Attr> attrs() const { return window_attrs(geometry); }
   bool operator==(const Windowed&) const = default;
 };
 
-namespace names {
-inline constexpr char conv2d[] = "Conv2D", conv2d_input_grad[] = "Conv2DBackpropInput",
-                      conv2d_weight_grad[] = "Conv2DBackpropFilter", max_pool[] = "MaxPool",
-                      max_pool_grad[] = "MaxPoolGrad", max_pool_grad_grad[] = "MaxPoolGradGrad",
-                      max_pool_argmax[] = "MaxPoolArgmax", max_pool_take[] = "MaxPoolTake",
-                      max_pool_put[] = "MaxPoolPut", avg_pool[] = "AvgPool", avg_pool_grad[] = "AvgPoolGrad",
-                      resize_bilinear[] = "ResizeBilinear", resize_bilinear_grad[] = "ResizeBilinearGrad";
-}  // namespace names
+// Each primitive of the family: its output shape, its kernel (backend/kernels.hpp) and its
+// gradient rule (below the definitions: the rules run each other's primitives). Each gradient
+// is a primitive too, the pairs adjoint, so gradients of gradients work.
 
-using Conv2D = Windowed<names::conv2d, cpu::Conv2dGeometry>;
-using Conv2DBackpropInput = Windowed<names::conv2d_input_grad, cpu::Conv2dGeometry>;
-using Conv2DBackpropFilter = Windowed<names::conv2d_weight_grad, cpu::Conv2dGeometry>;
-using MaxPool = Windowed<names::max_pool, cpu::Pool2dGeometry>;
-using MaxPoolGrad = Windowed<names::max_pool_grad, cpu::Pool2dGeometry>;
-using MaxPoolGradGrad = Windowed<names::max_pool_grad_grad, cpu::Pool2dGeometry>;
-using MaxPoolArgmax = Windowed<names::max_pool_argmax, cpu::Pool2dGeometry>;
-using MaxPoolTake = Windowed<names::max_pool_take, cpu::Pool2dGeometry>;
-using MaxPoolPut = Windowed<names::max_pool_put, cpu::Pool2dGeometry>;
-using AvgPool = Windowed<names::avg_pool, cpu::Pool2dGeometry>;
-using AvgPoolGrad = Windowed<names::avg_pool_grad, cpu::Pool2dGeometry>;
-using ResizeBilinear = Windowed<names::resize_bilinear, ResizeGeometry>;
-using ResizeBilinearGrad = Windowed<names::resize_bilinear_grad, ResizeGeometry>;
+template <std::size_t N> using Needs = std::array<bool, N>;
 
+struct Conv2D : Windowed<cpu::Conv2dGeometry> {
+  static constexpr std::string_view name = "Conv2D";
+  static constexpr bool epilogue = true;
+  static constexpr Needs<2> differentiable{true, true}, saved{true, true};
+  Shape output_shape() const { return {geometry.n, geometry.c_out, geometry.out_h, geometry.out_w}; }
+  template <class T> void run(Device d, const T* x, const T* w, T* y, const ir::BlockDone* done) const {
+    kernels::conv2d_forward(d, geometry, x, w, y, done);
+  }
+  template <class T>
+  autograd::Grads grad(const Tensor<T>& g, Needs<2> needs, SourceLoc loc, const Tensor<T>& x, const Tensor<T>& w) const;
+};
+/// Conv2D's gradient with respect to its input.
+struct Conv2DBackpropInput : Windowed<cpu::Conv2dGeometry> {
+  static constexpr std::string_view name = "Conv2DBackpropInput";
+  static constexpr Needs<2> differentiable{true, true}, saved{true, true};
+  Shape output_shape() const { return {geometry.n, geometry.c_in, geometry.h, geometry.w}; }
+  template <class T> void run(Device d, const T* gy, const T* w, T* gx) const {
+    kernels::conv2d_backward_input(d, geometry, gy, w, gx);
+  }
+  template <class T> autograd::Grads grad(const Tensor<T>& u, Needs<2> needs, SourceLoc loc, const Tensor<T>& gy,
+                                          const Tensor<T>& w) const;
+};
+/// Conv2D's gradient with respect to its weights.
+struct Conv2DBackpropFilter : Windowed<cpu::Conv2dGeometry> {
+  static constexpr std::string_view name = "Conv2DBackpropFilter";
+  static constexpr Needs<2> differentiable{true, true}, saved{true, true};
+  Shape output_shape() const { return {geometry.c_out, geometry.c_in, geometry.kh, geometry.kw}; }
+  template <class T> void run(Device d, const T* x, const T* gy, T* gw) const {
+    kernels::conv2d_backward_weight(d, geometry, x, gy, gw);
+  }
+  template <class T> autograd::Grads grad(const Tensor<T>& v, Needs<2> needs, SourceLoc loc, const Tensor<T>& x,
+                                          const Tensor<T>& gy) const;
+};
+
+struct MaxPool : Windowed<cpu::Pool2dGeometry> {
+  static constexpr std::string_view name = "MaxPool";
+  static constexpr Needs<1> differentiable{true}, saved{true};
+  Shape output_shape() const { return {geometry.n, geometry.c, geometry.out_h, geometry.out_w}; }
+  template <class T> void run(Device d, const T* x, T* y) const { kernels::max_pool2d_forward(d, geometry, x, y); }
+  template <class T> autograd::Grads grad(const Tensor<T>& g, Needs<1>, SourceLoc loc, const Tensor<T>& x) const;
+};
+/// MaxPool's gradient: gy routed to the argmax of each window of x.
+struct MaxPoolGrad : Windowed<cpu::Pool2dGeometry> {
+  static constexpr std::string_view name = "MaxPoolGrad";
+  static constexpr Needs<2> differentiable{false, true}, saved{true, false};
+  Shape output_shape() const { return {geometry.n, geometry.c, geometry.h, geometry.w}; }
+  template <class T> void run(Device d, const T* x, const T* gy, T* gx) const {
+    kernels::max_pool2d_scatter(d, geometry, x, gy, gx);
+  }
+  template <class T>
+  autograd::Grads grad(const Tensor<T>& u, Needs<2>, SourceLoc loc, const Tensor<T>& x, const Tensor<T>&) const;
+};
+/// v read at the argmax of each window of x: MaxPoolGrad's adjoint.
+struct MaxPoolGradGrad : Windowed<cpu::Pool2dGeometry> {
+  static constexpr std::string_view name = "MaxPoolGradGrad";
+  static constexpr Needs<2> differentiable{false, true}, saved{true, false};
+  Shape output_shape() const { return {geometry.n, geometry.c, geometry.out_h, geometry.out_w}; }
+  template <class T> void run(Device d, const T* x, const T* v, T* out) const {
+    kernels::max_pool2d_select(d, geometry, x, v, out);
+  }
+  template <class T>
+  autograd::Grads grad(const Tensor<T>& u, Needs<2>, SourceLoc loc, const Tensor<T>& x, const Tensor<T>&) const;
+};
+/// The plane offset of each window's first maximum (int32, -1 for an empty window): the argmax
+/// max pooling's forward and backward share in a compiled graph, where a pass rewrites them to
+/// MaxPoolTake and MaxPoolPut (passes/simplify.hpp). An index: no gradient.
+struct MaxPoolArgmax : Windowed<cpu::Pool2dGeometry> {
+  static constexpr std::string_view name = "MaxPoolArgmax";
+  Shape output_shape() const { return {geometry.n, geometry.c, geometry.out_h, geometry.out_w}; }
+  template <class T> void run(Device d, const T* x, std::int32_t* idx) const {
+    kernels::max_pool2d_argmax(d, geometry, x, idx);
+  }
+};
+/// out[o] = v at window o's argmax idx[o]: max pooling is MaxPoolTake(x, MaxPoolArgmax(x)).
+struct MaxPoolTake : Windowed<cpu::Pool2dGeometry> {
+  static constexpr std::string_view name = "MaxPoolTake";
+  static constexpr Needs<2> differentiable{true, false}, saved{false, true};
+  Shape output_shape() const { return {geometry.n, geometry.c, geometry.out_h, geometry.out_w}; }
+  template <class T> void run(Device d, const T* v, const std::int32_t* idx, T* out) const {
+    kernels::max_pool2d_take(d, geometry, idx, v, out);
+  }
+  template <class T> autograd::Grads grad(const Tensor<T>& u, Needs<2>, SourceLoc loc, const Tensor<T>&,
+                                          const Tensor<std::int32_t>& idx) const;
+};
+/// gx = each gy[o] added at its window's argmax idx[o], zeros elsewhere: max pooling's gradient
+/// with the argmax given, and MaxPoolTake's adjoint.
+struct MaxPoolPut : Windowed<cpu::Pool2dGeometry> {
+  static constexpr std::string_view name = "MaxPoolPut";
+  static constexpr Needs<2> differentiable{false, true}, saved{true, false};
+  Shape output_shape() const { return {geometry.n, geometry.c, geometry.h, geometry.w}; }
+  template <class T> void run(Device d, const std::int32_t* idx, const T* gy, T* gx) const {
+    kernels::max_pool2d_put(d, geometry, idx, gy, gx);
+  }
+  template <class T> autograd::Grads grad(const Tensor<T>& u, Needs<2>, SourceLoc loc, const Tensor<std::int32_t>& idx,
+                                          const Tensor<T>&) const;
+};
+
+/// Mean over each window (padding excluded from the count).
+struct AvgPool : Windowed<cpu::Pool2dGeometry> {
+  static constexpr std::string_view name = "AvgPool";
+  static constexpr Needs<1> differentiable{true}, saved{false};
+  Shape output_shape() const { return {geometry.n, geometry.c, geometry.out_h, geometry.out_w}; }
+  template <class T> void run(Device d, const T* x, T* y) const { kernels::avg_pool2d_forward(d, geometry, x, y); }
+  template <class T> autograd::Grads grad(const Tensor<T>& g, Needs<1>, SourceLoc loc, const Tensor<T>&) const;
+};
+/// gy spread evenly over each window: AvgPool's gradient and adjoint.
+struct AvgPoolGrad : Windowed<cpu::Pool2dGeometry> {
+  static constexpr std::string_view name = "AvgPoolGrad";
+  static constexpr Needs<1> differentiable{true}, saved{false};
+  Shape output_shape() const { return {geometry.n, geometry.c, geometry.h, geometry.w}; }
+  template <class T> void run(Device d, const T* gy, T* gx) const { kernels::avg_pool2d_backward(d, geometry, gy, gx); }
+  template <class T> autograd::Grads grad(const Tensor<T>& u, Needs<1>, SourceLoc loc, const Tensor<T>&) const;
+};
+
+struct ResizeBilinear : Windowed<ResizeGeometry> {
+  static constexpr std::string_view name = "ResizeBilinear";
+  static constexpr Needs<1> differentiable{true}, saved{false};
+  Shape output_shape() const { return {geometry.n, geometry.c, geometry.out_h, geometry.out_w}; }
+  template <class T> void run(Device d, const T* x, T* y) const {
+    const ResizeGeometry& r = geometry;
+    kernels::resize_bilinear_forward(d, r.n, r.c, r.h, r.w, r.out_h, r.out_w, r.align_corners, x, y);
+  }
+  template <class T> autograd::Grads grad(const Tensor<T>& g, Needs<1>, SourceLoc loc, const Tensor<T>&) const;
+};
+/// ResizeBilinear's gradient and adjoint.
+struct ResizeBilinearGrad : Windowed<ResizeGeometry> {
+  static constexpr std::string_view name = "ResizeBilinearGrad";
+  static constexpr Needs<1> differentiable{true}, saved{false};
+  Shape output_shape() const { return {geometry.n, geometry.c, geometry.h, geometry.w}; }
+  template <class T> void run(Device d, const T* gy, T* gx) const {
+    const ResizeGeometry& r = geometry;
+    kernels::resize_bilinear_backward(d, r.n, r.c, r.h, r.w, r.out_h, r.out_w, r.align_corners, gy, gx);
+  }
+  template <class T> autograd::Grads grad(const Tensor<T>& u, Needs<1>, SourceLoc loc, const Tensor<T>&) const;
+};
+
+// Each convolution gradient costs a convolution: only those an input needs are computed.
+template <class T> autograd::Grads Conv2D::grad(const Tensor<T>& g, Needs<2> needs, SourceLoc loc, const Tensor<T>& x,
+                                                const Tensor<T>& w) const {
+  return {needs[0] ? detail::apply<T>(Conv2DBackpropInput{geometry}, loc, g, w) : Tensor<T>(),
+          needs[1] ? detail::apply<T>(Conv2DBackpropFilter{geometry}, loc, x, g) : Tensor<T>()};
+}
+template <class T> autograd::Grads Conv2DBackpropInput::grad(const Tensor<T>& u, Needs<2> needs, SourceLoc loc,
+                                                             const Tensor<T>& gy, const Tensor<T>& w) const {
+  return {needs[0] ? detail::apply<T>(Conv2D{geometry}, loc, u, w) : Tensor<T>(),
+          needs[1] ? detail::apply<T>(Conv2DBackpropFilter{geometry}, loc, u, gy) : Tensor<T>()};
+}
+template <class T> autograd::Grads Conv2DBackpropFilter::grad(const Tensor<T>& v, Needs<2> needs, SourceLoc loc,
+                                                              const Tensor<T>& x, const Tensor<T>& gy) const {
+  return {needs[0] ? detail::apply<T>(Conv2DBackpropInput{geometry}, loc, gy, v) : Tensor<T>(),
+          needs[1] ? detail::apply<T>(Conv2D{geometry}, loc, x, v) : Tensor<T>()};
+}
+template <class T>
+autograd::Grads MaxPool::grad(const Tensor<T>& g, Needs<1>, SourceLoc loc, const Tensor<T>& x) const {
+  return {detail::apply<T>(MaxPoolGrad{geometry}, loc, x, g)};
+}
+template <class T> autograd::Grads MaxPoolGrad::grad(const Tensor<T>& u, Needs<2>, SourceLoc loc, const Tensor<T>& x,
+                                                     const Tensor<T>&) const {
+  return {TensorBase(), detail::apply<T>(MaxPoolGradGrad{geometry}, loc, x, u)};
+}
+template <class T> autograd::Grads MaxPoolGradGrad::grad(const Tensor<T>& u, Needs<2>, SourceLoc loc,
+                                                         const Tensor<T>& x, const Tensor<T>&) const {
+  return {TensorBase(), detail::apply<T>(MaxPoolGrad{geometry}, loc, x, u)};
+}
+template <class T> autograd::Grads MaxPoolTake::grad(const Tensor<T>& u, Needs<2>, SourceLoc loc, const Tensor<T>&,
+                                                     const Tensor<std::int32_t>& idx) const {
+  return {detail::apply<T>(MaxPoolPut{geometry}, loc, idx, u), TensorBase()};
+}
+template <class T> autograd::Grads MaxPoolPut::grad(const Tensor<T>& u, Needs<2>, SourceLoc loc,
+                                                    const Tensor<std::int32_t>& idx, const Tensor<T>&) const {
+  return {TensorBase(), detail::apply<T>(MaxPoolTake{geometry}, loc, u, idx)};
+}
+template <class T> autograd::Grads AvgPool::grad(const Tensor<T>& g, Needs<1>, SourceLoc loc, const Tensor<T>&) const {
+  return {detail::apply<T>(AvgPoolGrad{geometry}, loc, g)};
+}
+template <class T>
+autograd::Grads AvgPoolGrad::grad(const Tensor<T>& u, Needs<1>, SourceLoc loc, const Tensor<T>&) const {
+  return {detail::apply<T>(AvgPool{geometry}, loc, u)};
+}
+template <class T>
+autograd::Grads ResizeBilinear::grad(const Tensor<T>& g, Needs<1>, SourceLoc loc, const Tensor<T>&) const {
+  return {detail::apply<T>(ResizeBilinearGrad{geometry}, loc, g)};
+}
+template <class T>
+autograd::Grads ResizeBilinearGrad::grad(const Tensor<T>& u, Needs<1>, SourceLoc loc, const Tensor<T>&) const {
+  return {detail::apply<T>(ResizeBilinear{geometry}, loc, u)};
+}
+
+/// [labels..., depth] with 1 at each label. Labels are checked when the op runs: under jit
+/// their values are known only then. An index: no gradient.
 struct OneHot {
   static constexpr std::string_view name = "OneHot";
   std::int64_t depth = 0;
+  std::int64_t count = 0;  // labels
   std::vector<ir::Attr> attrs() const { return {{"depth", std::to_string(depth)}}; }
   bool operator==(const OneHot&) const = default;
+  Shape output_shape(const Shape& labels) const {
+    Shape out = labels;
+    out.push_back(depth);
+    return out;
+  }
+  void check(std::span<const TensorBase> in, SourceLoc loc) const { detail::check_labels(name, in[0], depth, loc); }
+  template <class T> void run(Device d, const std::int32_t* labels, T* out) const {
+    kernels::tabulate(d, out, count * depth, detail::OneHotElement<T>{labels, depth});
+  }
 };
+
+/// Per-sample losses [rows] of logits [rows, classes] against int32 labels [rows]: one op, whose
+/// gradient is one op.
 struct SoftmaxCrossEntropy {
   static constexpr std::string_view name = "SoftmaxCrossEntropy";
+  static constexpr Needs<2> differentiable{true, false}, saved{true, true};
+  std::int64_t rows = 0, classes = 0;
+  bool operator==(const SoftmaxCrossEntropy&) const = default;
+  Shape output_shape() const { return {rows}; }
+  void check(std::span<const TensorBase> in, SourceLoc loc) const {
+    detail::check_labels("SoftmaxCrossEntropyWithLogits", in[1], classes, loc);
+  }
+  template <class T> void run(Device d, const T* logits, const std::int32_t* labels, T* loss) const {
+    kernels::softmax_xent_forward(d, logits, labels, rows, classes, loss);
+  }
+  template <class T> autograd::Grads grad(const Tensor<T>& g, Needs<2>, SourceLoc loc, const Tensor<T>& logits,
+                                          const Tensor<std::int32_t>& labels) const;
 };
+/// g[:, None] * (softmax(logits) - one_hot(labels)): SoftmaxCrossEntropy's gradient with respect
+/// to the logits.
 struct SoftmaxCrossEntropyGrad {
   static constexpr std::string_view name = "SoftmaxCrossEntropyGrad";
+  static constexpr Needs<3> differentiable{true, false, true}, saved{true, true, true};
+  std::int64_t rows = 0, classes = 0;
+  bool operator==(const SoftmaxCrossEntropyGrad&) const = default;
+  Shape output_shape() const { return {rows, classes}; }
+  void check(std::span<const TensorBase> in, SourceLoc loc) const { detail::check_labels(name, in[1], classes, loc); }
+  template <class T> void run(Device d, const T* logits, const std::int32_t* labels, const T* g, T* grad) const {
+    kernels::softmax_xent_backward(d, logits, labels, g, rows, classes, grad);
+  }
+  template <class T> autograd::Grads grad(const Tensor<T>& u, Needs<3>, SourceLoc loc, const Tensor<T>& logits,
+                                          const Tensor<std::int32_t>& labels, const Tensor<T>& g) const;
 };
+template <class T> autograd::Grads SoftmaxCrossEntropy::grad(const Tensor<T>& g, Needs<2>, SourceLoc loc,
+                                                             const Tensor<T>& logits,
+                                                             const Tensor<std::int32_t>& labels) const {
+  return {detail::apply<T>(SoftmaxCrossEntropyGrad{rows, classes}, loc, logits, labels, g), TensorBase()};
+}
 
 }  // namespace op
 
@@ -144,79 +377,6 @@ inline AxisWindow window_axis(std::string_view op, std::int64_t in, std::int64_t
   return w;
 }
 
-template <FloatingPoint T>
-Tensor<T> conv2d_input_grad(const Tensor<T>& g, const Tensor<T>& w, const cpu::Conv2dGeometry& geo, SourceLoc loc);
-template <FloatingPoint T>
-Tensor<T> conv2d_weight_grad(const Tensor<T>& x, const Tensor<T>& g, const cpu::Conv2dGeometry& geo, SourceLoc loc);
-
-/// conv2d on a worked-out geometry; its gradients are the two ops below.
-template <FloatingPoint T>
-Tensor<T> conv2d_apply(const Tensor<T>& x, const Tensor<T>& w, const cpu::Conv2dGeometry& geo, SourceLoc loc) {
-  Tensor<T> y(primitive_with_epilogue(
-      op::Conv2D{geo}, loc, {x, w}, dtype_of<T>(), Shape{geo.n, geo.c_out, geo.out_h, geo.out_w},
-      [geo](std::span<const TensorBase> in, const TensorBase& dest, const ir::BlockDone* done) {
-        const Device device = device_of(in);
-        auto out = detail::output<T>(dest, Shape{geo.n, geo.c_out, geo.out_h, geo.out_w}, device);
-        kernels::conv2d_forward(device, geo, Tensor<T>(in[0]).data(), Tensor<T>(in[1]).data(), out.data(), done);
-        return TensorBase(out);
-      }));
-  if (should_record(x, w)) {
-    // Each gradient costs a convolution: compute only those an input needs.
-    const bool need_x = x.requires_grad(), need_w = w.requires_grad();
-    record(y, op::Conv2D::name, loc, {x, w}, {x, w}, false,
-           [x, w, geo, loc, need_x, need_w](const TensorBase&, const TensorBase& g) {
-             Tensor<T> gy(g);
-             return autograd::Grads{need_x ? conv2d_input_grad(gy, w, geo, loc) : Tensor<T>(),
-                                    need_w ? conv2d_weight_grad(x, gy, geo, loc) : Tensor<T>()};
-           });
-  }
-  return y;
-}
-
-template <FloatingPoint T>
-Tensor<T> conv2d_input_grad(const Tensor<T>& g, const Tensor<T>& w, const cpu::Conv2dGeometry& geo, SourceLoc loc) {
-  Tensor<T> gx(primitive(op::Conv2DBackpropInput{geo}, loc, {g, w}, dtype_of<T>(), Shape{geo.n, geo.c_in, geo.h, geo.w},
-                         [geo](std::span<const TensorBase> in, const TensorBase& dest) {
-                           const Device device = device_of(in);
-                           auto out = detail::output<T>(dest, Shape{geo.n, geo.c_in, geo.h, geo.w}, device);
-                           kernels::conv2d_backward_input(device, geo, Tensor<T>(in[0]).data(), Tensor<T>(in[1]).data(),
-                                                          out.data());
-                           return TensorBase(out);
-                         }));
-  if (should_record(g, w)) {
-    const bool need_g = g.requires_grad(), need_w = w.requires_grad();
-    record(gx, op::Conv2DBackpropInput::name, loc, {g, w}, {g, w}, false,
-           [g, w, geo, loc, need_g, need_w](const TensorBase&, const TensorBase& u) {
-             Tensor<T> up(u);
-             return autograd::Grads{need_g ? conv2d_apply(up, w, geo, loc) : Tensor<T>(),
-                                    need_w ? conv2d_weight_grad(up, g, geo, loc) : Tensor<T>()};
-           });
-  }
-  return gx;
-}
-
-template <FloatingPoint T>
-Tensor<T> conv2d_weight_grad(const Tensor<T>& x, const Tensor<T>& g, const cpu::Conv2dGeometry& geo, SourceLoc loc) {
-  Tensor<T> gw(primitive(
-      op::Conv2DBackpropFilter{geo}, loc, {x, g}, dtype_of<T>(), Shape{geo.c_out, geo.c_in, geo.kh, geo.kw},
-      [geo](std::span<const TensorBase> in, const TensorBase& dest) {
-        const Device device = device_of(in);
-        auto out = detail::output<T>(dest, Shape{geo.c_out, geo.c_in, geo.kh, geo.kw}, device);
-        kernels::conv2d_backward_weight(device, geo, Tensor<T>(in[0]).data(), Tensor<T>(in[1]).data(), out.data());
-        return TensorBase(out);
-      }));
-  if (should_record(x, g)) {
-    const bool need_x = x.requires_grad(), need_g = g.requires_grad();
-    record(gw, op::Conv2DBackpropFilter::name, loc, {x, g}, {x, g}, false,
-           [x, g, geo, loc, need_x, need_g](const TensorBase&, const TensorBase& v) {
-             Tensor<T> up(v);
-             return autograd::Grads{need_x ? conv2d_input_grad(g, up, geo, loc) : Tensor<T>(),
-                                    need_g ? conv2d_apply(x, up, geo, loc) : Tensor<T>()};
-           });
-  }
-  return gw;
-}
-
 }  // namespace detail
 
 /// 2-D convolution of x [N, C_in, H, W] with w [C_out, C_in, KH, KW] (im2col + GEMM).
@@ -256,7 +416,7 @@ template <FloatingPoint T> Tensor<T> conv2d(const Tensor<T>& x, const Tensor<T>&
                           options.dilation,
                           rows.out,
                           cols.out};
-  return detail::conv2d_apply(x, w, geo, loc);
+  return detail::apply<T>(op::Conv2D{geo}, loc, x, w);
 }
 
 namespace detail {
@@ -277,141 +437,18 @@ inline cpu::Pool2dGeometry pool_geometry(std::string_view op, const TensorBase& 
   return {s[0], s[1], s[2], s[3], kernel, kernel, stride, stride, rows.pad_before, cols.pad_before, rows.out, cols.out};
 }
 
-template <FloatingPoint T>
-Tensor<T> max_pool_select(const Tensor<T>& x, const Tensor<T>& v, const cpu::Pool2dGeometry& geo, SourceLoc loc);
-
-/// Routes gy to the argmax of each window of x: max_pool2d's gradient.
-template <FloatingPoint T>
-Tensor<T> max_pool_scatter(const Tensor<T>& x, const Tensor<T>& gy, const cpu::Pool2dGeometry& geo, SourceLoc loc) {
-  Tensor<T> gx(primitive(op::MaxPoolGrad{geo}, loc, {x, gy}, dtype_of<T>(), Shape{geo.n, geo.c, geo.h, geo.w},
-                         [geo](std::span<const TensorBase> in, const TensorBase& dest) {
-                           const Device device = device_of(in);
-                           auto out = detail::output<T>(dest, Shape{geo.n, geo.c, geo.h, geo.w}, device);
-                           kernels::max_pool2d_scatter(device, geo, Tensor<T>(in[0]).data(), Tensor<T>(in[1]).data(),
-                                                       out.data());
-                           return TensorBase(out);
-                         }));
-  if (should_record(gy)) {
-    record(gx, op::MaxPoolGrad::name, loc, {x, gy}, {x}, false, [x, geo, loc](const TensorBase&, const TensorBase& u) {
-      return autograd::Grads{TensorBase(), max_pool_select(x, Tensor<T>(u), geo, loc)};
-    });
-  }
-  return gx;
-}
-
-/// Reads v at the argmax of each window of x: the adjoint of max_pool_scatter.
-template <FloatingPoint T>
-Tensor<T> max_pool_select(const Tensor<T>& x, const Tensor<T>& v, const cpu::Pool2dGeometry& geo, SourceLoc loc) {
-  Tensor<T> out(
-      primitive(op::MaxPoolGradGrad{geo}, loc, {x, v}, dtype_of<T>(), Shape{geo.n, geo.c, geo.out_h, geo.out_w},
-                [geo](std::span<const TensorBase> in, const TensorBase& dest) {
-                  const Device device = device_of(in);
-                  auto out = detail::output<T>(dest, Shape{geo.n, geo.c, geo.out_h, geo.out_w}, device);
-                  kernels::max_pool2d_select(device, geo, Tensor<T>(in[0]).data(), Tensor<T>(in[1]).data(), out.data());
-                  return TensorBase(out);
-                }));
-  if (should_record(v)) {
-    record(out, op::MaxPoolGradGrad::name, loc, {x, v}, {x}, false,
-           [x, geo, loc](const TensorBase&, const TensorBase& u) {
-             return autograd::Grads{TensorBase(), max_pool_scatter(x, Tensor<T>(u), geo, loc)};
-           });
-  }
-  return out;
-}
-
-/// The plane offset of each window's first maximum in x (int32, -1 for an empty window): the
-/// argmax max pooling's forward and backward share in a compiled graph, where a pass rewrites
-/// them to max_pool_take and max_pool_put (passes/simplify.hpp). An index: no gradient.
+/// The argmax form of max pooling that a pass rewrites MaxPool and MaxPoolGrad into (op::MaxPoolArgmax).
 template <FloatingPoint T>
 Tensor<std::int32_t> max_pool_argmax(const Tensor<T>& x, const cpu::Pool2dGeometry& geo, SourceLoc loc) {
-  return Tensor<std::int32_t>(
-      primitive(op::MaxPoolArgmax{geo}, loc, {x}, DType::int32, Shape{geo.n, geo.c, geo.out_h, geo.out_w},
-                [geo](std::span<const TensorBase> in, const TensorBase& dest) {
-                  const Device device = device_of(in);
-                  auto out = detail::output<std::int32_t>(dest, Shape{geo.n, geo.c, geo.out_h, geo.out_w}, device);
-                  kernels::max_pool2d_argmax(device, geo, Tensor<T>(in[0]).data(), out.data());
-                  return TensorBase(out);
-                }));
+  return apply<std::int32_t>(op::MaxPoolArgmax{geo}, loc, x);
 }
-
-template <FloatingPoint T> Tensor<T> max_pool_put(const Tensor<std::int32_t>& idx, const Tensor<T>& gy,
-                                                  const cpu::Pool2dGeometry& geo, SourceLoc loc);
-
-/// out[o] = v at window o's argmax idx[o]: max pooling is max_pool_take(x, max_pool_argmax(x)).
 template <FloatingPoint T> Tensor<T> max_pool_take(const Tensor<T>& v, const Tensor<std::int32_t>& idx,
                                                    const cpu::Pool2dGeometry& geo, SourceLoc loc) {
-  Tensor<T> out(primitive(op::MaxPoolTake{geo}, loc, {v, idx}, dtype_of<T>(), Shape{geo.n, geo.c, geo.out_h, geo.out_w},
-                          [geo](std::span<const TensorBase> in, const TensorBase& dest) {
-                            const Device device = device_of(in);
-                            auto out = detail::output<T>(dest, Shape{geo.n, geo.c, geo.out_h, geo.out_w}, device);
-                            kernels::max_pool2d_take(device, geo, Tensor<std::int32_t>(in[1]).data(),
-                                                     Tensor<T>(in[0]).data(), out.data());
-                            return TensorBase(out);
-                          }));
-  if (should_record(v)) {
-    record(out, op::MaxPoolTake::name, loc, {v, idx}, {idx}, false,
-           [idx, geo, loc](const TensorBase&, const TensorBase& u) {
-             return autograd::Grads{max_pool_put(idx, Tensor<T>(u), geo, loc), TensorBase()};
-           });
-  }
-  return out;
+  return apply<T>(op::MaxPoolTake{geo}, loc, v, idx);
 }
-
-/// gx = each gy[o] added at its window's argmax idx[o], zeros elsewhere: max pooling's gradient
-/// with the argmax given, and the adjoint of max_pool_take.
 template <FloatingPoint T> Tensor<T> max_pool_put(const Tensor<std::int32_t>& idx, const Tensor<T>& gy,
                                                   const cpu::Pool2dGeometry& geo, SourceLoc loc) {
-  Tensor<T> gx(primitive(op::MaxPoolPut{geo}, loc, {idx, gy}, dtype_of<T>(), Shape{geo.n, geo.c, geo.h, geo.w},
-                         [geo](std::span<const TensorBase> in, const TensorBase& dest) {
-                           const Device device = device_of(in);
-                           auto out = detail::output<T>(dest, Shape{geo.n, geo.c, geo.h, geo.w}, device);
-                           kernels::max_pool2d_put(device, geo, Tensor<std::int32_t>(in[0]).data(),
-                                                   Tensor<T>(in[1]).data(), out.data());
-                           return TensorBase(out);
-                         }));
-  if (should_record(gy)) {
-    record(gx, op::MaxPoolPut::name, loc, {idx, gy}, {idx}, false,
-           [idx, geo, loc](const TensorBase&, const TensorBase& u) {
-             return autograd::Grads{TensorBase(), max_pool_take(Tensor<T>(u), idx, geo, loc)};
-           });
-  }
-  return gx;
-}
-
-template <FloatingPoint T> Tensor<T> avg_pool_apply(const Tensor<T>& x, const cpu::Pool2dGeometry& geo, SourceLoc loc);
-
-/// Spreads gy evenly over each window: avg_pool2d's gradient (and adjoint).
-template <FloatingPoint T>
-Tensor<T> avg_pool_spread(const Tensor<T>& gy, const cpu::Pool2dGeometry& geo, SourceLoc loc) {
-  Tensor<T> gx(primitive(op::AvgPoolGrad{geo}, loc, {gy}, dtype_of<T>(), Shape{geo.n, geo.c, geo.h, geo.w},
-                         [geo](std::span<const TensorBase> in, const TensorBase& dest) {
-                           const Device device = device_of(in);
-                           auto out = detail::output<T>(dest, Shape{geo.n, geo.c, geo.h, geo.w}, device);
-                           kernels::avg_pool2d_backward(device, geo, Tensor<T>(in[0]).data(), out.data());
-                           return TensorBase(out);
-                         }));
-  if (should_record(gy)) {
-    record(gx, op::AvgPoolGrad::name, loc, {gy}, {}, false, [geo, loc](const TensorBase&, const TensorBase& u) {
-      return autograd::Grads{avg_pool_apply(Tensor<T>(u), geo, loc)};
-    });
-  }
-  return gx;
-}
-
-template <FloatingPoint T> Tensor<T> avg_pool_apply(const Tensor<T>& x, const cpu::Pool2dGeometry& geo, SourceLoc loc) {
-  Tensor<T> y(primitive(op::AvgPool{geo}, loc, {x}, dtype_of<T>(), Shape{geo.n, geo.c, geo.out_h, geo.out_w},
-                        [geo](std::span<const TensorBase> in, const TensorBase& dest) {
-                          const Device device = device_of(in);
-                          auto out = detail::output<T>(dest, Shape{geo.n, geo.c, geo.out_h, geo.out_w}, device);
-                          kernels::avg_pool2d_forward(device, geo, Tensor<T>(in[0]).data(), out.data());
-                          return TensorBase(out);
-                        }));
-  if (should_record(x)) {
-    record(y, op::AvgPool::name, loc, {x}, {}, false, [geo, loc](const TensorBase&, const TensorBase& g) {
-      return autograd::Grads{avg_pool_spread(Tensor<T>(g), geo, loc)};
-    });
-  }
-  return y;
+  return apply<T>(op::MaxPoolPut{geo}, loc, idx, gy);
 }
 
 }  // namespace detail
@@ -421,20 +458,8 @@ template <FloatingPoint T> Tensor<T> max_pool2d(const Tensor<T>& x, std::int64_t
                                                 PadMode pad_mode = PadMode::valid,
                                                 SourceLoc loc = SourceLoc::current()) {
   detail::OpScope scope(op::MaxPool::name, loc, {x});
-  auto geo = detail::pool_geometry(op::MaxPool::name, x, kernel, stride, pad_mode, loc);
-  Tensor<T> y(detail::primitive(op::MaxPool{geo}, loc, {x}, dtype_of<T>(), Shape{geo.n, geo.c, geo.out_h, geo.out_w},
-                                [geo](std::span<const TensorBase> in, const TensorBase& dest) {
-                                  const Device device = detail::device_of(in);
-                                  auto out = detail::output<T>(dest, Shape{geo.n, geo.c, geo.out_h, geo.out_w}, device);
-                                  kernels::max_pool2d_forward(device, geo, Tensor<T>(in[0]).data(), out.data());
-                                  return TensorBase(out);
-                                }));
-  if (detail::should_record(x)) {
-    detail::record(y, op::MaxPool::name, loc, {x}, {x}, false, [x, geo, loc](const TensorBase&, const TensorBase& g) {
-      return autograd::Grads{detail::max_pool_scatter(x, Tensor<T>(g), geo, loc)};
-    });
-  }
-  return y;
+  return detail::apply<T>(op::MaxPool{detail::pool_geometry(op::MaxPool::name, x, kernel, stride, pad_mode, loc)}, loc,
+                          x);
 }
 template <FloatingPoint T>
 Tensor<T> max_pool2d(const Tensor<T>& x, std::int64_t kernel, SourceLoc loc = SourceLoc::current()) {
@@ -446,50 +471,13 @@ template <FloatingPoint T> Tensor<T> avg_pool2d(const Tensor<T>& x, std::int64_t
                                                 PadMode pad_mode = PadMode::valid,
                                                 SourceLoc loc = SourceLoc::current()) {
   detail::OpScope scope(op::AvgPool::name, loc, {x});
-  return detail::avg_pool_apply(x, detail::pool_geometry(op::AvgPool::name, x, kernel, stride, pad_mode, loc), loc);
+  return detail::apply<T>(op::AvgPool{detail::pool_geometry(op::AvgPool::name, x, kernel, stride, pad_mode, loc)}, loc,
+                          x);
 }
 template <FloatingPoint T>
 Tensor<T> avg_pool2d(const Tensor<T>& x, std::int64_t kernel, SourceLoc loc = SourceLoc::current()) {
   return avg_pool2d(x, kernel, kernel, PadMode::valid, loc);
 }
-
-namespace detail {
-
-template <FloatingPoint T> Tensor<T> resize_apply(const Tensor<T>& x, const ResizeGeometry& r, SourceLoc loc);
-
-template <FloatingPoint T> Tensor<T> resize_adjoint(const Tensor<T>& gy, const ResizeGeometry& r, SourceLoc loc) {
-  Tensor<T> gx(primitive(op::ResizeBilinearGrad{r}, loc, {gy}, dtype_of<T>(), Shape{r.n, r.c, r.h, r.w},
-                         [r](std::span<const TensorBase> in, const TensorBase& dest) {
-                           auto out = detail::output<T>(dest, Shape{r.n, r.c, r.h, r.w}, in[0].device());
-                           kernels::resize_bilinear_backward(out.device(), r.n, r.c, r.h, r.w, r.out_h, r.out_w,
-                                                             r.align_corners, Tensor<T>(in[0]).data(), out.data());
-                           return TensorBase(out);
-                         }));
-  if (should_record(gy)) {
-    record(gx, op::ResizeBilinearGrad::name, loc, {gy}, {}, false, [r, loc](const TensorBase&, const TensorBase& u) {
-      return autograd::Grads{resize_apply(Tensor<T>(u), r, loc)};
-    });
-  }
-  return gx;
-}
-
-template <FloatingPoint T> Tensor<T> resize_apply(const Tensor<T>& x, const ResizeGeometry& r, SourceLoc loc) {
-  Tensor<T> y(primitive(op::ResizeBilinear{r}, loc, {x}, dtype_of<T>(), Shape{r.n, r.c, r.out_h, r.out_w},
-                        [r](std::span<const TensorBase> in, const TensorBase& dest) {
-                          auto out = detail::output<T>(dest, Shape{r.n, r.c, r.out_h, r.out_w}, in[0].device());
-                          kernels::resize_bilinear_forward(out.device(), r.n, r.c, r.h, r.w, r.out_h, r.out_w,
-                                                           r.align_corners, Tensor<T>(in[0]).data(), out.data());
-                          return TensorBase(out);
-                        }));
-  if (should_record(x)) {
-    record(y, op::ResizeBilinear::name, loc, {x}, {}, false, [r, loc](const TensorBase&, const TensorBase& g) {
-      return autograd::Grads{resize_adjoint(Tensor<T>(g), r, loc)};
-    });
-  }
-  return y;
-}
-
-}  // namespace detail
 
 /// Bilinear resize of x [N, C, H, W] to [N, C, out_h, out_w].
 template <FloatingPoint T> Tensor<T> resize_bilinear(const Tensor<T>& x, std::int64_t out_h, std::int64_t out_w,
@@ -502,7 +490,7 @@ template <FloatingPoint T> Tensor<T> resize_bilinear(const Tensor<T>& x, std::in
     throw_value_error(op::ResizeBilinear::name, loc, "output size ", out_h, "x", out_w, " must be positive");
   const Shape& s = x.shape();
   if (s[2] < 1 || s[3] < 1) throw_shape_error(op::ResizeBilinear::name, loc, "input ", s, " has an empty spatial axis");
-  return detail::resize_apply(x, ResizeGeometry{s[0], s[1], s[2], s[3], out_h, out_w, align_corners}, loc);
+  return detail::apply<T>(op::ResizeBilinear{{s[0], s[1], s[2], s[3], out_h, out_w, align_corners}}, loc, x);
 }
 
 /// log(softmax(x)) along `axis`, computed as x - max - log(sum(exp(x - max))) so that it
@@ -525,105 +513,25 @@ Tensor<T> softmax(const Tensor<T>& x, std::int64_t axis = -1, SourceLoc loc = So
   return exp(log_softmax(x, axis, loc), loc);
 }
 
-namespace detail {
-
-inline void check_labels(std::string_view op, const TensorBase& labels, std::int64_t classes, SourceLoc loc) {
-  std::vector<std::int32_t> host;  // device labels are read through a copy
-  if (labels.device() != Device::cpu) host = Tensor<std::int32_t>(labels).to_vector();
-  const std::int32_t* l = host.empty() ? Tensor<std::int32_t>(labels).data() : host.data();
-  if (std::int64_t i = cpu::first_bad_label(l, labels.numel(), classes); i >= 0)
-    throw_value_error(op, loc, "label ", l[i], " at index ", i, " is outside [0, ", classes, ")");
-}
-
-/// Element k of a one-hot tensor: 1 where its class is its row's label.
-template <class T> struct OneHotElement {
-  const std::int32_t* labels;
-  std::int64_t classes;
-  XGRAD_HD T operator()(std::int64_t k) const { return labels[k / classes] == k % classes ? T(1) : T(0); }
-};
-
-}  // namespace detail
-
 /// [labels..., num_classes] with 1 at each label; labels outside [0, num_classes) throw.
 template <FloatingPoint T>
 Tensor<T> one_hot(const Tensor<std::int32_t>& labels, std::int64_t num_classes, SourceLoc loc = SourceLoc::current()) {
   if (num_classes < 1) throw_value_error(op::OneHot::name, loc, "num_classes (", num_classes, ") must be positive");
-  Shape shape = labels.shape();
-  shape.push_back(num_classes);
-  // Labels are checked when the op runs: under jit their values are known only then.
-  return Tensor<T>(detail::primitive(op::OneHot{num_classes}, loc, {labels}, dtype_of<T>(), shape,
-                                     [shape, num_classes, loc](std::span<const TensorBase> in, const TensorBase& dest) {
-                                       detail::check_labels(op::OneHot::name, in[0], num_classes, loc);
-                                       auto out = detail::output<T>(dest, shape, in[0].device());
-                                       kernels::tabulate(
-                                           out.device(), out.data(), out.numel(),
-                                           detail::OneHotElement<T>{Tensor<std::int32_t>(in[0]).data(), num_classes});
-                                       return TensorBase(out);
-                                     }));
+  return detail::apply<T>(op::OneHot{num_classes, labels.numel()}, loc, labels);
 }
 
-namespace detail {
-
-template <FloatingPoint T> Tensor<T> softmax_xent_grad(const Tensor<T>& logits, const Tensor<std::int32_t>& labels,
-                                                       const Tensor<T>& g, SourceLoc loc);
-
-/// Per-sample losses [N] of logits [N, C] against labels [N]: one op, whose gradient is one op.
-template <FloatingPoint T>
-Tensor<T> softmax_xent_losses(const Tensor<T>& logits, const Tensor<std::int32_t>& labels, SourceLoc loc) {
-  const std::int64_t rows = logits.shape()[0], classes = logits.shape()[1];
-  Tensor<T> losses(primitive(op::SoftmaxCrossEntropy{}, loc, {logits, labels}, dtype_of<T>(), Shape{rows},
-                             [rows, classes, loc](std::span<const TensorBase> in, const TensorBase& dest) {
-                               // Checked when the op runs: under jit the labels are known only then.
-                               check_labels("SoftmaxCrossEntropyWithLogits", in[1], classes, loc);
-                               const Device device = device_of(in);
-                               auto out = detail::output<T>(dest, Shape{rows}, device);
-                               const T* x = Tensor<T>(in[0]).data();
-                               const std::int32_t* l = Tensor<std::int32_t>(in[1]).data();
-                               kernels::softmax_xent_forward(device, x, l, rows, classes, out.data());
-                               return TensorBase(out);
-                             }));
-  if (should_record(logits)) {
-    record(losses, op::SoftmaxCrossEntropy::name, loc, {logits, labels}, {logits, labels}, false,
-           [logits, labels, loc](const TensorBase&, const TensorBase& g) {
-             return autograd::Grads{softmax_xent_grad(logits, labels, Tensor<T>(g), loc), TensorBase()};
-           });
-  }
-  return losses;
+// Second derivatives, from composite ops (softmax is one): with p = softmax(logits) and u the
+// incoming gradient, d/dg = sum(u * (p - onehot)) and d/dlogits = g * (p u - p sum(p u)).
+template <class T>
+autograd::Grads op::SoftmaxCrossEntropyGrad::grad(const Tensor<T>& u, Needs<3>, SourceLoc loc, const Tensor<T>& logits,
+                                                  const Tensor<std::int32_t>& labels, const Tensor<T>& g) const {
+  const Tensor<T> p_minus_onehot = detail::apply<T>(*this, loc, logits, labels, ones_like(g));
+  auto dg = sum(mul(u, p_minus_onehot, loc), {1}, false, loc);
+  auto p = softmax(logits, -1, loc);
+  auto pu = mul(p, u, loc);
+  auto dlogits = mul(reshape(g, {g.numel(), 1}, loc), sub(pu, mul(p, sum(pu, {1}, true, loc), loc), loc), loc);
+  return {dlogits, TensorBase(), dg};
 }
-
-/// g[:, None] * (softmax(logits) - one_hot(labels)): the losses' gradient w.r.t. the logits.
-template <FloatingPoint T> Tensor<T> softmax_xent_grad(const Tensor<T>& logits, const Tensor<std::int32_t>& labels,
-                                                       const Tensor<T>& g, SourceLoc loc) {
-  const Shape shape = logits.shape();
-  Tensor<T> gx(primitive(op::SoftmaxCrossEntropyGrad{}, loc, {logits, labels, g}, dtype_of<T>(), shape,
-                         [shape, loc](std::span<const TensorBase> in, const TensorBase& dest) {
-                           check_labels(op::SoftmaxCrossEntropyGrad::name, in[1], shape[1], loc);
-                           const Device device = device_of(in);
-                           auto out = detail::output<T>(dest, shape, device);
-                           const T* x = Tensor<T>(in[0]).data();
-                           const std::int32_t* l = Tensor<std::int32_t>(in[1]).data();
-                           const T* g = Tensor<T>(in[2]).data();
-                           kernels::softmax_xent_backward(device, x, l, g, shape[0], shape[1], out.data());
-                           return TensorBase(out);
-                         }));
-  if (should_record(logits, g)) {
-    // Second derivatives, from composite ops: with p = softmax(logits) and u the incoming
-    // gradient, d/dg = sum(u * (p - onehot)) and d/dlogits = g * (p u - p sum(p u)).
-    record(
-        gx, op::SoftmaxCrossEntropyGrad::name, loc, {logits, labels, g}, {logits, labels, g}, false,
-        [logits, labels, g, loc](const TensorBase&, const TensorBase& upstream) {
-          Tensor<T> u(upstream);
-          auto dg = sum(mul(u, softmax_xent_grad(logits, labels, ones_like(g), loc), loc), {1}, false, loc);
-          auto p = softmax(logits, -1, loc);
-          auto pu = mul(p, u, loc);
-          auto dlogits = mul(reshape(g, {g.numel(), 1}, loc), sub(pu, mul(p, sum(pu, {1}, true, loc), loc), loc), loc);
-          return autograd::Grads{dlogits, TensorBase(), dg};
-        });
-  }
-  return gx;
-}
-
-}  // namespace detail
 
 /// Cross-entropy of logits [N, C] against int32 class labels [N] (sparse, as MindSpore's
 /// SoftmaxCrossEntropyWithLogits(sparse=True)); per-sample losses folded by `reduction`. One
@@ -635,7 +543,7 @@ template <FloatingPoint T> Tensor<T> softmax_cross_entropy(const Tensor<T>& logi
   if (logits.ndim() != 2 || labels.ndim() != 1 || labels.shape()[0] != logits.shape()[0])
     throw_shape_error("SoftmaxCrossEntropyWithLogits", loc, "logits must be [N, C] and labels [N] (inputs ",
                       detail::describe_inputs({{"logits", &logits}, {"labels", &labels}}), ")");
-  auto losses = detail::softmax_xent_losses(logits, labels, loc);
+  auto losses = detail::apply<T>(op::SoftmaxCrossEntropy{logits.shape()[0], logits.shape()[1]}, loc, logits, labels);
   switch (reduction) {
     case Reduction::none:
       return losses;
