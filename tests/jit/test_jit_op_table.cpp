@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <set>
 #include <string>
 #include <type_traits>
 
@@ -51,7 +52,58 @@ template <class T> void check_row_through_jit(const OpCase& c) {
   for (std::size_t k = 0; k < eager.second.size(); ++k) check_bitwise(traced.second[k], eager.second[k]);
 }
 
+/// The primitives of a graph and of its subgraphs (fused bodies).
+void collect_primitives(const xg::ir::Graph& g, std::set<std::string, std::less<>>& seen) {
+  for (const auto& node : g.nodes) {
+    seen.emplace(node->op());
+    for (const auto& sub : node->subgraphs) collect_primitives(*sub, seen);
+  }
+}
+
 }  // namespace
+
+TEST_CASE("op table: every primitive is reached by a row, its gradient or its second gradient, at O0 or O2") {
+  using T = double;
+  std::set<std::string, std::less<>> seen;
+  for (const auto& c : op_table()) {
+    CAPTURE(c.name);
+    const auto& f = row_fn<T>(c);
+    const auto in = inputs_for<T>(c, 7);
+    for (auto level : {xg::JitLevel::O0, xg::JitLevel::O2}) {
+      const xg::JitConfig config{.level = level};
+      collect_primitives(xg::jit([&f](std::vector<xg::Tensor<T>> xs) { return f(xs); }, config).lower(in).graph(),
+                         seen);
+      if (!c.differentiable) continue;
+      const auto w = to_tensor<T>(random_input(f(in).shape().to_vector(), Domain::any, 3));
+      for (std::size_t k = 0; k < in.size(); ++k) {
+        if (!c.grad_inputs.empty() && !c.grad_inputs[k]) continue;
+        // The first and second gradients of sum(f(x)^2 w) with respect to input k: squared, so
+        // that the upstream gradient depends on x and the rules' own gradients are reached.
+        auto loss = [&f, w, in, k](const xg::Tensor<T>& x) {
+          auto xs = in;
+          xs[k] = x;
+          return xg::sum(xg::square(f(xs)) * w);
+        };
+        auto second = [loss](const xg::Tensor<T>& x) {
+          return xg::grad([loss](const xg::Tensor<T>& y) { return xg::sum(xg::grad(loss)(y)); })(x);
+        };
+        CHECK_NOTHROW(collect_primitives(xg::jit(xg::grad(loss), config).lower(in[k]).graph(), seen));
+        CHECK_NOTHROW(collect_primitives(xg::jit(second, config).lower(in[k]).graph(), seen));
+      }
+    }
+  }
+  // Graph structure, with cases of its own: constants, fused groups, control flow
+  // (tests/jit/test_control_flow.cpp) and print (tests/jit/test_jit_semantics.cpp).
+  const std::set<std::string_view> structural{"Const", "Fused",        "Cond",      "ForiLoop",
+                                              "While", "ForiLoopGrad", "WhileGrad", "Print"};
+  std::string missing;
+  for (std::string_view name : xg::ir::known_primitives())
+    if (!seen.count(name) && !structural.count(name))
+      missing += std::string(missing.empty() ? "" : ", ") + std::string(name);
+  INFO("primitives no op-table row reaches: ", missing);
+  CHECK(missing.empty());
+  CHECK(seen.count("MaxPoolGradGrad") == 1);  // reached only by a second derivative
+}
 
 TEST_CASE("op table through jit at O0: values and gradients equal eager bit for bit") {
   for (const auto& c : op_table()) {

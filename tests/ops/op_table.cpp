@@ -333,20 +333,42 @@ std::vector<OpCase> build_table() {
       [=](const std::vector<Ref>& r) {
         return reduce_ref(r[0], {0, 2}, false, inf, minf);
       }));
+  // The column of row i's largest element (the first on ties, the first NaN if any).
+  auto argmax_of_row = [](const Ref& x, std::int64_t i) {
+    std::int64_t best = 0;
+    for (std::int64_t j = 1; j < x.shape[1] && !std::isnan(x.at({i, best})); ++j)
+      if (x.at({i, j}) > x.at({i, best}) || std::isnan(x.at({i, j}))) best = j;
+    return best;
+  };
   t.push_back(make_case(
       "argmax/axis_1", Shapes{{4, 7}},
       [](const auto& in) { return cast<typename std::decay_t<decltype(in[0])>::value_type>(argmax(in[0], 1)); },
-      [](const std::vector<Ref>& r) {
+      [=](const std::vector<Ref>& r) {
         Ref out = Ref::zeros({r[0].shape[0]});
-        for (std::int64_t i = 0; i < r[0].shape[0]; ++i) {
-          std::int64_t best = 0;
-          for (std::int64_t j = 1; j < r[0].shape[1] && !std::isnan(r[0].at({i, best})); ++j)
-            if (r[0].at({i, j}) > r[0].at({i, best}) || std::isnan(r[0].at({i, j}))) best = j;  // the first NaN
-          out.data[static_cast<std::size_t>(i)] = static_cast<double>(best);
-        }
+        for (std::int64_t i = 0; i < r[0].shape[0]; ++i)
+          out.data[static_cast<std::size_t>(i)] = static_cast<double>(argmax_of_row(r[0], i));
         return out;
       },
       {}, false));
+  t.push_back(make_case(
+      "one_hot/of_argmax", Shapes{{4, 3}},
+      [](const auto& in) { return one_hot<typename std::decay_t<decltype(in[0])>::value_type>(argmax(in[0], 1), 5); },
+      [=](const std::vector<Ref>& r) {
+        Ref out = Ref::zeros({r[0].shape[0], 5});
+        for (std::int64_t i = 0; i < r[0].shape[0]; ++i) out.at({i, argmax_of_row(r[0], i)}) = 1;
+        return out;
+      },
+      {}, false));
+  t.push_back(make_case(
+      "sum_to", Shapes{{3, 4, 5}},
+      [](const auto& in) {
+        return sum_to(in[0], Shape{4, 1});
+      },
+      [=](const std::vector<Ref>& r) {
+        Ref out = reduce_ref(r[0], {0, 2}, true, 0, plus);
+        out.shape = {4, 1};  // sum_to drops the leading axis: same elements
+        return out;
+      }));
 
   // Counter-based: element i is mix64(mix64(key) + i * golden ratio), its top 53 bits as a
   // fraction (24 at float, within the float tolerance of this reference). Added to x so the

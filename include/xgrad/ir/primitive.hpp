@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -41,6 +42,14 @@ concept PrimitiveDefinition = std::copy_constructible<P> && requires {
 namespace detail {
 template <class P> inline constexpr char type_tag = 0;  // one address per definition type
 }  // namespace detail
+
+/// The names of the primitives this program can put in a graph: each definition registers
+/// itself when a program that can make its node starts (the op table's completeness test reads
+/// it).
+inline std::set<std::string_view>& known_primitives() {
+  static std::set<std::string_view> names;
+  return names;
+}
 
 /// A node's primitive with its parameters, of any definition type.
 class Primitive {
@@ -85,6 +94,7 @@ template <PrimitiveDefinition P> class PrimitiveOf final : public Primitive {
       return m_params == other.params<P>();
   }
   const P& params() const { return m_params; }
+  static inline const bool registered = (known_primitives().insert(P::name), true);
 
  private:
   const void* type() const override { return &detail::type_tag<P>; }
@@ -100,6 +110,7 @@ template <PrimitiveDefinition P> const P& Primitive::params() const {
 
 /// A shared, immutable primitive for a node.
 template <PrimitiveDefinition P> std::shared_ptr<const Primitive> make_primitive(P params) {
+  (void)PrimitiveOf<P>::registered;
   return std::make_shared<const PrimitiveOf<P>>(std::move(params));
 }
 

@@ -100,8 +100,8 @@ struct Conv2D : Windowed<cpu::Conv2dGeometry> {
   autograd::Grads grad(const Tensor<T>& g, Needs<2> needs, SourceLoc loc, const Tensor<T>& x, const Tensor<T>& w) const;
 };
 /// Conv2D's gradient with respect to its input.
-struct Conv2DBackpropInput : Windowed<cpu::Conv2dGeometry> {
-  static constexpr std::string_view name = "Conv2DBackpropInput";
+struct Conv2DInputGrad : Windowed<cpu::Conv2dGeometry> {
+  static constexpr std::string_view name = "Conv2DInputGrad";
   static constexpr Needs<2> differentiable{true, true}, saved{true, true};
   Shape output_shape() const { return {geometry.n, geometry.c_in, geometry.h, geometry.w}; }
   template <class T> void run(Device d, const T* gy, const T* w, T* gx) const {
@@ -111,8 +111,8 @@ struct Conv2DBackpropInput : Windowed<cpu::Conv2dGeometry> {
                                           const Tensor<T>& w) const;
 };
 /// Conv2D's gradient with respect to its weights.
-struct Conv2DBackpropFilter : Windowed<cpu::Conv2dGeometry> {
-  static constexpr std::string_view name = "Conv2DBackpropFilter";
+struct Conv2DWeightGrad : Windowed<cpu::Conv2dGeometry> {
+  static constexpr std::string_view name = "Conv2DWeightGrad";
   static constexpr Needs<2> differentiable{true, true}, saved{true, true};
   Shape output_shape() const { return {geometry.c_out, geometry.c_in, geometry.kh, geometry.kw}; }
   template <class T> void run(Device d, const T* x, const T* gy, T* gw) const {
@@ -227,17 +227,17 @@ struct ResizeBilinearGrad : Windowed<ResizeGeometry> {
 // Each convolution gradient costs a convolution: only those an input needs are computed.
 template <class T> autograd::Grads Conv2D::grad(const Tensor<T>& g, Needs<2> needs, SourceLoc loc, const Tensor<T>& x,
                                                 const Tensor<T>& w) const {
-  return {needs[0] ? detail::apply<T>(Conv2DBackpropInput{geometry}, loc, g, w) : Tensor<T>(),
-          needs[1] ? detail::apply<T>(Conv2DBackpropFilter{geometry}, loc, x, g) : Tensor<T>()};
+  return {needs[0] ? detail::apply<T>(Conv2DInputGrad{geometry}, loc, g, w) : Tensor<T>(),
+          needs[1] ? detail::apply<T>(Conv2DWeightGrad{geometry}, loc, x, g) : Tensor<T>()};
 }
-template <class T> autograd::Grads Conv2DBackpropInput::grad(const Tensor<T>& u, Needs<2> needs, SourceLoc loc,
-                                                             const Tensor<T>& gy, const Tensor<T>& w) const {
+template <class T> autograd::Grads Conv2DInputGrad::grad(const Tensor<T>& u, Needs<2> needs, SourceLoc loc,
+                                                         const Tensor<T>& gy, const Tensor<T>& w) const {
   return {needs[0] ? detail::apply<T>(Conv2D{geometry}, loc, u, w) : Tensor<T>(),
-          needs[1] ? detail::apply<T>(Conv2DBackpropFilter{geometry}, loc, u, gy) : Tensor<T>()};
+          needs[1] ? detail::apply<T>(Conv2DWeightGrad{geometry}, loc, u, gy) : Tensor<T>()};
 }
-template <class T> autograd::Grads Conv2DBackpropFilter::grad(const Tensor<T>& v, Needs<2> needs, SourceLoc loc,
-                                                              const Tensor<T>& x, const Tensor<T>& gy) const {
-  return {needs[0] ? detail::apply<T>(Conv2DBackpropInput{geometry}, loc, gy, v) : Tensor<T>(),
+template <class T> autograd::Grads Conv2DWeightGrad::grad(const Tensor<T>& v, Needs<2> needs, SourceLoc loc,
+                                                          const Tensor<T>& x, const Tensor<T>& gy) const {
+  return {needs[0] ? detail::apply<T>(Conv2DInputGrad{geometry}, loc, gy, v) : Tensor<T>(),
           needs[1] ? detail::apply<T>(Conv2D{geometry}, loc, x, v) : Tensor<T>()};
 }
 template <class T>
