@@ -199,35 +199,60 @@ template <class Op> consteval bool is_fusible();
 ///                        const Tensor<In>&... inputs) const;   written with xgrad ops; unsaved
 ///                                                              inputs come as empty tensors
 /// Here: the device check, output allocation, eager run or trace, and the tape record.
+// What a definition offers apply() (named concepts: nvcc's front end misjudges requires-expressions
+// written inside the driver's lambdas).
+template <class Def, class... In>
+concept ShapeFromInputs = requires(const Def& def, const Tensor<In>&... x) {
+  def.output_shape(x.shape()...);
+};
+template <class Def>
+concept ChecksValues = requires(const Def& def, std::span<const TensorBase> in, SourceLoc loc) {
+  def.check(in, loc);
+};
+template <class Def>
+concept RunsWithEpilogue = requires {
+  Def::epilogue;
+};
+template <class Def>
+concept HasGradient = requires {
+  Def::differentiable;
+};
+
+template <class Def, class... In> Shape output_shape_of(const Def& def, const Tensor<In>&... inputs) {
+  if constexpr (ShapeFromInputs<Def, In...>)
+    return def.output_shape(inputs.shape()...);
+  else
+    return def.output_shape();
+}
+
+/// Calls def's kernel on `in` (tensors of the types In) writing `out`.
+template <class Def, class R, class... In, std::size_t... I>
+void run_definition(const Def& def, Device device, std::span<const TensorBase> in, R* out, const ir::BlockDone* done,
+                    std::index_sequence<I...>) {
+  if constexpr (RunsWithEpilogue<Def>)
+    def.run(device, Tensor<In>(in[I]).data()..., out, done);
+  else
+    def.run(device, Tensor<In>(in[I]).data()..., out);
+}
+
 template <class R, class Def, class... In> Tensor<R> apply(const Def& def, SourceLoc loc, const Tensor<In>&... inputs) {
   constexpr std::size_t n = sizeof...(In);
-  const Shape shape = [&] {
-    if constexpr (requires { def.output_shape(inputs.shape()...); })
-      return def.output_shape(inputs.shape()...);
-    else
-      return def.output_shape();
-  }();
+  const Shape shape = output_shape_of(def, inputs...);
   auto compute = [def, shape, loc](std::span<const TensorBase> in, const TensorBase& dest, const ir::BlockDone* done) {
-    if constexpr (requires { def.check(in, loc); }) def.check(in, loc);
+    if constexpr (ChecksValues<Def>) def.check(in, loc);
     const Device device = device_of(in);
     auto out = output<R>(dest, shape, device);
-    [&]<std::size_t... I>(std::index_sequence<I...>) {
-      if constexpr (requires { Def::epilogue; })
-        def.run(device, Tensor<In>(in[I]).data()..., out.data(), done);
-      else
-        def.run(device, Tensor<In>(in[I]).data()..., out.data());
-    }
-    (std::index_sequence_for<In...>{});
+    run_definition<Def, R, In...>(def, device, in, out.data(), done, std::index_sequence_for<In...>{});
     return TensorBase(out);
   };
   Tensor<R> out;
-  if constexpr (requires { Def::epilogue; })
+  if constexpr (RunsWithEpilogue<Def>)
     out = Tensor<R>(primitive_with_epilogue(def, loc, {inputs...}, dtype_of<R>(), shape, compute));
   else
     out = Tensor<R>(primitive(
         def, loc, {inputs...}, dtype_of<R>(), shape,
         [compute](std::span<const TensorBase> in, const TensorBase& dest) { return compute(in, dest, nullptr); }));
-  if constexpr (requires { Def::differentiable; }) {
+  if constexpr (HasGradient<Def>) {
     constexpr auto each = std::index_sequence_for<In...>{};
     const std::array<bool, n> needs = [&]<std::size_t... I>(std::index_sequence<I...>) {
       return std::array<bool, n>{(Def::differentiable[I] && is_grad_enabled() && inputs.impl()->requires_grad())...};
