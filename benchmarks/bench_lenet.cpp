@@ -1,8 +1,8 @@
 // Analysis rows: the LeNet5 train step's slowest kernels alone, one thread (the step itself is
 // the suite's lenet5_step, suite_xgrad.cpp).
-//   BM_LeNet5Kernel/<kernel>/<activation>: max pooling forward (MaxPool), its gradient scatter
-//   (MaxPoolGrad, which finds each window's argmax again) and ReLU's gradient where(y > 0, g, 0)
-//   (Greater then Select), eagerly on the two ReLU activations of the step.
+//   BM_LeNet5Kernel/<kernel>/<activation>: max pooling forward (MaxPool: the argmax, then the
+//   take), its gradient (MaxPoolPut, given the forward's argmax) and ReLU's gradient
+//   where(y > 0, g, 0) (Greater then Select), eagerly on the two ReLU activations of the step.
 #include <benchmark/benchmark.h>
 
 #include <cstdint>
@@ -34,7 +34,7 @@ void lenet_kernel(benchmark::State& state, Kernel kernel, Activation a) {
   const auto g = xg::randn<float>({kLeNetBatch, a.channels, a.size, a.size}, 6);
   const auto gy = xg::randn<float>({kLeNetBatch, a.channels, a.size / 2, a.size / 2}, 7);
   const xg::cpu::Pool2dGeometry geo{kLeNetBatch, a.channels, a.size, a.size, 2, 2, 2, 2, 0, 0, a.size / 2, a.size / 2};
-  auto gx = xg::zeros<float>({kLeNetBatch, a.channels, a.size, a.size});
+  const auto argmax = xg::detail::max_pool_argmax(y, geo, xg::SourceLoc::current());
   for (auto _ : state) {
     switch (kernel) {
       case Kernel::max_pool: {
@@ -42,9 +42,11 @@ void lenet_kernel(benchmark::State& state, Kernel kernel, Activation a) {
         benchmark::DoNotOptimize(out.data());
         break;
       }
-      case Kernel::max_pool_grad:
-        xg::cpu::max_pool2d_scatter(geo, y.data(), gy.data(), gx.data());
+      case Kernel::max_pool_grad: {
+        auto out = xg::detail::max_pool_put(argmax, gy, geo, xg::SourceLoc::current());
+        benchmark::DoNotOptimize(out.data());
         break;
+      }
       case Kernel::relu_grad: {
         auto out = xg::where(y > 0.0f, g, 0.0f);
         benchmark::DoNotOptimize(out.data());
@@ -57,7 +59,7 @@ void lenet_kernel(benchmark::State& state, Kernel kernel, Activation a) {
 
 const bool kLeNetRegistered = [] {
   for (const auto& [name, kernel] :
-       {std::pair{"MaxPool", Kernel::max_pool}, std::pair{"MaxPoolGrad", Kernel::max_pool_grad},
+       {std::pair{"MaxPool", Kernel::max_pool}, std::pair{"MaxPoolPut", Kernel::max_pool_grad},
         std::pair{"ReluGrad", Kernel::relu_grad}})
     for (const Activation& a : {kRelu1, kRelu2})
       benchmark::RegisterBenchmark((std::string("BM_LeNet5Kernel/") + name + "/" + a.name).c_str(), lenet_kernel,

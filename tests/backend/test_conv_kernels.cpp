@@ -435,6 +435,23 @@ TEST_CASE("im2col and col2im are adjoint, and col2im accumulates") {
 
 // ================================================================ pooling tests
 
+// Max pooling as the op runs it: each window's argmax, then a take (the forward, or any
+// input-shaped v read at the argmax) or a put (the gradient).
+template <class T> std::vector<int32_t> pool_argmax(const cpu::Pool2dGeometry& g, const T* x) {
+  std::vector<int32_t> idx(static_cast<std::size_t>(pool_out_size(g)));
+  cpu::max_pool2d_argmax(g, x, idx.data());
+  return idx;
+}
+template <class T> void max_pool_select(const cpu::Pool2dGeometry& g, const T* x, const T* v, T* out) {
+  cpu::max_pool2d_take(g, pool_argmax(g, x).data(), v, out);
+}
+template <class T> void max_pool_forward(const cpu::Pool2dGeometry& g, const T* x, T* y) {
+  max_pool_select(g, x, x, y);
+}
+template <class T> void max_pool_scatter(const cpu::Pool2dGeometry& g, const T* x, const T* gy, T* gx) {
+  cpu::max_pool2d_put(g, pool_argmax(g, x).data(), gy, gx);
+}
+
 TEST_CASE_TEMPLATE("pool2d kernels match direct loops", T, float, double) {
   uint32_t seed = 3000;
   for (const PoolCase& pc : pool_cases()) {
@@ -476,16 +493,16 @@ TEST_CASE_TEMPLATE("pool2d kernels match direct loops", T, float, double) {
       }
 
       auto y = nan_vec<T>(pool_out_size(g));
-      cpu::max_pool2d_forward(g, xt.data(), y.data());
+      max_pool_forward(g, xt.data(), y.data());
       CHECK(to_double(y) == y_ref);
 
       auto sel = nan_vec<T>(pool_out_size(g));
-      cpu::max_pool2d_select(g, xt.data(), vt.data(), sel.data());
+      max_pool_select(g, xt.data(), vt.data(), sel.data());
       CHECK(to_double(sel) == sel_ref);
 
       auto gx = nan_vec<T>(pool_in_size(g));
-      cpu::max_pool2d_scatter(g, xt.data(), gyt.data(), gx.data());
-      check_close(gx, gx_ref, gx_scale, "max_pool2d_scatter");
+      max_pool_scatter(g, xt.data(), gyt.data(), gx.data());
+      check_close(gx, gx_ref, gx_scale, "max_pool2d_put");
 
       Vec avg_ref(out_n, 0.0), avg_scale(out_n, 0.0), avg_back_ref(in_n, 0.0), avg_back_scale(in_n, 0.0);
       for_each_avg_term(g, [&](auto xi, auto yi, double wgt) {
@@ -517,8 +534,8 @@ TEST_CASE_TEMPLATE("max_pool2d propagates the first NaN of a window", T, float, 
     std::vector<T> y(static_cast<std::size_t>(pool_out_size(g)));
     std::vector<T> gy(y.size()), gx(x.size());
     std::iota(gy.begin(), gy.end(), T(1));
-    cpu::max_pool2d_forward(g, x.data(), y.data());
-    cpu::max_pool2d_scatter(g, x.data(), gy.data(), gx.data());
+    max_pool_forward(g, x.data(), y.data());
+    max_pool_scatter(g, x.data(), gy.data(), gx.data());
     std::vector<T> gx_ref(x.size(), T(0));
     for (std::size_t o = 0; o < y.size(); ++o) {
       const T want = x[static_cast<std::size_t>(arg[o])];
@@ -546,15 +563,9 @@ TEST_CASE("pool2d backward kernels are adjoints") {
 
       Vec sel(static_cast<std::size_t>(pool_out_size(g)));
       Vec sc(static_cast<std::size_t>(pool_in_size(g)));
-      cpu::max_pool2d_select(g, x.data(), v.data(), sel.data());
-      cpu::max_pool2d_scatter(g, x.data(), u.data(), sc.data());
-      check_adjoint(dot(sel, u), dot(v, sc), static_cast<double>(u.size()) + 1, "scatter vs select");
-
-      // select(x, x) is the forward pass.
-      Vec y(static_cast<std::size_t>(pool_out_size(g)));
-      cpu::max_pool2d_forward(g, x.data(), y.data());
-      cpu::max_pool2d_select(g, x.data(), x.data(), sel.data());
-      CHECK(y == sel);
+      max_pool_select(g, x.data(), v.data(), sel.data());
+      max_pool_scatter(g, x.data(), u.data(), sc.data());
+      check_adjoint(dot(sel, u), dot(v, sc), static_cast<double>(u.size()) + 1, "put vs take");
 
       Vec ya(static_cast<std::size_t>(pool_out_size(g)));
       Vec gxa(static_cast<std::size_t>(pool_in_size(g)));
@@ -572,7 +583,7 @@ TEST_CASE("max_pool2d tie-breaking, padding and NaN") {
                                  -1, -2, -4,  //
                                  -5, -6, -7};
   std::vector<double> y(16);
-  cpu::max_pool2d_forward(g, x.data(), y.data());
+  max_pool_forward(g, x.data(), y.data());
   // Corner windows hold one real element each; padding (which would be 0) never wins.
   CHECK(y[0] == -3);
   CHECK(y[3] == -1);
@@ -583,13 +594,13 @@ TEST_CASE("max_pool2d tie-breaking, padding and NaN") {
   std::vector<double> gy(16, 0.0);
   gy[5] = 1;
   std::vector<double> gx(9, 42.0);
-  cpu::max_pool2d_scatter(g, x.data(), gy.data(), gx.data());
+  max_pool_scatter(g, x.data(), gy.data(), gx.data());
   CHECK(gx == std::vector<double>{0, 1, 0, 0, 0, 0, 0, 0, 0});
 
   // A NaN propagates through its windows.
   std::vector<float> xf = {1, 2, 3, 4, std::numeric_limits<float>::quiet_NaN(), 5, 6, 7, 8};
   std::vector<float> yf(16);
-  cpu::max_pool2d_forward(g, xf.data(), yf.data());
+  max_pool_forward(g, xf.data(), yf.data());
   CHECK(std::isnan(yf[5]));
   CHECK(std::isnan(yf[10]));
   CHECK(yf[0] == 1);
@@ -610,7 +621,7 @@ TEST_CASE_TEMPLATE("max_pool2d argmax with NaNs is the first NaN in row-major or
   x[static_cast<std::size_t>(1 * w + 46)] = nan;
 
   std::vector<T> y(static_cast<std::size_t>(w / 3));
-  cpu::max_pool2d_forward(g, x.data(), y.data());
+  max_pool_forward(g, x.data(), y.data());
   CHECK(std::isnan(y[0]));
   CHECK(std::isnan(y[15]));
   CHECK(y[1] == 5);  // columns 3..5: {3, 4, 5}, {2, 3, 4}, {1, 2, 3}
@@ -619,7 +630,7 @@ TEST_CASE_TEMPLATE("max_pool2d argmax with NaNs is the first NaN in row-major or
   gy[0] = 1;
   gy[15] = 2;
   std::vector<T> gx(x.size(), T(7));
-  cpu::max_pool2d_scatter(g, x.data(), gy.data(), gx.data());
+  max_pool_scatter(g, x.data(), gy.data(), gx.data());
   CHECK(gx[static_cast<std::size_t>(0 * w + 2)] == 1);
   CHECK(gx[static_cast<std::size_t>(1 * w + 46)] == 2);
   CHECK(std::accumulate(gx.begin(), gx.end(), T(0)) == 3);

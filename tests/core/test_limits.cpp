@@ -139,6 +139,12 @@ TEST_CASE("limits: convolution and pooling geometry is computed without overflow
   CHECK_THROWS_AS(xg::max_pool2d(x, kMax, 1), xg::ShapeError);
   CHECK(xg::max_pool2d(x, 2, kMax, xg::PadMode::same).shape() == xg::Shape{1, 1, 1, 1});
   CHECK_THROWS_AS(xg::avg_pool2d(x, kMax, kMax, xg::PadMode::same), xg::ValueError);
+  // Max pooling keeps each window's argmax as an int32 offset in its plane: a plane of 2^32
+  // elements (an empty batch, so nothing is allocated) is refused, one of 2^31 - 1 is not.
+  const auto wide = message_of<xg::ShapeError>([] { xg::max_pool2d(xg::zeros<float>({0, 1, 65536, 65536}), 2); });
+  CHECK(contains(wide, "MaxPool"));
+  CHECK(contains(wide, "int32"));
+  CHECK(xg::max_pool2d(xg::zeros<float>({0, 1, 1, 2147483647}), 1).shape() == xg::Shape{0, 1, 1, 2147483647});
 }
 
 TEST_CASE("limits: layers refuse sizes whose weights cannot exist") {

@@ -102,7 +102,6 @@ TEST_CASE("op table: every primitive is reached by a row, its gradient or its se
       missing += std::string(missing.empty() ? "" : ", ") + std::string(name);
   INFO("primitives no op-table row reaches: ", missing);
   CHECK(missing.empty());
-  CHECK(seen.count("MaxPoolGradGrad") == 1);  // reached only by a second derivative
 }
 
 TEST_CASE("op table through jit at O0: values and gradients equal eager bit for bit") {

@@ -97,19 +97,6 @@ void conv2d_backward_weight(Device device, const cpu::Conv2dGeometry& g, const T
   XGRAD_ON_THRUST(device, conv2d_backward_weight(g, x, gy, gw));
   cpu::conv2d_backward_weight(g, x, gy, gw);
 }
-template <class T> void max_pool2d_forward(Device device, const cpu::Pool2dGeometry& g, const T* x, T* y) {
-  XGRAD_ON_THRUST(device, max_pool2d_forward(g, x, y));
-  cpu::max_pool2d_forward(g, x, y);
-}
-template <class T>
-void max_pool2d_scatter(Device device, const cpu::Pool2dGeometry& g, const T* x, const T* gy, T* gx) {
-  XGRAD_ON_THRUST(device, max_pool2d_scatter(g, x, gy, gx));
-  cpu::max_pool2d_scatter(g, x, gy, gx);
-}
-template <class T> void max_pool2d_select(Device device, const cpu::Pool2dGeometry& g, const T* x, const T* v, T* out) {
-  XGRAD_ON_THRUST(device, max_pool2d_select(g, x, v, out));
-  cpu::max_pool2d_select(g, x, v, out);
-}
 template <class T> void max_pool2d_argmax(Device device, const cpu::Pool2dGeometry& g, const T* x, std::int32_t* idx) {
   XGRAD_ON_THRUST(device, max_pool2d_argmax(g, x, idx));
   cpu::max_pool2d_argmax(g, x, idx);

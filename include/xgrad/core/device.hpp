@@ -4,6 +4,7 @@
 #include <atomic>
 #include <string_view>
 
+#include "xgrad/backend/device_memory.hpp"
 #include "xgrad/core/error.hpp"
 
 /// Marks a function that Thrust kernels call: host and device code under nvcc (the CUDA
@@ -24,13 +25,7 @@ enum class Device { cpu, thrust };
 constexpr std::string_view device_name(Device d) { return d == Device::cpu ? "cpu" : "thrust"; }
 
 /// True when this build has the Thrust backend.
-constexpr bool thrust_available() {
-#if defined(XGRAD_WITH_THRUST)
-  return true;
-#else
-  return false;
-#endif
-}
+constexpr bool thrust_available() { return backend::has_device; }
 
 namespace detail {
 

@@ -10,11 +10,9 @@
 #include <new>
 #include <unordered_map>
 
+#include "xgrad/backend/device_memory.hpp"
 #include "xgrad/core/device.hpp"
 #include "xgrad/core/error.hpp"
-#if defined(XGRAD_WITH_THRUST)
-#include "xgrad/backend/thrust/memory.hpp"
-#endif
 
 namespace xgrad {
 
@@ -88,14 +86,7 @@ inline void copy_bytes(void* dst, Device to, const void* src, Device from, std::
     return;
   }
   check_available(Device::thrust, "copy between devices");
-#if defined(XGRAD_WITH_THRUST)
-  if (from == Device::cpu)
-    thrust_backend::copy_to_device(dst, src, bytes);
-  else if (to == Device::cpu)
-    thrust_backend::copy_to_host(dst, src, bytes);
-  else
-    thrust_backend::copy_on_device(dst, src, bytes);
-#endif
+  backend::device_copy(dst, to != Device::cpu, src, from != Device::cpu, bytes);
 }
 
 }  // namespace detail
@@ -119,14 +110,12 @@ class Storage {
                                            ": more than the ", kMaxBytes, " bytes (128 TiB) xgrad allocates at once"));
     if (device != Device::cpu) {
       detail::check_available(device, "Storage");
-#if defined(XGRAD_WITH_THRUST)
       m_capacity = bytes;
       try {
-        m_data = thrust_backend::allocate(bytes);
+        m_data = backend::device_allocate(bytes);
       } catch (const std::bad_alloc&) {
         throw_out_of_memory(bytes, device);
       }
-#endif
       return;
     }
     if (bytes < BufferCache::kMinBytes) {
@@ -148,12 +137,10 @@ class Storage {
 
   ~Storage() {
     if (m_borrowed) return;
-#if defined(XGRAD_WITH_THRUST)
-    if (m_device == Device::thrust) {
-      thrust_backend::free(m_data);
+    if (m_device != Device::cpu) {
+      backend::device_free(m_data);
       return;
     }
-#endif
     if (m_capacity < detail::BufferCache::kMinBytes || !detail::BufferCache::instance().give(m_data, m_capacity))
       std::free(m_data);
   }
@@ -179,8 +166,8 @@ class Storage {
 
  private:
   [[noreturn]] static void throw_out_of_memory(std::size_t bytes, Device device) {
-    throw AllocationError(detail::concat("cannot allocate ", bytes, " bytes on ", device_name(device),
-                                         ": out of memory"));
+    throw AllocationError(
+        detail::concat("cannot allocate ", bytes, " bytes on ", device_name(device), ": out of memory"));
   }
 
   void* m_data = nullptr;

@@ -1,8 +1,8 @@
 // What an IR node computes: a primitive's definition with its parameters, typed. Each
 // primitive is a struct (op::Conv2D, op::Transpose, op::Add, ...) holding its name once, as
 // `static constexpr std::string_view name`, and its parameters as fields; a node holds one
-// behind ir::Primitive, so that passes ask `node.is<op::MaxPool>()` and read
-// `node.params<op::MaxPool>().geometry` instead of comparing and parsing text, and a misspelt
+// behind ir::Primitive, so that passes ask `node.is<op::MaxPoolPut>()` and read
+// `node.params<op::MaxPoolPut>().geometry` instead of comparing and parsing text, and a misspelt
 // op is a compile error. The printed attributes are derived from the fields.
 //
 // A definition struct P provides:

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <concepts>
 #include <exception>
 #include <functional>
 #include <initializer_list>
@@ -22,6 +23,11 @@
 #include "xgrad/jit/tracer.hpp"
 
 namespace xgrad {
+
+namespace op {
+/// Which inputs of a primitive its gradient rule covers, or reads, by position.
+template <std::size_t N> using Needs = std::array<bool, N>;
+}  // namespace op
 
 namespace detail {
 
@@ -183,22 +189,29 @@ inline void record(const TensorBase& out, std::string_view op, SourceLoc loc, Te
 /// that list, in ops/elementwise.hpp).
 template <class Op> consteval bool is_fusible();
 
-/// Runs primitive `def`, a definition with a kernel of its own (the convolutions, pooling and
-/// resize, one-hot and cross-entropy of ops/nn.hpp), on typed inputs whose shapes the caller has
-/// checked. Def provides:
+/// Runs primitive `def`, a definition with a kernel of its own (ops/nn.hpp, ops/reduce.hpp,
+/// ops/manipulation.hpp, ops/linalg.hpp, ops/random.hpp), on typed inputs whose shapes the
+/// caller has checked. Def provides:
 ///   Shape output_shape() const;                                (or of the inputs' shapes)
-///   void check(std::span<const TensorBase> in, SourceLoc) const;  optional: checks of values,
-///                                                              made when the kernel runs
-///   void run(Device, const In*... inputs, R* out) const;        the kernel call per device
+///   void run(Device, const Tensor<In>&... inputs, Tensor<R>& out) const;
+///                                                              the kernel call per device
 ///     (with `static constexpr bool epilogue = true`, a last `const ir::BlockDone*` argument:
 ///     fusion may then run elementwise work on each finished part of the output);
+/// optionally
+///   void check(std::span<const TensorBase> in, SourceLoc) const;  checks of values, made when
+///                                                              the kernel runs
+///   Device output_device(Device inputs) const;                 where the output is made
+///   template <class R> static OpTraits traits();               traits other than the default
 /// and, when differentiable,
-///   static constexpr std::array<bool, N> differentiable;      the inputs gradients flow to
-///   static constexpr std::array<bool, N> saved;                the inputs the rule reads
-///   autograd::Grads grad(const Tensor<R>& g, std::array<bool, N> needs, SourceLoc,
+///   static constexpr Needs<N> differentiable;                  the inputs gradients flow to
+///   static constexpr Needs<N> saved;                           the inputs the rule reads
+///   autograd::Grads grad(const Tensor<R>& g, Needs<N> needs, SourceLoc,
 ///                        const Tensor<In>&... inputs) const;   written with xgrad ops; unsaved
 ///                                                              inputs come as empty tensors
+///     (with `static constexpr bool reads_output = true`, the output follows g).
 /// Here: the device check, output allocation, eager run or trace, and the tape record.
+/// Slots for the transforms to come: a forward-mode rule `jvp(tangents..., inputs...)` and a
+/// batching rule `batch(axes..., inputs...)` will sit beside grad() in each definition.
 // What a definition offers apply() (named concepts: nvcc's front end misjudges requires-expressions
 // written inside the driver's lambdas).
 template <class Def, class... In>
@@ -210,12 +223,24 @@ concept ChecksValues = requires(const Def& def, std::span<const TensorBase> in, 
   def.check(in, loc);
 };
 template <class Def>
+concept PlacesOutput = requires(const Def& def, Device device) {
+  { def.output_device(device) } -> std::same_as<Device>;
+};
+template <class Def, class R>
+concept HasTraits = requires {
+  { Def::template traits<R>() } -> std::same_as<OpTraits>;
+};
+template <class Def>
 concept RunsWithEpilogue = requires {
   Def::epilogue;
 };
 template <class Def>
 concept HasGradient = requires {
   Def::differentiable;
+};
+template <class Def>
+concept GradReadsOutput = requires {
+  requires Def::reads_output;
 };
 
 template <class Def, class... In> Shape output_shape_of(const Def& def, const Tensor<In>&... inputs) {
@@ -227,54 +252,68 @@ template <class Def, class... In> Shape output_shape_of(const Def& def, const Te
 
 /// Calls def's kernel on `in` (tensors of the types In) writing `out`.
 template <class Def, class R, class... In, std::size_t... I>
-void run_definition(const Def& def, Device device, std::span<const TensorBase> in, R* out, const ir::BlockDone* done,
-                    std::index_sequence<I...>) {
+void run_definition(const Def& def, Device device, std::span<const TensorBase> in, Tensor<R>& out,
+                    const ir::BlockDone* done, std::index_sequence<I...>) {
   if constexpr (RunsWithEpilogue<Def>)
-    def.run(device, Tensor<In>(in[I]).data()..., out, done);
+    def.run(device, Tensor<In>(in[I])..., out, done);
   else
-    def.run(device, Tensor<In>(in[I]).data()..., out);
+    def.run(device, Tensor<In>(in[I])..., out);
+}
+
+/// Records def's gradient rule for `out` = def(inputs...) when an input it differentiates
+/// needs a gradient; the tape keeps only the inputs the rule reads.
+template <class Def, class R, class... In>
+void record_gradient(const Def& def, const Tensor<R>& out, SourceLoc loc, const Tensor<In>&... inputs) {
+  constexpr std::size_t n = sizeof...(In);
+  constexpr auto each = std::index_sequence_for<In...>{};
+  const bool enabled = is_grad_enabled();
+  const op::Needs<n> needs = [&]<std::size_t... I>(std::index_sequence<I...>) {
+    return op::Needs<n>{(Def::differentiable[I] && enabled && inputs.impl()->requires_grad())...};
+  }
+  (each);
+  if (std::find(needs.begin(), needs.end(), true) == needs.end()) return;
+  const auto kept = [&]<std::size_t... I>(std::index_sequence<I...>) {
+    return std::tuple<Tensor<In>...>{(Def::saved[I] ? inputs : Tensor<In>())...};
+  }
+  (each);
+  std::apply(
+      [&](const auto&... k) {
+        record(out, Def::name, loc, {inputs...}, {k...}, GradReadsOutput<Def>,
+               [def, kept, needs, loc](const TensorBase& y, const TensorBase& g) {
+                 return std::apply(
+                     [&](const auto&... k) {
+                       if constexpr (GradReadsOutput<Def>)
+                         return def.grad(Tensor<R>(g), Tensor<R>(y), needs, loc, k...);
+                       else
+                         return def.grad(Tensor<R>(g), needs, loc, k...);
+                     },
+                     kept);
+               });
+      },
+      kept);
 }
 
 template <class R, class Def, class... In> Tensor<R> apply(const Def& def, SourceLoc loc, const Tensor<In>&... inputs) {
-  constexpr std::size_t n = sizeof...(In);
   const Shape shape = output_shape_of(def, inputs...);
   auto compute = [def, shape, loc](std::span<const TensorBase> in, const TensorBase& dest, const ir::BlockDone* done) {
     if constexpr (ChecksValues<Def>) def.check(in, loc);
-    const Device device = device_of(in);
+    Device device = device_of(in);
+    if constexpr (PlacesOutput<Def>) device = def.output_device(device);
     auto out = output<R>(dest, shape, device);
-    run_definition<Def, R, In...>(def, device, in, out.data(), done, std::index_sequence_for<In...>{});
+    run_definition<Def, R, In...>(def, device, in, out, done, std::index_sequence_for<In...>{});
     return TensorBase(out);
   };
+  OpTraits traits;
+  if constexpr (HasTraits<Def, R>) traits = Def::template traits<R>();
   Tensor<R> out;
   if constexpr (RunsWithEpilogue<Def>)
-    out = Tensor<R>(primitive_with_epilogue(def, loc, {inputs...}, dtype_of<R>(), shape, compute));
+    out = Tensor<R>(primitive_with_epilogue(def, loc, {inputs...}, dtype_of<R>(), shape, compute, traits));
   else
     out = Tensor<R>(primitive(
         def, loc, {inputs...}, dtype_of<R>(), shape,
-        [compute](std::span<const TensorBase> in, const TensorBase& dest) { return compute(in, dest, nullptr); }));
-  if constexpr (HasGradient<Def>) {
-    constexpr auto each = std::index_sequence_for<In...>{};
-    const std::array<bool, n> needs = [&]<std::size_t... I>(std::index_sequence<I...>) {
-      return std::array<bool, n>{(Def::differentiable[I] && is_grad_enabled() && inputs.impl()->requires_grad())...};
-    }
-    (each);
-    if (std::find(needs.begin(), needs.end(), true) != needs.end()) {
-      // Only the inputs the rule reads stay alive with the tape.
-      const auto kept = [&]<std::size_t... I>(std::index_sequence<I...>) {
-        return std::tuple<Tensor<In>...>{(Def::saved[I] ? inputs : Tensor<In>())...};
-      }
-      (each);
-      std::apply(
-          [&](const auto&... k) {
-            record(out, Def::name, loc, {inputs...}, {k...}, false,
-                   [def, kept, needs, loc](const TensorBase&, const TensorBase& g) {
-                     return std::apply([&](const auto&... k) { return def.grad(Tensor<R>(g), needs, loc, k...); },
-                                       kept);
-                   });
-          },
-          kept);
-    }
-  }
+        [compute](std::span<const TensorBase> in, const TensorBase& dest) { return compute(in, dest, nullptr); },
+        traits));
+  if constexpr (HasGradient<Def> && FloatingPoint<R>) record_gradient(def, out, loc, inputs...);
   return out;
 }
 
@@ -349,6 +388,40 @@ Tensor<typename Op::template result<T>> binary(const Tensor<T>& a, const Tensor<
                auto [ga, gb] = Op::grad(ka, kb, Tensor<T>(y), Tensor<T>(g));
                return autograd::Grads{ga, gb};
              });
+    }
+  }
+  return out;
+}
+
+/// Runs ternary elementwise op Op (where, fma) with broadcasting over all three inputs:
+/// out = Op::apply(a, b, c). Op names its inputs for shape errors (`inputs`), says which its
+/// gradient rule reads (`saved`) and gives grad(a, b, c, g) -> the three gradients.
+template <class Op, class A, class T>
+Tensor<T> ternary(const Tensor<A>& a, const Tensor<T>& b, const Tensor<T>& c, SourceLoc loc) {
+  OpScope scope(Op::name, loc, {a, b, c});
+  Shape ab;
+  Shape shape;
+  if (!try_broadcast(a.shape(), b.shape(), ab) || !try_broadcast(ab, c.shape(), shape))
+    throw_shape_error(Op::name, loc, "shapes cannot be broadcast together (inputs ",
+                      describe_inputs({{Op::inputs[0], &a}, {Op::inputs[1], &b}, {Op::inputs[2], &c}}), ")");
+  Tensor<T> out(primitive(
+      Op{}, loc, {a, b, c}, dtype_of<T>(), shape,
+      [shape](std::span<const TensorBase> in, const TensorBase& dest) {
+        Tensor<A> x(in[0]);
+        Tensor<T> y(in[1]), z(in[2]);
+        const Device device = device_of(in);
+        auto out = output<T>(dest, shape, device);
+        kernels::map<Op>(device, out, x, y, z);
+        return TensorBase(out);
+      },
+      with_block<Op>(&cpu::ternary_block<Op, A, T>)));
+  if constexpr (FloatingPoint<T>) {
+    if (should_record(a, b, c)) {
+      const Tensor<A> ka = Op::saved[0] ? a : Tensor<A>();
+      const Tensor<T> kb = Op::saved[1] ? b : Tensor<T>(), kc = Op::saved[2] ? c : Tensor<T>();
+      record(out, Op::name, loc, {a, b, c}, {ka, kb, kc}, false, [ka, kb, kc](const TensorBase&, const TensorBase& g) {
+        return Op::grad(ka, kb, kc, Tensor<T>(g));  // the engine sums each to its input's shape
+      });
     }
   }
   return out;

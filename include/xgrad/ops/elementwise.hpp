@@ -2,6 +2,7 @@
 // xsimd batches (and later Thrust functors), and its gradient rule written with xgrad ops.
 #pragma once
 
+#include <array>
 #include <cmath>
 #include <tuple>
 #include <type_traits>
@@ -268,12 +269,18 @@ struct Greater : ComparisonDefaults {
 struct Where {
   static constexpr std::string_view name = "Select";
   static constexpr OpTraits traits{.elementwise = true};
+  static constexpr std::array<std::string_view, 3> inputs{"cond", "x", "y"};
+  static constexpr std::array<bool, 3> saved{true, false, false};
   // c is a bool, or a mask when a and b are batches.
   template <class M, class V> XGRAD_HD static V apply(const M& c, const V& a, const V& b) {
     if constexpr (detail::is_batch<V>)
       return xsimd::select(c, a, b);
     else
       return c ? a : b;
+  }
+  template <class T>
+  static autograd::Grads grad(const Tensor<bool>& c, const Tensor<T>&, const Tensor<T>&, const Tensor<T>& g) {
+    return {TensorBase(), where(c, g, T(0)), where(c, T(0), g)};
   }
 };
 
@@ -282,7 +289,13 @@ struct Where {
 struct Fma {
   static constexpr std::string_view name = "Fma";
   static constexpr OpTraits traits{.elementwise = true};
+  static constexpr std::array<std::string_view, 3> inputs{"a", "b", "c"};
+  static constexpr std::array<bool, 3> saved{true, true, false};
   template <class V> XGRAD_HD static V apply(const V& a, const V& b, const V& c) { return math::fma(a, b, c); }
+  template <class T>
+  static autograd::Grads grad(const Tensor<T>& a, const Tensor<T>& b, const Tensor<T>&, const Tensor<T>& g) {
+    return {g * b, g * a, g};
+  }
 };
 
 /// The ops a fused group may hold, numbered by their place here on Device::thrust, where one
@@ -387,61 +400,13 @@ XGRAD_BINARY_FUNCTION(greater, Greater, Numeric)
 /// Picks a where cond is true, else b, with broadcasting over all three.
 template <Element T> Tensor<T> where(const Tensor<bool>& cond, const Tensor<T>& a, const Tensor<T>& b,
                                      SourceLoc loc = SourceLoc::current()) {
-  detail::OpScope scope(op::Where::name, loc, {cond, a, b});
-  Shape ab;
-  Shape shape;
-  if (!try_broadcast(a.shape(), b.shape(), ab) || !try_broadcast(cond.shape(), ab, shape))
-    throw_shape_error(op::Where::name, loc, "shapes cannot be broadcast together (inputs ",
-                      detail::describe_inputs({{"cond", &cond}, {"x", &a}, {"y", &b}}), ")");
-  Tensor<T> out(detail::primitive(
-      op::Where{}, loc, {cond, a, b}, dtype_of<T>(), shape,
-      [shape](std::span<const TensorBase> in, const TensorBase& dest) {
-        Tensor<bool> c(in[0]);
-        Tensor<T> x(in[1]), y(in[2]);
-        const Device device = detail::device_of(in);
-        auto out = detail::output<T>(dest, shape, device);
-        kernels::map<op::Where>(device, out, c, x, y);
-        return TensorBase(out);
-      },
-      detail::with_block<op::Where>(&cpu::ternary_block<op::Where, bool, T>)));
-  if constexpr (FloatingPoint<T>) {
-    if (detail::should_record(a, b)) {
-      detail::record(out, op::Where::name, loc, {cond, a, b}, {cond}, false,
-                     [cond](const TensorBase&, const TensorBase& g) {
-                       Tensor<T> grad(g);
-                       return autograd::Grads{TensorBase(), where(cond, grad, T(0)), where(cond, T(0), grad)};
-                     });
-    }
-  }
-  return out;
+  return detail::ternary<op::Where>(cond, a, b, loc);
 }
 /// a * b + c with one rounding (a fused multiply-add), broadcasting over all three. Outside
 /// strict mode the jit's simplify pass turns a multiply that only feeds an add into this.
 template <FloatingPoint T>
 Tensor<T> fma(const Tensor<T>& a, const Tensor<T>& b, const Tensor<T>& c, SourceLoc loc = SourceLoc::current()) {
-  detail::OpScope scope(op::Fma::name, loc, {a, b, c});
-  Shape ab;
-  Shape shape;
-  if (!try_broadcast(a.shape(), b.shape(), ab) || !try_broadcast(ab, c.shape(), shape))
-    throw_shape_error(op::Fma::name, loc, "shapes cannot be broadcast together (inputs ",
-                      detail::describe_inputs({{"a", &a}, {"b", &b}, {"c", &c}}), ")");
-  Tensor<T> out(detail::primitive(
-      op::Fma{}, loc, {a, b, c}, dtype_of<T>(), shape,
-      [shape](std::span<const TensorBase> in, const TensorBase& dest) {
-        Tensor<T> x(in[0]), y(in[1]), z(in[2]);
-        const Device device = detail::device_of(in);
-        auto out = detail::output<T>(dest, shape, device);
-        kernels::map<op::Fma>(device, out, x, y, z);
-        return TensorBase(out);
-      },
-      detail::with_block<op::Fma>(&cpu::ternary_block<op::Fma, T, T>)));
-  if (detail::should_record(a, b, c)) {
-    detail::record(out, op::Fma::name, loc, {a, b, c}, {a, b}, false, [a, b](const TensorBase&, const TensorBase& g) {
-      Tensor<T> grad(g);
-      return autograd::Grads{mul(grad, b), mul(grad, a), grad};  // the engine sums each to its input's shape
-    });
-  }
-  return out;
+  return detail::ternary<op::Fma>(a, b, c, loc);
 }
 
 template <Element T> Tensor<T> where(const Tensor<bool>& cond, const Tensor<T>& a, std::type_identity_t<T> b,

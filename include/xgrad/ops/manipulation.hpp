@@ -13,57 +13,170 @@
 
 namespace xgrad {
 
+template <Element T>
+Tensor<T> reshape(const Tensor<T>& x, const std::vector<std::int64_t>& dims, SourceLoc loc = SourceLoc::current());
+template <Element T>
+Tensor<T> transpose(const Tensor<T>& x, std::vector<std::int64_t> perm = {}, SourceLoc loc = SourceLoc::current());
+template <Element T> Tensor<T> slice(const Tensor<T>& x, const std::vector<std::int64_t>& begin,
+                                     const std::vector<std::int64_t>& size, SourceLoc loc = SourceLoc::current());
+template <Numeric T> Tensor<T> slice_backward(const Tensor<T>& g, const Shape& in_shape,
+                                              const std::vector<std::int64_t>& begin,
+                                              SourceLoc loc = SourceLoc::current());
+template <Element T>
+Tensor<T> broadcast_to(const Tensor<T>& x, const Shape& shape, SourceLoc loc = SourceLoc::current());
+template <Numeric T> Tensor<T> sum_to(const Tensor<T>& x, const Shape& shape, SourceLoc loc = SourceLoc::current());
+template <Element U, Element T> Tensor<U> cast(const Tensor<T>& x, SourceLoc loc = SourceLoc::current());
+
 namespace op {
 
+/// A view of the input's buffer with another shape (no kernel: reshape() makes the view).
 struct Reshape {
   static constexpr std::string_view name = "Reshape";
   Shape shape;
+  Shape from;  // the input's shape, which the gradient takes back
   std::vector<ir::Attr> attrs() const { return {{"shape", shape.str()}}; }
   bool operator==(const Reshape&) const = default;
+  static constexpr Needs<1> differentiable{true}, saved{false};
+  template <class T> autograd::Grads grad(const Tensor<T>& g, Needs<1>, SourceLoc loc, const Tensor<T>&) const {
+    return {reshape(g, from.to_vector(), loc)};
+  }
 };
+
 struct Transpose {
   static constexpr std::string_view name = "Transpose";
   std::vector<std::int64_t> perm;
   std::vector<ir::Attr> attrs() const { return {{"perm", Shape(perm).str()}}; }
   bool operator==(const Transpose&) const = default;
+  Shape output_shape(const Shape& x) const {
+    Shape out;
+    for (auto p : perm) out.push_back(x[p]);
+    return out;
+  }
+  template <class T> void run(Device d, const Tensor<T>& x, Tensor<T>& out) const {
+    const auto strides = x.shape().strides();
+    cpu::Strides src{};
+    for (std::size_t i = 0; i < perm.size(); ++i) src[i] = strides[perm[i]];
+    kernels::strided_copy(d, out.shape(), x.data(), src, out.data(), out.shape().strides());
+  }
+  static constexpr Needs<1> differentiable{true}, saved{false};
+  template <class T> autograd::Grads grad(const Tensor<T>& g, Needs<1>, SourceLoc loc, const Tensor<T>&) const {
+    std::vector<std::int64_t> inverse(perm.size());
+    for (std::size_t i = 0; i < perm.size(); ++i) inverse[perm[i]] = static_cast<std::int64_t>(i);
+    return {transpose(g, inverse, loc)};
+  }
 };
+
+/// The input repeated along broadcast axes (NumPy rules).
 struct BroadcastTo {
   static constexpr std::string_view name = "BroadcastTo";
   Shape shape;
+  Shape from;  // the input's shape, which the gradient sums back to
   std::vector<ir::Attr> attrs() const { return {{"shape", shape.str()}}; }
   bool operator==(const BroadcastTo&) const = default;
+  Shape output_shape() const { return shape; }
+  template <class T> static OpTraits traits() { return {.block = cpu::copy_block<T>}; }  // fusion gathers per block
+  template <class T> void run(Device d, const Tensor<T>& x, Tensor<T>& out) const {
+    kernels::strided_copy(d, shape, x.data(), cpu::broadcast_strides(from, shape), out.data(), shape.strides());
+  }
+  static constexpr Needs<1> differentiable{true}, saved{false};
+  template <class T> autograd::Grads grad(const Tensor<T>& g, Needs<1>, SourceLoc loc, const Tensor<T>&) const {
+    return {sum_to(g, from, loc)};
+  }
 };
+
+/// The block of the input at `begin` of extent `size` (-1: to the end of the axis).
 struct Slice {
   static constexpr std::string_view name = "Slice";
   std::vector<std::int64_t> begin, size;
+  Shape from;  // the input's shape
   std::vector<ir::Attr> attrs() const { return {{"begin", Shape(begin).str()}, {"size", Shape(size).str()}}; }
   bool operator==(const Slice&) const = default;
+  Shape output_shape() const {
+    Shape out;
+    for (std::size_t i = 0; i < begin.size(); ++i) out.push_back(size[i] == -1 ? from[i] - begin[i] : size[i]);
+    return out;
+  }
+  template <class T> void run(Device d, const Tensor<T>& x, Tensor<T>& out) const {
+    const auto strides = from.strides();
+    std::int64_t offset = 0;
+    for (std::size_t i = 0; i < begin.size(); ++i) offset += begin[i] * strides[i];
+    kernels::strided_copy(d, out.shape(), x.data() + offset, strides, out.data(), out.shape().strides());
+  }
+  static constexpr Needs<1> differentiable{true}, saved{false};
+  template <class T> autograd::Grads grad(const Tensor<T>& g, Needs<1>, SourceLoc loc, const Tensor<T>&) const {
+    return {slice_backward(g, from, begin, loc)};
+  }
 };
 /// Slice's adjoint: zeros of the input's shape with the gradient written at `begin`.
 struct SliceGrad {
   static constexpr std::string_view name = "SliceGrad";
   std::vector<std::int64_t> begin;
+  Shape shape;  // the sliced input's shape, this op's output
+  Shape block;  // the gradient's shape, the slice's extent
   std::vector<ir::Attr> attrs() const { return {{"begin", Shape(begin).str()}}; }
   bool operator==(const SliceGrad&) const = default;
+  Shape output_shape() const { return shape; }
+  template <class T> void run(Device d, const Tensor<T>& g, Tensor<T>& out) const {
+    const auto strides = shape.strides();
+    std::int64_t offset = 0;
+    for (std::size_t i = 0; i < begin.size(); ++i) offset += begin[i] * strides[i];
+    kernels::fill(d, out.data(), out.numel(), T(0));
+    kernels::strided_copy(d, g.shape(), g.data(), g.shape().strides(), out.data() + offset, strides);
+  }
+  static constexpr Needs<1> differentiable{true}, saved{false};
+  template <class T> autograd::Grads grad(const Tensor<T>& u, Needs<1>, SourceLoc loc, const Tensor<T>&) const {
+    return {slice(u, begin, block.to_vector(), loc)};
+  }
 };
+
+/// The inputs joined along `axis` (the one primitive with any number of inputs: concat() runs
+/// it through primitive() and records its gradient itself).
 struct Concat {
   static constexpr std::string_view name = "Concat";
   int axis = 0;
   std::vector<ir::Attr> attrs() const { return {{"axis", std::to_string(axis)}}; }
   bool operator==(const Concat&) const = default;
+  template <class T> void run(Device d, std::span<const TensorBase> parts, Tensor<T>& out) const {
+    const auto strides = out.shape().strides();
+    std::int64_t at = 0;
+    for (const auto& part : parts) {
+      Tensor<T> x(part);
+      kernels::strided_copy(d, x.shape(), x.data(), x.shape().strides(), out.data() + at * strides[axis], strides);
+      at += x.shape()[axis];
+    }
+  }
+  /// The gradient's block for each input, of the shapes `parts`.
+  template <class T> autograd::Grads grad(const Tensor<T>& g, SourceLoc loc, const std::vector<Shape>& parts) const {
+    autograd::Grads grads;
+    std::vector<std::int64_t> begin(g.ndim(), 0);
+    for (const auto& s : parts) {
+      grads.push_back(slice(g, begin, s.to_vector(), loc));
+      begin[axis] += s[axis];
+    }
+    return grads;
+  }
 };
+
 struct Cast {
   static constexpr std::string_view name = "Cast";
   DType to = DType::float32;
   std::vector<ir::Attr> attrs() const { return {{"to", std::string(dtype_short_name(to))}}; }
   bool operator==(const Cast&) const = default;
+  Shape output_shape(const Shape& x) const { return x; }
+  template <class T, class U> void run(Device d, const Tensor<T>& x, Tensor<U>& out) const {
+    kernels::cast(d, x.data(), out.data(), out.numel());
+  }
+  static constexpr Needs<1> differentiable{true}, saved{false};
+  template <class U, class T>
+  autograd::Grads grad(const Tensor<U>& g, Needs<1>, SourceLoc loc, const Tensor<T>&) const {
+    return {cast<T>(g, loc)};
+  }
 };
 
 }  // namespace op
 
 /// A view of x with a new shape of the same size; one -1 is inferred.
-template <Element T>
-Tensor<T> reshape(const Tensor<T>& x, const std::vector<std::int64_t>& dims, SourceLoc loc = SourceLoc::current()) {
+template <Element T> Tensor<T> reshape(const Tensor<T>& x, const std::vector<std::int64_t>& dims, SourceLoc loc) {
   detail::OpScope scope(op::Reshape::name, loc, {x});
   Shape shape;
   int inferred = -1;
@@ -88,28 +201,21 @@ Tensor<T> reshape(const Tensor<T>& x, const std::vector<std::int64_t>& dims, Sou
   if (shape.numel() != x.numel())
     throw_shape_error(op::Reshape::name, loc, "cannot reshape input ", dtype_name(x.dtype()), x.shape(), " (",
                       x.numel(), " elements) into ", shape, " (", shape.numel(), " elements)");
+  const op::Reshape def{shape, x.shape()};
   Tensor<T> out(detail::primitive(
-      op::Reshape{shape}, loc, {x}, x.dtype(), shape,
+      def, loc, {x}, x.dtype(), shape,
       [shape](std::span<const TensorBase> in, const TensorBase& dest) {
         // The graph executor may hand over a view it made in advance over the input's buffer.
         if (dest.defined() && dest.impl()->storage == in[0].impl()->storage) return dest;
         return TensorBase(std::make_shared<TensorImpl>(shape, in[0].dtype(), in[0].impl()->storage));
       },
       OpTraits{.view = true}));
-  if constexpr (FloatingPoint<T>) {
-    if (detail::should_record(x)) {
-      Shape in_shape = x.shape();
-      detail::record(out, op::Reshape::name, loc, {x}, {}, false, [in_shape](const TensorBase&, const TensorBase& g) {
-        return autograd::Grads{reshape(Tensor<T>(g), in_shape.to_vector())};
-      });
-    }
-  }
+  if constexpr (FloatingPoint<T>) detail::record_gradient(def, out, loc, x);
   return out;
 }
 
 /// Permutes the axes (reverses them when perm is empty). Materializes the result.
-template <Element T>
-Tensor<T> transpose(const Tensor<T>& x, std::vector<std::int64_t> perm = {}, SourceLoc loc = SourceLoc::current()) {
+template <Element T> Tensor<T> transpose(const Tensor<T>& x, std::vector<std::int64_t> perm, SourceLoc loc) {
   detail::OpScope scope(op::Transpose::name, loc, {x});
   const int rank = x.ndim();
   if (perm.empty()) {
@@ -125,37 +231,8 @@ Tensor<T> transpose(const Tensor<T>& x, std::vector<std::int64_t> perm = {}, Sou
     if (seen[p]) throw_shape_error(op::Transpose::name, loc, "perm ", Shape(perm), " repeats axis ", p);
     seen[p] = true;
   }
-  Shape shape;
-  cpu::Strides src{};
-  auto in_strides = x.shape().strides();
-  for (int i = 0; i < rank; ++i) {
-    shape.push_back(x.shape()[perm[i]]);
-    src[i] = in_strides[perm[i]];
-  }
-  Tensor<T> out(detail::primitive(op::Transpose{perm}, loc, {x}, x.dtype(), shape,
-                                  [shape, src](std::span<const TensorBase> in, const TensorBase& dest) {
-                                    const Device device = in[0].device();
-                                    auto out = detail::output<T>(dest, shape, device);
-                                    kernels::strided_copy(device, shape, Tensor<T>(in[0]).data(), src, out.data(),
-                                                          shape.strides());
-                                    return TensorBase(out);
-                                  }));
-  if constexpr (FloatingPoint<T>) {
-    if (detail::should_record(x)) {
-      std::vector<std::int64_t> inverse(rank);
-      for (int i = 0; i < rank; ++i) inverse[perm[i]] = i;
-      detail::record(out, op::Transpose::name, loc, {x}, {}, false, [inverse](const TensorBase&, const TensorBase& g) {
-        return autograd::Grads{transpose(Tensor<T>(g), inverse)};
-      });
-    }
-  }
-  return out;
+  return detail::apply<T>(op::Transpose{perm}, loc, x);
 }
-
-template <Element T>
-Tensor<T> broadcast_to(const Tensor<T>& x, const Shape& shape, SourceLoc loc = SourceLoc::current());
-
-template <Numeric T> Tensor<T> sum_to(const Tensor<T>& x, const Shape& shape, SourceLoc loc = SourceLoc::current());
 
 /// x repeated along broadcast axes to take `shape` (NumPy rules). Materializes the result.
 template <Element T> Tensor<T> broadcast_to(const Tensor<T>& x, const Shape& shape, SourceLoc loc) {
@@ -165,26 +242,7 @@ template <Element T> Tensor<T> broadcast_to(const Tensor<T>& x, const Shape& sha
     throw_shape_error(op::BroadcastTo::name, loc, "input ", dtype_name(x.dtype()), x.shape(),
                       " cannot be broadcast to ", shape);
   if (x.shape() == shape) return x;
-  Tensor<T> out(detail::primitive(
-      op::BroadcastTo{shape}, loc, {x}, x.dtype(), shape,
-      [shape](std::span<const TensorBase> in, const TensorBase& dest) {
-        Tensor<T> v(in[0]);
-        auto out = detail::output<T>(dest, shape, v.device());
-        kernels::strided_copy(v.device(), shape, v.data(), cpu::broadcast_strides(v.shape(), shape), out.data(),
-                              shape.strides());
-        return TensorBase(out);
-      },
-      OpTraits{.block = cpu::copy_block<T>}));  // fusion gathers broadcast inputs per block
-  if constexpr (FloatingPoint<T>) {
-    if (detail::should_record(x)) {
-      Shape in_shape = x.shape();
-      detail::record(out, op::BroadcastTo::name, loc, {x}, {}, false,
-                     [in_shape](const TensorBase&, const TensorBase& g) {
-                       return autograd::Grads{sum_to(Tensor<T>(g), in_shape)};
-                     });
-    }
-  }
-  return out;
+  return detail::apply<T>(op::BroadcastTo{shape, x.shape()}, loc, x);
 }
 
 /// Inserts a size-1 axis at `axis` (a view).
@@ -222,22 +280,15 @@ template <Element T> Tensor<T> flatten(const Tensor<T>& x, SourceLoc loc = Sourc
   return reshape(x, {x.shape()[0], x.ndim() == 1 ? 1 : -1}, loc);
 }
 
-template <Numeric T> Tensor<T> slice_backward(const Tensor<T>& g, const Shape& in_shape,
-                                              const std::vector<std::int64_t>& begin,
-                                              SourceLoc loc = SourceLoc::current());
-
 /// The block of x starting at `begin` with extent `size` per axis (MindSpore's Slice);
 /// a size of -1 runs to the end of that axis.
 template <Element T> Tensor<T> slice(const Tensor<T>& x, const std::vector<std::int64_t>& begin,
-                                     const std::vector<std::int64_t>& size, SourceLoc loc = SourceLoc::current()) {
+                                     const std::vector<std::int64_t>& size, SourceLoc loc) {
   detail::OpScope scope(op::Slice::name, loc, {x});
   const int rank = x.ndim();
   if (static_cast<int>(begin.size()) != rank || static_cast<int>(size.size()) != rank)
     throw_shape_error(op::Slice::name, loc, "begin ", Shape(begin), " and size ", Shape(size),
                       " need one entry per axis of input ", dtype_name(x.dtype()), x.shape());
-  Shape shape;
-  std::int64_t offset = 0;
-  auto strides = x.shape().strides();
   for (int i = 0; i < rank; ++i) {
     const std::int64_t extent = x.shape()[i];
     // begin first, so that neither extent - begin nor begin + n can overflow.
@@ -246,27 +297,8 @@ template <Element T> Tensor<T> slice(const Tensor<T>& x, const std::vector<std::
     if (!begin_fits || n < 0 || n > extent - begin[i])
       throw_shape_error(op::Slice::name, loc, "begin ", Shape(begin), " with size ", Shape(size), " leaves input ",
                         dtype_name(x.dtype()), x.shape(), " at axis ", i);
-    shape.push_back(n);
-    offset += begin[i] * strides[i];
   }
-  Tensor<T> out(detail::primitive(op::Slice{begin, size}, loc, {x}, x.dtype(), shape,
-                                  [shape, offset, strides](std::span<const TensorBase> in, const TensorBase& dest) {
-                                    const Device device = in[0].device();
-                                    auto out = detail::output<T>(dest, shape, device);
-                                    kernels::strided_copy(device, shape, Tensor<T>(in[0]).data() + offset, strides,
-                                                          out.data(), shape.strides());
-                                    return TensorBase(out);
-                                  }));
-  if constexpr (FloatingPoint<T>) {
-    if (detail::should_record(x)) {
-      Shape in_shape = x.shape();
-      detail::record(out, op::Slice::name, loc, {x}, {}, false,
-                     [in_shape, begin](const TensorBase&, const TensorBase& g) {
-                       return autograd::Grads{slice_backward(Tensor<T>(g), in_shape, begin)};
-                     });
-    }
-  }
-  return out;
+  return detail::apply<T>(op::Slice{begin, size, x.shape()}, loc, x);
 }
 
 /// Zeros of `in_shape` with g written at `begin`: the adjoint of slice.
@@ -281,28 +313,7 @@ template <Numeric T> Tensor<T> slice_backward(const Tensor<T>& g, const Shape& i
     throw_shape_error(op::SliceGrad::name, loc, "the gradient ", dtype_name(g.dtype()), g.shape(), " at begin ",
                       Shape(begin), " must lie inside the input shape ", in_shape, " (one begin per axis)");
   detail::checked_numel(op::SliceGrad::name, loc, in_shape);  // before its strides are computed
-  auto strides = in_shape.strides();
-  std::int64_t offset = 0;
-  for (int i = 0; i < in_shape.ndim(); ++i) offset += begin[i] * strides[i];
-  Tensor<T> out(detail::primitive(op::SliceGrad{begin}, loc, {g}, g.dtype(), in_shape,
-                                  [in_shape, offset, strides](std::span<const TensorBase> in, const TensorBase& dest) {
-                                    Tensor<T> v(in[0]);
-                                    auto out = detail::output<T>(dest, in_shape, v.device());
-                                    kernels::fill(v.device(), out.data(), out.numel(), T(0));
-                                    kernels::strided_copy(v.device(), v.shape(), v.data(), v.shape().strides(),
-                                                          out.data() + offset, strides);
-                                    return TensorBase(out);
-                                  }));
-  if constexpr (FloatingPoint<T>) {
-    if (detail::should_record(g)) {
-      std::vector<std::int64_t> size = g.shape().to_vector();
-      detail::record(out, op::SliceGrad::name, loc, {g}, {}, false,
-                     [begin, size](const TensorBase&, const TensorBase& gg) {
-                       return autograd::Grads{slice(Tensor<T>(gg), begin, size)};
-                     });
-    }
-  }
-  return out;
+  return detail::apply<T>(op::SliceGrad{begin, in_shape, g.shape()}, loc, g);
 }
 
 /// Joins tensors along an existing axis; all other extents must agree.
@@ -326,39 +337,23 @@ Tensor<T> concat(const std::vector<Tensor<T>>& xs, std::int64_t axis = 0, Source
     }
     shape[a] = detail::checked_add(op::Concat::name, loc, "the concatenated extent", shape[a], s[a]);
   }
+  const op::Concat def{a};
   std::vector<TensorBase> inputs(xs.begin(), xs.end());
-  Tensor<T> out(detail::primitive(op::Concat{a}, loc, inputs, dtype_of<T>(), shape,
-                                  [shape, a](std::span<const TensorBase> in, const TensorBase& dest) {
+  Tensor<T> out(detail::primitive(def, loc, inputs, dtype_of<T>(), shape,
+                                  [def, shape](std::span<const TensorBase> in, const TensorBase& dest) {
                                     const Device device = detail::device_of(in);
                                     auto out = detail::output<T>(dest, shape, device);
-                                    auto strides = shape.strides();
-                                    std::int64_t at = 0;
-                                    for (const auto& part : in) {
-                                      Tensor<T> x(part);
-                                      kernels::strided_copy(device, x.shape(), x.data(), x.shape().strides(),
-                                                            out.data() + at * strides[a], strides);
-                                      at += x.shape()[a];
-                                    }
+                                    def.run(device, in, out);
                                     return TensorBase(out);
                                   }));
   if constexpr (FloatingPoint<T>) {
-    bool any = false;
-    for (const auto& x : xs) any = any || detail::should_record(x);
-    if (any) {
-      std::vector<Shape> shapes;
-      for (const auto& x : xs) shapes.push_back(x.shape());
+    if (std::any_of(xs.begin(), xs.end(), [](const auto& x) { return detail::should_record(x); })) {
+      std::vector<Shape> parts;
+      for (const auto& x : xs) parts.push_back(x.shape());
       std::vector<std::reference_wrapper<const TensorBase>> refs(xs.begin(), xs.end());
-      detail::record_range(out, op::Concat::name, loc, refs.begin(), refs.end(), {}, false,
-                           [shapes, a](const TensorBase&, const TensorBase& g) {
-                             Tensor<T> grad(g);
-                             autograd::Grads grads;
-                             std::vector<std::int64_t> begin(grad.ndim(), 0);
-                             for (const auto& s : shapes) {
-                               grads.push_back(slice(grad, begin, s.to_vector()));
-                               begin[a] += s[a];
-                             }
-                             return grads;
-                           });
+      detail::record_range(
+          out, op::Concat::name, loc, refs.begin(), refs.end(), {}, false,
+          [def, parts, loc](const TensorBase&, const TensorBase& g) { return def.grad(Tensor<T>(g), loc, parts); });
     }
   }
   return out;
@@ -379,25 +374,11 @@ Tensor<T> stack(const std::vector<Tensor<T>>& xs, std::int64_t axis = 0, SourceL
 }
 
 /// Converts element type; the gradient converts back.
-template <Element U, Element T> Tensor<U> cast(const Tensor<T>& x, SourceLoc loc = SourceLoc::current()) {
-  if constexpr (std::is_same_v<T, U>) {
+template <Element U, Element T> Tensor<U> cast(const Tensor<T>& x, SourceLoc loc) {
+  if constexpr (std::is_same_v<T, U>)
     return x;
-  } else {
-    Tensor<U> out(detail::primitive(op::Cast{dtype_of<U>()}, loc, {x}, dtype_of<U>(), x.shape(),
-                                    [](std::span<const TensorBase> in, const TensorBase& dest) {
-                                      const Device device = in[0].device();
-                                      auto out = detail::output<U>(dest, in[0].shape(), device);
-                                      kernels::cast(device, Tensor<T>(in[0]).data(), out.data(), out.numel());
-                                      return TensorBase(out);
-                                    }));
-    if constexpr (FloatingPoint<T> && FloatingPoint<U>) {
-      if (detail::should_record(x)) {
-        detail::record(out, op::Cast::name, loc, {x}, {}, false,
-                       [](const TensorBase&, const TensorBase& g) { return autograd::Grads{cast<T>(Tensor<U>(g))}; });
-      }
-    }
-    return out;
-  }
+  else
+    return detail::apply<U>(op::Cast{dtype_of<U>()}, loc, x);
 }
 
 }  // namespace xgrad

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 
 #include "xgrad/backend/cpu/conv.hpp"
 #include "xgrad/backend/cpu/pool.hpp"
@@ -86,15 +87,14 @@ template <class Geometry> struct Windowed {
 // gradient rule (below the definitions: the rules run each other's primitives). Each gradient
 // is a primitive too, the pairs adjoint, so gradients of gradients work.
 
-template <std::size_t N> using Needs = std::array<bool, N>;
-
 struct Conv2D : Windowed<cpu::Conv2dGeometry> {
   static constexpr std::string_view name = "Conv2D";
   static constexpr bool epilogue = true;
   static constexpr Needs<2> differentiable{true, true}, saved{true, true};
   Shape output_shape() const { return {geometry.n, geometry.c_out, geometry.out_h, geometry.out_w}; }
-  template <class T> void run(Device d, const T* x, const T* w, T* y, const ir::BlockDone* done) const {
-    kernels::conv2d_forward(d, geometry, x, w, y, done);
+  template <class T>
+  void run(Device d, const Tensor<T>& x, const Tensor<T>& w, Tensor<T>& y, const ir::BlockDone* done) const {
+    kernels::conv2d_forward(d, geometry, x.data(), w.data(), y.data(), done);
   }
   template <class T>
   autograd::Grads grad(const Tensor<T>& g, Needs<2> needs, SourceLoc loc, const Tensor<T>& x, const Tensor<T>& w) const;
@@ -104,8 +104,8 @@ struct Conv2DInputGrad : Windowed<cpu::Conv2dGeometry> {
   static constexpr std::string_view name = "Conv2DInputGrad";
   static constexpr Needs<2> differentiable{true, true}, saved{true, true};
   Shape output_shape() const { return {geometry.n, geometry.c_in, geometry.h, geometry.w}; }
-  template <class T> void run(Device d, const T* gy, const T* w, T* gx) const {
-    kernels::conv2d_backward_input(d, geometry, gy, w, gx);
+  template <class T> void run(Device d, const Tensor<T>& gy, const Tensor<T>& w, Tensor<T>& gx) const {
+    kernels::conv2d_backward_input(d, geometry, gy.data(), w.data(), gx.data());
   }
   template <class T> autograd::Grads grad(const Tensor<T>& u, Needs<2> needs, SourceLoc loc, const Tensor<T>& gy,
                                           const Tensor<T>& w) const;
@@ -115,50 +115,20 @@ struct Conv2DWeightGrad : Windowed<cpu::Conv2dGeometry> {
   static constexpr std::string_view name = "Conv2DWeightGrad";
   static constexpr Needs<2> differentiable{true, true}, saved{true, true};
   Shape output_shape() const { return {geometry.c_out, geometry.c_in, geometry.kh, geometry.kw}; }
-  template <class T> void run(Device d, const T* x, const T* gy, T* gw) const {
-    kernels::conv2d_backward_weight(d, geometry, x, gy, gw);
+  template <class T> void run(Device d, const Tensor<T>& x, const Tensor<T>& gy, Tensor<T>& gw) const {
+    kernels::conv2d_backward_weight(d, geometry, x.data(), gy.data(), gw.data());
   }
   template <class T> autograd::Grads grad(const Tensor<T>& v, Needs<2> needs, SourceLoc loc, const Tensor<T>& x,
                                           const Tensor<T>& gy) const;
 };
 
-struct MaxPool : Windowed<cpu::Pool2dGeometry> {
-  static constexpr std::string_view name = "MaxPool";
-  static constexpr Needs<1> differentiable{true}, saved{true};
-  Shape output_shape() const { return {geometry.n, geometry.c, geometry.out_h, geometry.out_w}; }
-  template <class T> void run(Device d, const T* x, T* y) const { kernels::max_pool2d_forward(d, geometry, x, y); }
-  template <class T> autograd::Grads grad(const Tensor<T>& g, Needs<1>, SourceLoc loc, const Tensor<T>& x) const;
-};
-/// MaxPool's gradient: gy routed to the argmax of each window of x.
-struct MaxPoolGrad : Windowed<cpu::Pool2dGeometry> {
-  static constexpr std::string_view name = "MaxPoolGrad";
-  static constexpr Needs<2> differentiable{false, true}, saved{true, false};
-  Shape output_shape() const { return {geometry.n, geometry.c, geometry.h, geometry.w}; }
-  template <class T> void run(Device d, const T* x, const T* gy, T* gx) const {
-    kernels::max_pool2d_scatter(d, geometry, x, gy, gx);
-  }
-  template <class T>
-  autograd::Grads grad(const Tensor<T>& u, Needs<2>, SourceLoc loc, const Tensor<T>& x, const Tensor<T>&) const;
-};
-/// v read at the argmax of each window of x: MaxPoolGrad's adjoint.
-struct MaxPoolGradGrad : Windowed<cpu::Pool2dGeometry> {
-  static constexpr std::string_view name = "MaxPoolGradGrad";
-  static constexpr Needs<2> differentiable{false, true}, saved{true, false};
-  Shape output_shape() const { return {geometry.n, geometry.c, geometry.out_h, geometry.out_w}; }
-  template <class T> void run(Device d, const T* x, const T* v, T* out) const {
-    kernels::max_pool2d_select(d, geometry, x, v, out);
-  }
-  template <class T>
-  autograd::Grads grad(const Tensor<T>& u, Needs<2>, SourceLoc loc, const Tensor<T>& x, const Tensor<T>&) const;
-};
 /// The plane offset of each window's first maximum (int32, -1 for an empty window): the argmax
-/// max pooling's forward and backward share in a compiled graph, where a pass rewrites them to
-/// MaxPoolTake and MaxPoolPut (passes/simplify.hpp). An index: no gradient.
+/// max pooling's forward and backward share. An index: no gradient.
 struct MaxPoolArgmax : Windowed<cpu::Pool2dGeometry> {
   static constexpr std::string_view name = "MaxPoolArgmax";
   Shape output_shape() const { return {geometry.n, geometry.c, geometry.out_h, geometry.out_w}; }
-  template <class T> void run(Device d, const T* x, std::int32_t* idx) const {
-    kernels::max_pool2d_argmax(d, geometry, x, idx);
+  template <class T> void run(Device d, const Tensor<T>& x, Tensor<std::int32_t>& idx) const {
+    kernels::max_pool2d_argmax(d, geometry, x.data(), idx.data());
   }
 };
 /// out[o] = v at window o's argmax idx[o]: max pooling is MaxPoolTake(x, MaxPoolArgmax(x)).
@@ -166,8 +136,8 @@ struct MaxPoolTake : Windowed<cpu::Pool2dGeometry> {
   static constexpr std::string_view name = "MaxPoolTake";
   static constexpr Needs<2> differentiable{true, false}, saved{false, true};
   Shape output_shape() const { return {geometry.n, geometry.c, geometry.out_h, geometry.out_w}; }
-  template <class T> void run(Device d, const T* v, const std::int32_t* idx, T* out) const {
-    kernels::max_pool2d_take(d, geometry, idx, v, out);
+  template <class T> void run(Device d, const Tensor<T>& v, const Tensor<std::int32_t>& idx, Tensor<T>& out) const {
+    kernels::max_pool2d_take(d, geometry, idx.data(), v.data(), out.data());
   }
   template <class T> autograd::Grads grad(const Tensor<T>& u, Needs<2>, SourceLoc loc, const Tensor<T>&,
                                           const Tensor<std::int32_t>& idx) const;
@@ -178,8 +148,8 @@ struct MaxPoolPut : Windowed<cpu::Pool2dGeometry> {
   static constexpr std::string_view name = "MaxPoolPut";
   static constexpr Needs<2> differentiable{false, true}, saved{true, false};
   Shape output_shape() const { return {geometry.n, geometry.c, geometry.h, geometry.w}; }
-  template <class T> void run(Device d, const std::int32_t* idx, const T* gy, T* gx) const {
-    kernels::max_pool2d_put(d, geometry, idx, gy, gx);
+  template <class T> void run(Device d, const Tensor<std::int32_t>& idx, const Tensor<T>& gy, Tensor<T>& gx) const {
+    kernels::max_pool2d_put(d, geometry, idx.data(), gy.data(), gx.data());
   }
   template <class T> autograd::Grads grad(const Tensor<T>& u, Needs<2>, SourceLoc loc, const Tensor<std::int32_t>& idx,
                                           const Tensor<T>&) const;
@@ -190,7 +160,9 @@ struct AvgPool : Windowed<cpu::Pool2dGeometry> {
   static constexpr std::string_view name = "AvgPool";
   static constexpr Needs<1> differentiable{true}, saved{false};
   Shape output_shape() const { return {geometry.n, geometry.c, geometry.out_h, geometry.out_w}; }
-  template <class T> void run(Device d, const T* x, T* y) const { kernels::avg_pool2d_forward(d, geometry, x, y); }
+  template <class T> void run(Device d, const Tensor<T>& x, Tensor<T>& y) const {
+    kernels::avg_pool2d_forward(d, geometry, x.data(), y.data());
+  }
   template <class T> autograd::Grads grad(const Tensor<T>& g, Needs<1>, SourceLoc loc, const Tensor<T>&) const;
 };
 /// gy spread evenly over each window: AvgPool's gradient and adjoint.
@@ -198,7 +170,9 @@ struct AvgPoolGrad : Windowed<cpu::Pool2dGeometry> {
   static constexpr std::string_view name = "AvgPoolGrad";
   static constexpr Needs<1> differentiable{true}, saved{false};
   Shape output_shape() const { return {geometry.n, geometry.c, geometry.h, geometry.w}; }
-  template <class T> void run(Device d, const T* gy, T* gx) const { kernels::avg_pool2d_backward(d, geometry, gy, gx); }
+  template <class T> void run(Device d, const Tensor<T>& gy, Tensor<T>& gx) const {
+    kernels::avg_pool2d_backward(d, geometry, gy.data(), gx.data());
+  }
   template <class T> autograd::Grads grad(const Tensor<T>& u, Needs<1>, SourceLoc loc, const Tensor<T>&) const;
 };
 
@@ -206,9 +180,9 @@ struct ResizeBilinear : Windowed<ResizeGeometry> {
   static constexpr std::string_view name = "ResizeBilinear";
   static constexpr Needs<1> differentiable{true}, saved{false};
   Shape output_shape() const { return {geometry.n, geometry.c, geometry.out_h, geometry.out_w}; }
-  template <class T> void run(Device d, const T* x, T* y) const {
+  template <class T> void run(Device d, const Tensor<T>& x, Tensor<T>& y) const {
     const ResizeGeometry& r = geometry;
-    kernels::resize_bilinear_forward(d, r.n, r.c, r.h, r.w, r.out_h, r.out_w, r.align_corners, x, y);
+    kernels::resize_bilinear_forward(d, r.n, r.c, r.h, r.w, r.out_h, r.out_w, r.align_corners, x.data(), y.data());
   }
   template <class T> autograd::Grads grad(const Tensor<T>& g, Needs<1>, SourceLoc loc, const Tensor<T>&) const;
 };
@@ -217,9 +191,9 @@ struct ResizeBilinearGrad : Windowed<ResizeGeometry> {
   static constexpr std::string_view name = "ResizeBilinearGrad";
   static constexpr Needs<1> differentiable{true}, saved{false};
   Shape output_shape() const { return {geometry.n, geometry.c, geometry.h, geometry.w}; }
-  template <class T> void run(Device d, const T* gy, T* gx) const {
+  template <class T> void run(Device d, const Tensor<T>& gy, Tensor<T>& gx) const {
     const ResizeGeometry& r = geometry;
-    kernels::resize_bilinear_backward(d, r.n, r.c, r.h, r.w, r.out_h, r.out_w, r.align_corners, gy, gx);
+    kernels::resize_bilinear_backward(d, r.n, r.c, r.h, r.w, r.out_h, r.out_w, r.align_corners, gy.data(), gx.data());
   }
   template <class T> autograd::Grads grad(const Tensor<T>& u, Needs<1>, SourceLoc loc, const Tensor<T>&) const;
 };
@@ -239,18 +213,6 @@ template <class T> autograd::Grads Conv2DWeightGrad::grad(const Tensor<T>& v, Ne
                                                           const Tensor<T>& x, const Tensor<T>& gy) const {
   return {needs[0] ? detail::apply<T>(Conv2DInputGrad{geometry}, loc, gy, v) : Tensor<T>(),
           needs[1] ? detail::apply<T>(Conv2D{geometry}, loc, x, v) : Tensor<T>()};
-}
-template <class T>
-autograd::Grads MaxPool::grad(const Tensor<T>& g, Needs<1>, SourceLoc loc, const Tensor<T>& x) const {
-  return {detail::apply<T>(MaxPoolGrad{geometry}, loc, x, g)};
-}
-template <class T> autograd::Grads MaxPoolGrad::grad(const Tensor<T>& u, Needs<2>, SourceLoc loc, const Tensor<T>& x,
-                                                     const Tensor<T>&) const {
-  return {TensorBase(), detail::apply<T>(MaxPoolGradGrad{geometry}, loc, x, u)};
-}
-template <class T> autograd::Grads MaxPoolGradGrad::grad(const Tensor<T>& u, Needs<2>, SourceLoc loc,
-                                                         const Tensor<T>& x, const Tensor<T>&) const {
-  return {TensorBase(), detail::apply<T>(MaxPoolGrad{geometry}, loc, x, u)};
 }
 template <class T> autograd::Grads MaxPoolTake::grad(const Tensor<T>& u, Needs<2>, SourceLoc loc, const Tensor<T>&,
                                                      const Tensor<std::int32_t>& idx) const {
@@ -290,8 +252,8 @@ struct OneHot {
     return out;
   }
   void check(std::span<const TensorBase> in, SourceLoc loc) const { detail::check_labels(name, in[0], depth, loc); }
-  template <class T> void run(Device d, const std::int32_t* labels, T* out) const {
-    kernels::tabulate(d, out, count * depth, detail::OneHotElement<T>{labels, depth});
+  template <class T> void run(Device d, const Tensor<std::int32_t>& labels, Tensor<T>& out) const {
+    kernels::tabulate(d, out.data(), count * depth, detail::OneHotElement<T>{labels.data(), depth});
   }
 };
 
@@ -306,8 +268,9 @@ struct SoftmaxCrossEntropy {
   void check(std::span<const TensorBase> in, SourceLoc loc) const {
     detail::check_labels("SoftmaxCrossEntropyWithLogits", in[1], classes, loc);
   }
-  template <class T> void run(Device d, const T* logits, const std::int32_t* labels, T* loss) const {
-    kernels::softmax_xent_forward(d, logits, labels, rows, classes, loss);
+  template <class T>
+  void run(Device d, const Tensor<T>& logits, const Tensor<std::int32_t>& labels, Tensor<T>& loss) const {
+    kernels::softmax_xent_forward(d, logits.data(), labels.data(), rows, classes, loss.data());
   }
   template <class T> autograd::Grads grad(const Tensor<T>& g, Needs<2>, SourceLoc loc, const Tensor<T>& logits,
                                           const Tensor<std::int32_t>& labels) const;
@@ -321,8 +284,9 @@ struct SoftmaxCrossEntropyGrad {
   bool operator==(const SoftmaxCrossEntropyGrad&) const = default;
   Shape output_shape() const { return {rows, classes}; }
   void check(std::span<const TensorBase> in, SourceLoc loc) const { detail::check_labels(name, in[1], classes, loc); }
-  template <class T> void run(Device d, const T* logits, const std::int32_t* labels, const T* g, T* grad) const {
-    kernels::softmax_xent_backward(d, logits, labels, g, rows, classes, grad);
+  template <class T> void run(Device d, const Tensor<T>& logits, const Tensor<std::int32_t>& labels, const Tensor<T>& g,
+                              Tensor<T>& grad) const {
+    kernels::softmax_xent_backward(d, logits.data(), labels.data(), g.data(), rows, classes, grad.data());
   }
   template <class T> autograd::Grads grad(const Tensor<T>& u, Needs<3>, SourceLoc loc, const Tensor<T>& logits,
                                           const Tensor<std::int32_t>& labels, const Tensor<T>& g) const;
@@ -437,7 +401,7 @@ inline cpu::Pool2dGeometry pool_geometry(std::string_view op, const TensorBase& 
   return {s[0], s[1], s[2], s[3], kernel, kernel, stride, stride, rows.pad_before, cols.pad_before, rows.out, cols.out};
 }
 
-/// The argmax form of max pooling that a pass rewrites MaxPool and MaxPoolGrad into (op::MaxPoolArgmax).
+// Max pooling's three primitives, for passes and tests that build them directly.
 template <FloatingPoint T>
 Tensor<std::int32_t> max_pool_argmax(const Tensor<T>& x, const cpu::Pool2dGeometry& geo, SourceLoc loc) {
   return apply<std::int32_t>(op::MaxPoolArgmax{geo}, loc, x);
@@ -453,13 +417,19 @@ template <FloatingPoint T> Tensor<T> max_pool_put(const Tensor<std::int32_t>& id
 
 }  // namespace detail
 
-/// Max over kernel x kernel windows of x [N, C, H, W]; pad_mode valid (default) or same.
+/// Max over kernel x kernel windows of x [N, C, H, W]; pad_mode valid (default) or same. A NaN
+/// in a window propagates; on ties the first maximum in row-major order is the one gradients
+/// reach. Runs as MaxPoolTake(x, MaxPoolArgmax(x)): the backward reuses the argmax.
 template <FloatingPoint T> Tensor<T> max_pool2d(const Tensor<T>& x, std::int64_t kernel, std::int64_t stride,
                                                 PadMode pad_mode = PadMode::valid,
                                                 SourceLoc loc = SourceLoc::current()) {
-  detail::OpScope scope(op::MaxPool::name, loc, {x});
-  return detail::apply<T>(op::MaxPool{detail::pool_geometry(op::MaxPool::name, x, kernel, stride, pad_mode, loc)}, loc,
-                          x);
+  constexpr std::string_view name = "MaxPool";
+  detail::OpScope scope(name, loc, {x});
+  const auto geo = detail::pool_geometry(name, x, kernel, stride, pad_mode, loc);
+  if (geo.h * geo.w > std::numeric_limits<std::int32_t>::max())
+    throw_shape_error(name, loc, "a plane of ", geo.h * geo.w, " elements (input ", dtype_name(x.dtype()), x.shape(),
+                      ") is beyond the int32 window offsets max pooling keeps for its gradient (at most 2^31 - 1)");
+  return detail::max_pool_take(x, detail::max_pool_argmax(x, geo, loc), geo, loc);
 }
 template <FloatingPoint T>
 Tensor<T> max_pool2d(const Tensor<T>& x, std::int64_t kernel, SourceLoc loc = SourceLoc::current()) {

@@ -33,10 +33,18 @@ template <class T> struct UniformSample {
 }  // namespace detail
 
 namespace op {
+/// Samples of U[0, 1) determined by the int64 scalar key alone.
 struct RandomUniform {
   static constexpr std::string_view name = "RandomUniform";
   Device device = Device::cpu;  // where the samples are made when the key is a cpu scalar
+  Shape shape;
   bool operator==(const RandomUniform&) const = default;
+  Shape output_shape() const { return shape; }
+  Device output_device(Device key) const { return key == Device::cpu ? device : key; }
+  template <class T> void run(Device d, const Tensor<std::int64_t>& key, Tensor<T>& out) const {
+    const detail::UniformSample<T> sample{detail::mix64(static_cast<std::uint64_t>(key.item()))};
+    kernels::tabulate(d, out.data(), out.numel(), sample);
+  }
 };
 }  // namespace op
 
@@ -50,15 +58,7 @@ Tensor<T> random_uniform(const Tensor<std::int64_t>& key, const Shape& shape, So
   detail::check_sizes(op::RandomUniform::name, shape, loc);
   const Device device = key.is_symbolic() || key.device() == Device::cpu ? default_device() : key.device();
   detail::check_available(device, op::RandomUniform::name);
-  return Tensor<T>(detail::primitive(op::RandomUniform{device}, loc, {key}, dtype_of<T>(), shape,
-                                     [shape, device](std::span<const TensorBase> in, const TensorBase& dest) {
-                                       auto out = detail::output<T>(
-                                           dest, shape, in[0].device() == Device::cpu ? device : in[0].device());
-                                       const detail::UniformSample<T> sample{detail::mix64(
-                                           static_cast<std::uint64_t>(Tensor<std::int64_t>(in[0]).item()))};
-                                       kernels::tabulate(out.device(), out.data(), out.numel(), sample);
-                                       return TensorBase(out);
-                                     }));
+  return detail::apply<T>(op::RandomUniform{device, shape}, loc, key);
 }
 
 }  // namespace xgrad

@@ -42,27 +42,6 @@ struct MinReducer : ExtremumReducer<MinReducer> {
   template <class V> XGRAD_HD static V combine(const V& a, const V& b) { return math::min(a, b); }
 };
 
-/// The reductions to a shape that keeps the reduced axes as 1s (sum, max and min over any axes
-/// are these, reshaped when keepdims is false).
-template <class Reducer, const char* Name> struct ReduceTo {
-  static constexpr std::string_view name = Name;
-  using reducer = Reducer;
-  Shape shape;
-  std::vector<ir::Attr> attrs() const { return {{"shape", shape.str()}}; }
-  bool operator==(const ReduceTo&) const = default;
-};
-inline constexpr char sum_to_name[] = "SumTo", reduce_max_name[] = "ReduceMax", reduce_min_name[] = "ReduceMin";
-using SumTo = ReduceTo<SumReducer, sum_to_name>;
-using ReduceMax = ReduceTo<MaxReducer, reduce_max_name>;
-using ReduceMin = ReduceTo<MinReducer, reduce_min_name>;
-
-struct Argmax {
-  static constexpr std::string_view name = "Argmax";
-  int axis = 0;
-  std::vector<ir::Attr> attrs() const { return {{"axis", std::to_string(axis)}}; }
-  bool operator==(const Argmax&) const = default;
-};
-
 }  // namespace op
 
 namespace detail {
@@ -108,6 +87,80 @@ template <class R, class T> Tensor<T> reduce_to(const Tensor<T>& x, const Shape&
   return out;
 }
 
+}  // namespace detail
+
+namespace op {
+
+/// The reductions to a shape that keeps the reduced axes as 1s (sum, max and min over any axes
+/// are these, reshaped when keepdims is false).
+template <class Reducer> struct ReduceTo {
+  using reducer = Reducer;
+  Shape shape;
+  std::vector<ir::Attr> attrs() const { return {{"shape", shape.str()}}; }
+  bool operator==(const ReduceTo&) const = default;
+  Shape output_shape() const { return shape; }
+  template <class T> void run(Device, const Tensor<T>& x, Tensor<T>& out) const {
+    detail::reduce_to<Reducer>(x, shape, out);
+  }
+};
+
+/// Sums over the broadcast axes: broadcast_to's adjoint.
+struct SumTo : ReduceTo<SumReducer> {
+  static constexpr std::string_view name = "SumTo";
+  Shape from;  // the input's shape, which the gradient broadcasts back to
+  bool operator==(const SumTo&) const = default;
+  static constexpr Needs<1> differentiable{true}, saved{false};
+  template <class T> autograd::Grads grad(const Tensor<T>& g, Needs<1>, SourceLoc loc, const Tensor<T>&) const {
+    return {broadcast_to(g, from, loc)};
+  }
+};
+
+/// max or min: the gradient is shared evenly between tied extrema, or between the NaNs of a
+/// group whose result is NaN (as PyTorch's).
+template <class Reducer> struct Extremum : ReduceTo<Reducer> {
+  static constexpr Needs<1> differentiable{true}, saved{true};
+  static constexpr bool reads_output = true;
+  template <class T>
+  autograd::Grads grad(const Tensor<T>& g, const Tensor<T>& y, Needs<1>, SourceLoc loc, const Tensor<T>& x) const {
+    const auto x_nan = equal(equal(x, x, loc), false, loc);
+    const auto mask = cast<T>(where(equal(y, y, loc), equal(x, y, loc), x_nan, loc), loc);
+    return {g * mask / sum_to(mask, y.shape(), loc)};
+  }
+};
+struct ReduceMax : Extremum<MaxReducer> {
+  static constexpr std::string_view name = "ReduceMax";
+  bool operator==(const ReduceMax&) const = default;
+};
+struct ReduceMin : Extremum<MinReducer> {
+  static constexpr std::string_view name = "ReduceMin";
+  bool operator==(const ReduceMin&) const = default;
+};
+
+/// The index of the first largest element along `axis`, as int32. An index: no gradient.
+struct Argmax {
+  static constexpr std::string_view name = "Argmax";
+  int axis = 0;
+  bool keepdims = false;
+  std::vector<ir::Attr> attrs() const { return {{"axis", std::to_string(axis)}}; }
+  bool operator==(const Argmax&) const = default;
+  Shape output_shape(const Shape& x) const {
+    Shape out;
+    for (int i = 0; i < x.ndim(); ++i)
+      if (i != axis || keepdims) out.push_back(i == axis ? 1 : x[i]);
+    return out;
+  }
+  template <class T> void run(Device d, const Tensor<T>& x, Tensor<std::int32_t>& out) const {
+    std::int64_t outer = 1, inner = 1;
+    for (int i = 0; i < axis; ++i) outer *= x.shape()[i];
+    for (int i = axis + 1; i < x.ndim(); ++i) inner *= x.shape()[i];
+    kernels::argmax(d, x.data(), out.data(), outer, x.shape()[axis], inner);
+  }
+};
+
+}  // namespace op
+
+namespace detail {
+
 /// The shapes a reduction over `axes` produces: with size-1 axes kept, and as asked.
 struct ReducedShapes {
   Shape kept;
@@ -142,19 +195,7 @@ template <Numeric T> Tensor<T> sum_to(const Tensor<T>& x, const Shape& shape, So
   if (!try_broadcast(shape, x.shape(), check) || !(check == x.shape()))
     throw_shape_error(op::SumTo::name, loc, "input ", dtype_name(x.dtype()), x.shape(), " does not broadcast from ",
                       shape);
-  Tensor<T> out(detail::primitive(op::SumTo{shape}, loc, {x}, x.dtype(), shape,
-                                  [shape](std::span<const TensorBase> in, const TensorBase& dest) {
-                                    return TensorBase(detail::reduce_to<op::SumReducer>(Tensor<T>(in[0]), shape, dest));
-                                  }));
-  if constexpr (FloatingPoint<T>) {
-    if (detail::should_record(x)) {
-      Shape in_shape = x.shape();
-      detail::record(out, op::SumTo::name, loc, {x}, {}, false, [in_shape](const TensorBase&, const TensorBase& g) {
-        return autograd::Grads{broadcast_to(Tensor<T>(g), in_shape)};
-      });
-    }
-  }
-  return out;
+  return detail::apply<T>(op::SumTo{{shape}, x.shape()}, loc, x);
 }
 
 /// Sum over `axes` (all axes when empty).
@@ -176,8 +217,7 @@ template <FloatingPoint T> Tensor<T> mean(const Tensor<T>& x, const std::vector<
 
 namespace detail {
 
-/// max or min over axes; the gradient is shared evenly between tied extrema, or between the NaNs
-/// of a group whose result is NaN (as PyTorch's).
+/// max or min over axes (op::Extremum).
 template <class Reduce, class T>
 Tensor<T> extremum(const Tensor<T>& x, const std::vector<std::int64_t>& axes, bool keepdims, SourceLoc loc) {
   constexpr std::string_view name = Reduce::name;
@@ -185,20 +225,7 @@ Tensor<T> extremum(const Tensor<T>& x, const std::vector<std::int64_t>& axes, bo
   auto shapes = reduced_shapes(name, x, axes, keepdims, loc);
   if (shapes.count == 0 && shapes.kept.numel() != 0)
     throw_shape_error(name, loc, "cannot reduce over an empty axis of input ", dtype_name(x.dtype()), x.shape());
-  Tensor<T> kept(primitive(Reduce{shapes.kept}, loc, {x}, x.dtype(), shapes.kept,
-                           [kept_shape = shapes.kept](std::span<const TensorBase> in, const TensorBase& dest) {
-                             return TensorBase(reduce_to<typename Reduce::reducer>(Tensor<T>(in[0]), kept_shape, dest));
-                           }));
-  if constexpr (FloatingPoint<T>) {
-    if (should_record(x)) {
-      record(kept, name, loc, {x}, {x}, true, [x](const TensorBase& y, const TensorBase& g) {
-        const Tensor<T> yt(y);
-        const auto x_nan = equal(equal(x, x), false);
-        auto mask = cast<T>(where(equal(yt, yt), equal(x, yt), x_nan));
-        return autograd::Grads{Tensor<T>(g) * mask / sum_to(mask, Tensor<T>(y).shape())};
-      });
-    }
-  }
+  const Tensor<T> kept = apply<T>(Reduce{{shapes.kept}}, loc, x);
   return shapes.out == shapes.kept ? kept : reshape(kept, shapes.out, loc);
 }
 
@@ -225,19 +252,7 @@ template <Numeric T> Tensor<std::int32_t> argmax(const Tensor<T>& x, std::int64_
   if (x.shape()[a] == 0)
     throw_shape_error(op::Argmax::name, loc, "axis ", axis, " of input ", dtype_name(x.dtype()), x.shape(),
                       " is empty");
-  auto shapes = detail::reduced_shapes(op::Argmax::name, x, {a}, keepdims, loc);
-  std::int64_t outer = 1, inner = 1;
-  for (int i = 0; i < a; ++i) outer *= x.shape()[i];
-  for (int i = a + 1; i < x.ndim(); ++i) inner *= x.shape()[i];
-  const std::int64_t extent = x.shape()[a];
-  return Tensor<std::int32_t>(detail::primitive(
-      op::Argmax{a}, loc, {x}, DType::int32, shapes.out,
-      [out_shape = shapes.out, outer, extent, inner](std::span<const TensorBase> in, const TensorBase& dest) {
-        const Device device = in[0].device();
-        auto out = detail::output<std::int32_t>(dest, out_shape, device);
-        kernels::argmax(device, Tensor<T>(in[0]).data(), out.data(), outer, extent, inner);
-        return TensorBase(out);
-      }));
+  return detail::apply<std::int32_t>(op::Argmax{a, keepdims}, loc, x);
 }
 
 }  // namespace xgrad

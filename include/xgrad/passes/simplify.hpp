@@ -168,86 +168,41 @@ inline bool is_positive_zero(const ir::Value* v) {
   return true;
 }
 
-/// Where the MaxPool whose gradient `grad` is (same input and geometry) sits before position
-/// `before`; `before` when there is none.
-inline std::size_t forward_max_pool(const ir::Graph& g, const ir::Node& grad, std::size_t before) {
-  const cpu::Pool2dGeometry& geo = grad.params<op::MaxPoolGrad>().geometry;
-  for (std::size_t k = 0; k < before; ++k) {
-    const ir::Node& n = *g.nodes[k];
-    if (n.is<op::MaxPool>() && n.inputs[0] == grad.inputs[0] && n.params<op::MaxPool>().geometry == geo) return k;
-  }
-  return before;
-}
-
-/// where(y > 0, MaxPoolGrad(y, g), 0) -> MaxPoolGrad(y, where(MaxPool(y) > 0, g, 0)): ReLU's
-/// gradient before max pooling's, applied to the pooled tensor instead of the full one. Exact:
-/// the scatter puts g[o] only at its window's argmax i, where y[i] is MaxPool(y)[o], so both
-/// masks pass the same terms in the same order (a masked element is +0 either way, NaN
-/// included). Needs the forward MaxPool(y) with the same attributes, before the gradient.
-/// True when it rewrote the Select at `at`.
-inline bool mask_through_max_pool_grad(ir::Graph& g, std::size_t& at) {
+/// where(y > 0, MaxPoolPut(a, g), 0) with a = MaxPoolArgmax(y) ->
+/// MaxPoolPut(a, where(MaxPoolTake(y, a) > 0, g, 0)): ReLU's gradient before max pooling's,
+/// applied to the pooled tensor instead of the full one (the Take is the forward's, which CSE
+/// finds). Exact: the put adds g[o] only at its window's argmax i, where y[i] is
+/// MaxPoolTake(y, a)[o], so both masks pass the same terms in the same order (a masked element
+/// is +0 either way, NaN included). True when it rewrote the Select at `at`.
+inline bool mask_through_max_pool_put(ir::Graph& g, std::size_t& at) {
   const ir::Node& select = *g.nodes[at];
   if (!select.is<op::Where>() || !is_positive_zero(select.inputs[2])) return false;
   const ir::Node* greater = select.inputs[0]->producer;
-  ir::Node* grad = select.inputs[1]->producer;
-  if (!greater || !greater->is<op::Greater>() || !is_positive_zero(greater->inputs[1]) || !grad ||
-      !grad->is<op::MaxPoolGrad>() || greater->inputs[0] != grad->inputs[0] || readers(g, select.inputs[1]) != 1 ||
+  ir::Node* put = select.inputs[1]->producer;
+  if (!greater || !greater->is<op::Greater>() || !is_positive_zero(greater->inputs[1]) || !put ||
+      !put->is<op::MaxPoolPut>() || readers(g, select.inputs[1]) != 1 ||
       !same_type(select.inputs[1], select.outputs[0]))
     return false;
-  ir::Value* y = grad->inputs[0];
+  const ir::Node* argmax = put->inputs[0]->producer;
+  ir::Value* y = greater->inputs[0];
+  const cpu::Pool2dGeometry geo = put->params<op::MaxPoolPut>().geometry;
+  if (!argmax || !argmax->is<op::MaxPoolArgmax>() || argmax->inputs[0] != y ||
+      !(argmax->params<op::MaxPoolArgmax>().geometry == geo))
+    return false;
   const DType dtype = y->dtype;
   if (dtype != DType::float32 && dtype != DType::float64) return false;
-  const std::size_t grad_at = position_of(g, grad);
-  const std::size_t pool_at = forward_max_pool(g, *grad, grad_at);
-  if (pool_at == grad_at) return false;
-  const ir::Node* pool = g.nodes[pool_at].get();
+  const std::size_t put_at = position_of(g, put);
   const std::size_t size_before = g.nodes.size();
   auto masked = [&]<class T>(std::type_identity<T>) {
-    return splice(g, grad_at, {pool->outputs[0], grad->inputs[1]}, *grad, [](std::span<const TensorBase> in) {
-      return TensorBase(where(Tensor<T>(in[0]) > T(0), Tensor<T>(in[1]), T(0)));
+    return splice(g, put_at, {y, put->inputs[0], put->inputs[1]}, *put, [&](std::span<const TensorBase> in) {
+      const Tensor<T> pooled =
+          xgrad::detail::max_pool_take(Tensor<T>(in[0]), Tensor<std::int32_t>(in[1]), geo, put->loc);
+      return TensorBase(where(pooled > T(0), Tensor<T>(in[2]), T(0)));
     });
   };
-  grad->inputs[1] =
-      dtype == DType::float32 ? masked(std::type_identity<float>{}) : masked(std::type_identity<double>{});
+  put->inputs[1] = dtype == DType::float32 ? masked(std::type_identity<float>{}) : masked(std::type_identity<double>{});
   at += g.nodes.size() - size_before;  // the Select moved back by the nodes spliced in before it
-  replace_uses(g, g.nodes[at]->outputs[0], grad->outputs[0]);
-  return true;
-}
-
-/// MaxPool(x) and MaxPoolGrad(x, g) with the same attributes -> MaxPoolTake(x, a) and
-/// MaxPoolPut(a, g), a = MaxPoolArgmax(x): each window's argmax found once instead of in the
-/// forward's max and again in the backward. Not strict: where +0 and -0 tie, the max kernel may
-/// return either, the argmax the first. True when it rewrote the MaxPoolGrad at `at`, which then
-/// indexes the (dead) MaxPoolGrad again.
-inline bool share_max_pool_argmax(ir::Graph& g, std::size_t& at, const PassContext& ctx) {
-  ir::Node* grad = g.nodes[at].get();
-  if (ctx.strict || !grad->is<op::MaxPoolGrad>()) return false;
-  ir::Value* x = grad->inputs[0];
-  const DType dtype = x->dtype;
-  if ((dtype != DType::float32 && dtype != DType::float64) || x->shape[2] * x->shape[3] > INT32_MAX) return false;
-  const std::size_t pool_at = forward_max_pool(g, *grad, at);
-  if (pool_at == at) return false;
-  ir::Node* pool = g.nodes[pool_at].get();
-  const cpu::Pool2dGeometry geo = pool->params<op::MaxPool>().geometry;
-  auto rewrite = [&]<class T>(std::type_identity<T>) {
-    ir::Value* argmax = splice(g, pool_at, {x}, *pool, [&](std::span<const TensorBase> in) {
-      return TensorBase(xgrad::detail::max_pool_argmax(Tensor<T>(in[0]), geo, pool->loc));
-    });
-    ir::Value* pooled = splice(g, position_of(g, pool), {x, argmax}, *pool, [&](std::span<const TensorBase> in) {
-      return TensorBase(xgrad::detail::max_pool_take(Tensor<T>(in[0]), Tensor<std::int32_t>(in[1]), geo, pool->loc));
-    });
-    replace_uses(g, pool->outputs[0], pooled);
-    ir::Value* gx =
-        splice(g, position_of(g, grad), {argmax, grad->inputs[1]}, *grad, [&](std::span<const TensorBase> in) {
-          return TensorBase(xgrad::detail::max_pool_put(Tensor<std::int32_t>(in[0]), Tensor<T>(in[1]), geo, grad->loc));
-        });
-    replace_uses(g, grad->outputs[0], gx);
-  };
-  if (dtype == DType::float32)
-    rewrite(std::type_identity<float>{});
-  else
-    rewrite(std::type_identity<double>{});
-  at = position_of(g, grad);
+  replace_uses(g, g.nodes[at]->outputs[0], put->outputs[0]);
   return true;
 }
 
@@ -260,7 +215,7 @@ inline bool simplify(ir::Graph& g, const PassContext& ctx) {
     // Rewrites that replace the node with new ones, spliced in before it.
     const std::size_t size_before = g.nodes.size();
     ir::Value* old_out = g.nodes[k]->outputs.empty() ? nullptr : g.nodes[k]->outputs[0];
-    if (detail::mask_through_max_pool_grad(g, k)) {
+    if (detail::mask_through_max_pool_put(g, k)) {
       changed = true;
       continue;
     }
@@ -288,9 +243,6 @@ inline bool simplify(ir::Graph& g, const PassContext& ctx) {
       changed = true;
     }
   }
-  // Once the rewrites that look for MaxPool and MaxPoolGrad (ReLU's mask) are done with them.
-  if (!changed)
-    for (std::size_t k = 0; k < g.nodes.size(); ++k) changed = detail::share_max_pool_argmax(g, k, ctx) || changed;
   return changed;
 }
 

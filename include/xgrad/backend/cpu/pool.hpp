@@ -116,16 +116,6 @@ template <class V> auto pool_takes(const V& v, const V& r, const V& best, const 
   return (v > best) | ((v == best) & earlier) | (isnan(v) & (earlier | !isnan(best)));
 }
 
-/// NaN-propagating maximum, the reduction of max pooling.
-struct PoolMaxOp {
-  template <class V> static V combine(const V& acc, const V& v) {
-    using std::isnan;
-    using xsimd::isnan;
-    return pick((v > acc) | isnan(v), v, acc);
-  }
-  template <class V, class T> static V finish(const V& v, T /*count*/) { return v; }
-};
-
 /// Sum divided by the in-bounds count, the reduction of average pooling.
 struct PoolAvgOp {
   template <class V> static V combine(const V& acc, const V& v) { return acc + v; }
@@ -277,47 +267,9 @@ void max_pool_argmax_chunk(const Pool2dGeometry& g, const T* x, int64_t count, P
 
 }  // namespace detail
 
-/// y = max_pool2d(x); padded positions never win and a NaN in a window propagates.
-/// An empty (all-padding) window gives 0.
-template <class T> void max_pool2d_forward(const Pool2dGeometry& g, const T* x, T* y) {
-  const int64_t in_plane = g.h * g.w;
-  const int64_t out_plane = g.out_h * g.out_w;
-  detail::for_each_pool_chunk<T>(g, [&](int64_t first, int64_t count, detail::PoolScratch<T>& s) {
-    detail::pool_reduce_chunk<detail::PoolMaxOp>(g, x + first * in_plane, count, s, y + first * out_plane);
-  });
-}
-
-/// gx (input-shaped, overwritten) receives each gy at the argmax position of its window in x
-/// (first maximum on ties). This is the adjoint of max_pool2d_select, i.e. max pooling's backward.
-template <class T> void max_pool2d_scatter(const Pool2dGeometry& g, const T* x, const T* gy, T* gx) {
-  const int64_t in_plane = g.h * g.w;
-  const int64_t out_plane = g.out_h * g.out_w;
-  detail::for_each_pool_chunk<T>(g, [&](int64_t first, int64_t count, detail::PoolScratch<T>& s) {
-    T* gxc = gx + first * in_plane;
-    const T* gyc = gy + first * out_plane;
-    std::fill(gxc, gxc + count * in_plane, T(0));
-    detail::max_pool_argmax_chunk(g, x + first * in_plane, count, s, [&](int64_t o, int64_t a) {
-      if (a >= 0) gxc[a] += gyc[o];
-    });
-  });
-}
-
-/// out[o] = v[argmax position of window o in x]: v is input-shaped, out output-shaped
-/// (overwritten). Linear in v; the adjoint of max_pool2d_scatter. select(x, x) == forward(x).
-template <class T> void max_pool2d_select(const Pool2dGeometry& g, const T* x, const T* v, T* out) {
-  const int64_t in_plane = g.h * g.w;
-  const int64_t out_plane = g.out_h * g.out_w;
-  detail::for_each_pool_chunk<T>(g, [&](int64_t first, int64_t count, detail::PoolScratch<T>& s) {
-    const T* vc = v + first * in_plane;
-    T* oc = out + first * out_plane;
-    detail::max_pool_argmax_chunk(g, x + first * in_plane, count, s,
-                                  [&](int64_t o, int64_t a) { oc[o] = a < 0 ? T(0) : vc[a]; });
-  });
-}
-
-/// idx[o] = the offset within its plane of window o's first maximum in x (the one
-/// max_pool2d_scatter picks), or -1 for an empty window. A compiled graph keeps it so the
-/// forward and the backward find the argmax once (max_pool2d_take, max_pool2d_put).
+/// idx[o] = the offset within its plane of window o's first maximum in x (a NaN beats every
+/// number; padded positions never win), or -1 for an empty window. Max pooling is
+/// max_pool2d_take(argmax, x), its gradient max_pool2d_put(argmax, gy): the argmax is found once.
 template <class T> void max_pool2d_argmax(const Pool2dGeometry& g, const T* x, int32_t* idx) {
   assert(g.h * g.w <= INT32_MAX);
   const int64_t in_plane = g.h * g.w;
@@ -330,7 +282,7 @@ template <class T> void max_pool2d_argmax(const Pool2dGeometry& g, const T* x, i
   });
 }
 
-/// out[o] = v[idx[o]] in o's plane (0 where idx is -1): max_pool2d_select with the argmax given.
+/// out[o] = v[idx[o]] in o's plane (0 where idx is -1).
 template <class T> void max_pool2d_take(const Pool2dGeometry& g, const int32_t* idx, const T* v, T* out) {
   const int64_t in_plane = g.h * g.w;
   const int64_t out_plane = g.out_h * g.out_w;
@@ -345,7 +297,7 @@ template <class T> void max_pool2d_take(const Pool2dGeometry& g, const int32_t* 
 }
 
 /// gx (input-shaped, overwritten) = 0 but gy[o] added at idx[o] of o's plane, in output order:
-/// max_pool2d_scatter with the argmax given, and the adjoint of max_pool2d_take.
+/// the adjoint of max_pool2d_take.
 template <class T> void max_pool2d_put(const Pool2dGeometry& g, const int32_t* idx, const T* gy, T* gx) {
   const int64_t in_plane = g.h * g.w;
   const int64_t out_plane = g.out_h * g.out_w;

@@ -144,43 +144,6 @@ XGRAD_HD std::int64_t window_argmax(const cpu::Pool2dGeometry& g, const T* plane
   return best;
 }
 
-template <class T> struct MaxPoolFn {
-  cpu::Pool2dGeometry g;
-  const T* x;
-  XGRAD_HD T operator()(std::int64_t i) const {
-    const PoolWindow win = pool_window(g, i);
-    const T* plane = x + win.plane * g.h * g.w;
-    const std::int64_t k = window_argmax(g, plane, win);
-    return k < 0 ? T(0) : plane[k];
-  }
-};
-
-/// out[o] = v[argmax of window o in x] (cpu::max_pool2d_select).
-template <class T> struct MaxPoolSelectFn {
-  cpu::Pool2dGeometry g;
-  const T *x, *v;
-  XGRAD_HD T operator()(std::int64_t i) const {
-    const PoolWindow win = pool_window(g, i);
-    const std::int64_t k = window_argmax(g, x + win.plane * g.h * g.w, win);
-    return k < 0 ? T(0) : v[win.plane * g.h * g.w + k];
-  }
-};
-
-/// gx[input] = sum of gy over the windows whose argmax it is, in output order
-/// (cpu::max_pool2d_scatter).
-template <class T> struct MaxPoolScatterFn {
-  cpu::Pool2dGeometry g;
-  const T *x, *gy;
-  XGRAD_HD T operator()(std::int64_t i) const {
-    const std::int64_t iw = i % g.w, ih = i / g.w % g.h, plane = i / (g.w * g.h);
-    T acc(0);
-    for_each_window_holding(g, plane, ih, iw, [&](std::int64_t o) {
-      if (window_argmax(g, x + plane * g.h * g.w, pool_window(g, o)) == ih * g.w + iw) acc += gy[o];
-    });
-    return acc;
-  }
-};
-
 /// The plane offset of window o's argmax (cpu::max_pool2d_argmax).
 template <class T> struct MaxPoolArgmaxFn {
   cpu::Pool2dGeometry g;
@@ -294,15 +257,6 @@ template <class T> void conv2d_backward_weight(const cpu::Conv2dGeometry& g, con
   });
 }
 
-template <class T> void max_pool2d_forward(const cpu::Pool2dGeometry& g, const T* x, T* y) {
-  detail::for_outputs(g.n * g.c * g.out_h * g.out_w, y, detail::MaxPoolFn<T>{g, x});
-}
-template <class T> void max_pool2d_scatter(const cpu::Pool2dGeometry& g, const T* x, const T* gy, T* gx) {
-  detail::for_outputs(g.n * g.c * g.h * g.w, gx, detail::MaxPoolScatterFn<T>{g, x, gy});
-}
-template <class T> void max_pool2d_select(const cpu::Pool2dGeometry& g, const T* x, const T* v, T* out) {
-  detail::for_outputs(g.n * g.c * g.out_h * g.out_w, out, detail::MaxPoolSelectFn<T>{g, x, v});
-}
 template <class T> void max_pool2d_argmax(const cpu::Pool2dGeometry& g, const T* x, std::int32_t* idx) {
   detail::for_outputs(g.n * g.c * g.out_h * g.out_w, idx, detail::MaxPoolArgmaxFn<T>{g, x});
 }
