@@ -46,6 +46,15 @@ enum class Domain { any, positive, away_from_zero };
 
 template <class T> using OpFn = std::function<Tensor<T>(const std::vector<Tensor<T>>&)>;
 
+/// How close a row's results must come, as used by the generic tests of test_op_table.cpp. A row
+/// that needs a looser bound sets it where it is made, with the measured reason beside it.
+struct Tolerances {
+  double f32 = 2e-5;          // values at float vs the reference, relative to 1 + |reference|
+  double f64 = 1e-12;         // the same at double
+  double grad = 1e-6;         // gradient vs central differences: norm of the difference / norm (at least 1)
+  double second_grad = 1e-6;  // Hessian-vector product vs central differences of the gradient, the same way
+};
+
 struct OpCase {
   std::string name;
   std::vector<std::vector<std::int64_t>> shapes;  // one per input
@@ -54,7 +63,11 @@ struct OpCase {
   OpFn<double> f64;
   std::function<Ref(const std::vector<Ref>&)> reference;
   bool differentiable = true;
-  std::vector<bool> grad_inputs;  // which inputs the gradient check covers (all if empty)
+  std::vector<bool> grad_inputs;  // which inputs the gradient checks cover (all if empty)
+  Tolerances tol;
+
+  /// Whether the gradient checks cover input k.
+  bool covers(std::size_t k) const { return grad_inputs.empty() || grad_inputs[k]; }
 };
 
 template <class T> const OpFn<T>& row_fn(const OpCase& c) {
@@ -64,11 +77,14 @@ template <class T> const OpFn<T>& row_fn(const OpCase& c) {
     return c.f64;
 }
 
-/// Gradients of sum(op(in) * weights) with respect to every input, by value_and_grad.
+/// Gradients of sum(op(in) * weights) with respect to every input, by value_and_grad. An input
+/// that already requires grad is used as it is, so that an enclosing value_and_grad over it can
+/// differentiate these gradients again; any other becomes a fresh leaf.
 template <class T> std::pair<Tensor<T>, std::vector<Tensor<T>>> loss_and_grads(const OpFn<T>& f,
                                                                                std::vector<Tensor<T>> in,
                                                                                const Tensor<T>& weights) {
-  for (auto& x : in) x = x.detach().set_requires_grad(true);
+  for (auto& x : in)
+    if (!x.requires_grad()) x = x.detach().set_requires_grad(true);
   return value_and_grad([&] { return sum(f(in) * weights); }, in)();
 }
 
