@@ -29,7 +29,9 @@ template <Element U, Element T> Tensor<U> cast(const Tensor<T>& x, SourceLoc loc
 
 namespace op {
 
-/// A view of the input's buffer with another shape (no kernel: reshape() makes the view).
+/// A view of the input's buffer with another shape: no kernel, so reshape() makes the view
+/// through primitive() and records the gradient with record_gradient (detail::apply would
+/// allocate an output).
 struct Reshape {
   static constexpr std::string_view name = "Reshape";
   Shape shape;

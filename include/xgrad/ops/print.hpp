@@ -10,6 +10,8 @@
 namespace xgrad {
 
 namespace op {
+/// An effect with no output, so print() emits its node itself rather than through
+/// detail::apply, which makes an output.
 struct Print {
   static constexpr std::string_view name = "Print";
   std::string label;

@@ -242,6 +242,12 @@ class FusedKernel {
   }
 
   /// Copies elements [lo, lo + n) of the broadcast input into `to`.
+  /// `count` copies of the Size-byte value at `value` (a size known here: a memcpy call per
+  /// element cost more than the ops of a block when a [rows, 1] input is broadcast along rows).
+  template <std::size_t Size> static void repeat(const std::byte* value, std::int64_t count, std::byte* to) {
+    for (std::int64_t i = 0; i < count; ++i) std::memcpy(to + static_cast<std::size_t>(i) * Size, value, Size);
+  }
+
   static void gather(const BroadcastPlan<1>& plan, const std::byte* from, std::size_t elem_size, std::int64_t lo,
                      std::int64_t n, std::byte* to) {
     const std::int64_t inner = plan.inner(), stride = plan.inner_stride(0);
@@ -249,12 +255,14 @@ class FusedKernel {
     while (n > 0) {
       const std::int64_t count = std::min(n, inner - col);
       const std::byte* src = from + static_cast<std::size_t>(plan.row_offset(0, row) + col * stride) * elem_size;
-      if (stride == 1) {
+      if (stride == 1)
         std::memcpy(to, src, static_cast<std::size_t>(count) * elem_size);
-      } else {
-        for (std::int64_t i = 0; i < count; ++i)
-          std::memcpy(to + static_cast<std::size_t>(i) * elem_size, src, elem_size);
-      }
+      else if (elem_size == 8)
+        repeat<8>(src, count, to);
+      else if (elem_size == 4)
+        repeat<4>(src, count, to);
+      else  // a bool: every DType is 8, 4 or 1 bytes
+        repeat<1>(src, count, to);
       to += static_cast<std::size_t>(count) * elem_size;
       n -= count;
       ++row;

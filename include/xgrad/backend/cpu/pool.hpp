@@ -109,11 +109,20 @@ xsimd::batch<T, A> pick(const xsimd::batch_bool<T, A>& take, const xsimd::batch<
 /// window is scanned column by column: a greater value, or an equal one from an earlier row,
 /// so the first maximum in row-major order wins; a NaN beats every number and the first NaN
 /// wins. Branch-free on scalars and batches alike: on real data each comparison is a coin flip.
-template <class V> auto pool_takes(const V& v, const V& r, const V& best, const V& best_r) {
+/// (Forced inline: GCC otherwise calls it once per batch, passing the batches through memory.)
+template <class V>
+[[gnu::always_inline]] inline auto pool_takes(const V& v, const V& r, const V& best, const V& best_r) {
   using std::isnan;
   using xsimd::isnan;
   const auto earlier = r < best_r;
   return (v > best) | ((v == best) & earlier) | (isnan(v) & (earlier | !isnan(best)));
+}
+/// pool_takes for a candidate from a later row than the best's: only a greater value, or the
+/// first NaN, replaces it.
+template <class V> [[gnu::always_inline]] inline auto pool_takes_later(const V& v, const V& best) {
+  using std::isnan;
+  using xsimd::isnan;
+  return (v > best) | (isnan(v) & !isnan(best));
 }
 
 /// Sum divided by the in-bounds count, the reduction of average pooling.
@@ -123,7 +132,7 @@ struct PoolAvgOp {
 };
 
 /// Visits the outputs of `count` consecutive planes, o being an output's index from the first
-/// plane's start: interior(o, f) for an output whose window lies inside its plane, f being the
+/// plane's start: interior(o, f, base) for an output whose window lies inside its plane, f being the
 /// index of the window's top-left element from the first plane's start, and edge(o, base, rows,
 /// cols) for the others, with their plane's first index and the window's in-bounds spans.
 template <class Interior, class Edge>
@@ -144,7 +153,7 @@ void for_each_pool_output(const Pool2dGeometry& g, int64_t count, Interior&& int
       }
       edges(0, in_w.lo);
       const int64_t f = base + (oh * g.stride_h - g.pad_top) * g.w - g.pad_left;
-      for (int64_t ow = in_w.lo; ow < in_w.hi; ++ow) interior(o + ow, f + ow * g.stride_w);
+      for (int64_t ow = in_w.lo; ow < in_w.hi; ++ow) interior(o + ow, f + ow * g.stride_w, base);
       edges(in_w.hi, g.out_w);
     }
   }
@@ -177,7 +186,7 @@ void pool_reduce_chunk(const Pool2dGeometry& g, const T* x, int64_t count, PoolS
 
   const T full = static_cast<T>(g.kh * g.kw);
   for_each_pool_output(
-      g, count, [&](int64_t o, int64_t f) { y[o] = Op::finish(win[f], full); },
+      g, count, [&](int64_t o, int64_t f, int64_t) { y[o] = Op::finish(win[f], full); },
       [&](int64_t o, int64_t base, PoolSpan rows, PoolSpan span) {
         T& out = y[o];
         if (rows.size() == 0 || span.size() == 0) {
@@ -195,9 +204,9 @@ void pool_reduce_chunk(const Pool2dGeometry& g, const T* x, int64_t count, PoolS
       });
 }
 
-/// Calls emit(o, a) for each output o of `count` planes of x with the index a (both counted
-/// from the first plane's start) of the first maximum, in row-major order, of its window, or
-/// a = -1 for an empty window. A NaN beats every number, so it propagates as in PyTorch;
+/// Calls emit(o, a) for each output o of `count` planes of x (counted from the first plane's
+/// start) with the offset a in its plane of the first maximum, in row-major order, of its
+/// window, or a = -1 for an empty window. A NaN beats every number, so it propagates as in PyTorch;
 /// the first NaN wins. Separable as pool_reduce_chunk is: each element first finds the first
 /// maximum of the kh elements below it, then each window compares its columns' results.
 template <class T, class Emit>
@@ -210,10 +219,10 @@ void max_pool_argmax_chunk(const Pool2dGeometry& g, const T* x, int64_t count, P
   for_batches<T>(down, [&]<class V>(int64_t i, V) {
     V best = load_as<V>(x + i), best_r(T(0));
     for (int64_t ki = 1; ki < g.kh; ++ki) {
-      const V v = load_as<V>(x + i + ki * g.w), r(static_cast<T>(ki));
-      const auto take = pool_takes(v, r, best, best_r);
+      const V v = load_as<V>(x + i + ki * g.w);
+      const auto take = pool_takes_later(v, best);
       best = pick(take, v, best);
-      best_r = pick(take, r, best_r);
+      best_r = pick(take, V(static_cast<T>(ki)), best_r);
     }
     store_as(val + i, best);
     store_as(row + i, best_r);
@@ -235,8 +244,8 @@ void max_pool_argmax_chunk(const Pool2dGeometry& g, const T* x, int64_t count, P
 
   for_each_pool_output(
       g, count,
-      [&](int64_t o, int64_t f) {
-        emit(o, f + static_cast<int64_t>(win_row[f]) * g.w + static_cast<int64_t>(win_tap[f]));
+      [&](int64_t o, int64_t f, int64_t base) {
+        emit(o, f - base + static_cast<int64_t>(win_row[f]) * g.w + static_cast<int64_t>(win_tap[f]));
       },
       [&](int64_t o, int64_t base, PoolSpan rows, PoolSpan span) {
         if (rows.size() == 0 || span.size() == 0) {
@@ -261,7 +270,7 @@ void max_pool_argmax_chunk(const Pool2dGeometry& g, const T* x, int64_t count, P
             best_col = iw;
           }
         }
-        emit(o, base + static_cast<int64_t>(best_r) * g.w + best_col);
+        emit(o, static_cast<int64_t>(best_r) * g.w + best_col);
       });
 }
 
@@ -276,9 +285,8 @@ template <class T> void max_pool2d_argmax(const Pool2dGeometry& g, const T* x, i
   const int64_t out_plane = g.out_h * g.out_w;
   detail::for_each_pool_chunk<T>(g, [&](int64_t first, int64_t count, detail::PoolScratch<T>& s) {
     int32_t* ic = idx + first * out_plane;
-    detail::max_pool_argmax_chunk(g, x + first * in_plane, count, s, [&](int64_t o, int64_t a) {
-      ic[o] = a < 0 ? -1 : static_cast<int32_t>(a - o / out_plane * in_plane);
-    });
+    detail::max_pool_argmax_chunk(g, x + first * in_plane, count, s,
+                                  [&](int64_t o, int64_t a) { ic[o] = static_cast<int32_t>(a); });
   });
 }
 
