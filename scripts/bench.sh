@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The benchmark suite: builds xgrad_bench (Release; with the LibTorch rows when libtorch-dev is
-# installed), runs every suite beside the peers that are installed, and writes the results.
+# installed), runs every suite beside the peers that are installed, then the compile-time
+# benchmark (benchmarks/compile_time.py), and writes the results.
 #
-#   bash scripts/bench.sh            # the full suite; regenerates docs/BENCHMARKS.md and docs/bench/*.svg
+#   bash scripts/bench.sh            # the full suite; regenerates docs/BENCHMARKS.md, docs/COMPILE_TIME.md
+#                                    # and docs/bench/*.svg
 #   bash scripts/bench.sh --quick    # a first look in under 2 minutes: 3 short rounds, no Python
 #                                    # peers; the report goes to build-bench/suite/report/
 #   bash scripts/bench.sh --peers    # first installs the peers: Debian's libtorch-dev, and PyTorch,
@@ -46,4 +48,15 @@ else
 fi
 python3 benchmarks/run_suite.py --bench build-bench/benchmarks/xgrad_bench --out build-bench/suite --docs "$docs" \
   "${args[@]}"
-echo "bench.sh: results in build-bench/suite/results.json, report in $docs/BENCHMARKS.md"
+
+# The compile-time benchmark, in a user's default configuration (no Thrust backend): only
+# configured, since compile_time.py runs each compile command itself.
+cmake -S . -B build-compile-time -DCMAKE_BUILD_TYPE=Release -DXGRAD_BUILD_BENCHMARKS=ON -DXGRAD_BUILD_TESTS=OFF \
+  -DXGRAD_BUILD_EXAMPLES=OFF > /dev/null
+if ((quick)); then
+  python3 benchmarks/compile_time.py --build build-compile-time --rounds 1 --programs hello,torch_hello \
+    --out build-bench/suite --docs "$docs"
+else
+  python3 benchmarks/compile_time.py --build build-compile-time --rounds 3 --out build-bench/suite --docs "$docs"
+fi
+echo "bench.sh: results in build-bench/suite/{results,compile_time}.json, report in $docs/{BENCHMARKS,COMPILE_TIME}.md"

@@ -2,9 +2,9 @@
 # The checks of the CUDA build on a machine with an NVIDIA GPU, in one run, each step under its
 # own time limit: the test suite, the examples, compute-sanitizer's memcheck on the tests that
 # use the device, and the benchmark rows of docs/BENCHMARK_HISTORY.md's "Devices" table on both
-# devices. BUILD is a CUDA build (XGRAD_THRUST_SYSTEM=CUDA) with tests, examples and benchmarks;
+# devices, with PyTorch's on the GPU when the machine has it. BUILD is a CUDA build (XGRAD_THRUST_SYSTEM=CUDA) with tests, examples and benchmarks;
 # LIBS, if given, holds shared libraries the machine lacks (Google Benchmark, OpenBLAS). Logs go
-# to OUT (six files); the last lines printed are a summary. docs/BENCHMARK_HISTORY.md ("GPU")
+# to OUT (seven files); the last lines printed are a summary. docs/BENCHMARK_HISTORY.md ("GPU")
 # says how the build was made and what a run gave.
 #   scripts/gpu_check.sh BUILD [OUT] [LIBS]
 set -u
@@ -39,6 +39,10 @@ for device in thrust cpu; do
   step "bench-$device" 100 "$build/benchmarks/xgrad_bench" --device=$device --benchmark_filter="$rows" \
     --benchmark_min_time=0.2 --benchmark_repetitions=3 --benchmark_report_aggregates_only=true
 done
+# PyTorch on the same GPU, where the machine has it (benchmarks/peers/pytorch_cuda_rows.py).
+if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
+  step pytorch 120 python3 "$(dirname "$0")/../benchmarks/peers/pytorch_cuda_rows.py"
+fi
 # memcheck multiplies each kernel's time: the device's op-table, fusion and control-flow cases
 # (the training cases repeat the same kernels for hundreds of steps).
 step memcheck 160 compute-sanitizer --tool memcheck --error-exitcode 1 "$build/tests/xgrad_tests" \

@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
-# Builds and runs the test suite: once optimized (then the benchmark suite's driver tests and
-# every suite row once), once under AddressSanitizer + UBSan; runs the fuzz targets; then
-# compiles and links the CUDA build (tests, examples, benchmarks) with nvcc: no GPU to run it.
+# Checks the headers' layering; builds and runs the test suite once optimized (then the benchmark
+# suite's driver tests and every suite row once), once under AddressSanitizer + UBSan; runs the
+# fuzz targets; then compiles and links the CUDA build (tests, examples, benchmarks) with nvcc: no GPU to run it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/ensure_packages.sh g++ cmake make ccache xtensor-dev libxsimd-dev doctest-dev zlib1g-dev dataset-fashion-mnist \
   libbenchmark-dev libopenblas-dev python3
 jobs="$(nproc)"
+
+# Headers include downwards only (docs/CONTRIBUTING.md, "Layers"); then the checker's own tests.
+python3 scripts/check_layers.py
+python3 -m unittest discover -s scripts -p 'test_*.py'
 
 # Device::thrust runs through Thrust's OpenMP system here and its serial one under the
 # sanitizers (Thrust from the CUDA toolkit at /usr/local/cuda; no GPU needed).

@@ -7,8 +7,8 @@
 #include <unordered_set>
 #include <vector>
 
-#include "xgrad/autograd/node.hpp"
 #include "xgrad/core/factory.hpp"
+#include "xgrad/core/tape.hpp"
 #include "xgrad/ops/reduce.hpp"
 
 namespace xgrad::autograd {
@@ -49,7 +49,9 @@ inline void check_saved(const Node& node) {
 /// pass that records nothing).
 class FirstOrderScope {
  public:
-  FirstOrderScope() : m_previous(xgrad::detail::context().transform_depth) { xgrad::detail::context().transform_depth = 0; }
+  FirstOrderScope() : m_previous(xgrad::detail::context().transform_depth) {
+    xgrad::detail::context().transform_depth = 0;
+  }
   ~FirstOrderScope() { xgrad::detail::context().transform_depth = m_previous; }
   FirstOrderScope(const FirstOrderScope&) = delete;
   FirstOrderScope& operator=(const FirstOrderScope&) = delete;

@@ -17,7 +17,6 @@
 #include "xgrad/backend/thrust/fused.hpp"
 #endif
 #include "xgrad/ir/graph.hpp"
-#include "xgrad/ops/elementwise.hpp"
 
 namespace xgrad::backend {
 
@@ -26,7 +25,7 @@ struct FusedGroupSpec {
   Shape shape;                                       // every member's output shape
   std::vector<std::pair<DType, Shape>> input_types;  // the group's input slots (an anchor's result last)
   std::vector<cpu::FusedKernel::Step> steps;         // the members in order, before merging
-  std::vector<int> device_ops;                       // each step's place in op::Fusible; -1: a gathered broadcast
+  std::vector<int> device_ops;                       // each step's place in the op list; -1: a gathered broadcast
   std::vector<int> output_slots;                     // the slots the node writes out
   ir::Kernel anchor_kernel;                          // the op the group runs as the epilogue of, if any
   cpu::FusedKernel::Anchor epilogue_of{};            // its epilogue form and input count
@@ -51,11 +50,12 @@ inline void run_body(const ir::Graph& body, std::span<const TensorBase> in, std:
 
 /// Merges cheap neighbours into unary steps (cpu::FusedKernel::merge_neighbours, returning the
 /// pairs as "Mul+Tanh") and returns the node's kernel; `spec.steps` are left merged, as the
-/// cpu kernel runs them.
-inline ir::Kernel fused_kernel(FusedGroupSpec& spec, std::vector<std::string>& merged_pairs) {
+/// cpu kernel runs them. Ops: the tuple of op structs `spec.device_ops` counts in (op::Fusible;
+/// a parameter, so that the backend needs nothing of ops/).
+template <class Ops> ir::Kernel fused_kernel(FusedGroupSpec& spec, std::vector<std::string>& merged_pairs) {
 #if defined(XGRAD_WITH_THRUST)
-  using DeviceGroup = thrust_backend::FusedGroup<op::Fusible>;
-  std::vector<DeviceGroup::Step> device_steps;
+  using DeviceGroup = thrust_backend::FusedGroup<Ops>;
+  std::vector<typename DeviceGroup::Step> device_steps;
   for (std::size_t k = 0; k < spec.steps.size(); ++k)
     device_steps.push_back({spec.device_ops[k], spec.steps[k].args, spec.steps[k].dtype, spec.steps[k].result});
   auto device_group = std::make_shared<const std::optional<DeviceGroup>>(

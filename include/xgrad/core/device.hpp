@@ -4,7 +4,7 @@
 #include <atomic>
 #include <string_view>
 
-#include "xgrad/backend/device_memory.hpp"
+#include "xgrad/core/device_memory.hpp"
 #include "xgrad/core/error.hpp"
 
 /// Marks a function that Thrust kernels call: host and device code under nvcc (the CUDA
@@ -25,7 +25,7 @@ enum class Device { cpu, thrust };
 constexpr std::string_view device_name(Device d) { return d == Device::cpu ? "cpu" : "thrust"; }
 
 /// True when this build has the Thrust backend.
-constexpr bool thrust_available() { return backend::has_device; }
+constexpr bool thrust_available() { return device_memory::has_device; }
 
 namespace detail {
 

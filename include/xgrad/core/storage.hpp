@@ -10,8 +10,8 @@
 #include <new>
 #include <unordered_map>
 
-#include "xgrad/backend/device_memory.hpp"
 #include "xgrad/core/device.hpp"
+#include "xgrad/core/device_memory.hpp"
 #include "xgrad/core/error.hpp"
 
 namespace xgrad {
@@ -86,7 +86,7 @@ inline void copy_bytes(void* dst, Device to, const void* src, Device from, std::
     return;
   }
   check_available(Device::thrust, "copy between devices");
-  backend::device_copy(dst, to != Device::cpu, src, from != Device::cpu, bytes);
+  device_memory::copy(dst, to != Device::cpu, src, from != Device::cpu, bytes);
 }
 
 }  // namespace detail
@@ -112,7 +112,7 @@ class Storage {
       detail::check_available(device, "Storage");
       m_capacity = bytes;
       try {
-        m_data = backend::device_allocate(bytes);
+        m_data = device_memory::allocate(bytes);
       } catch (const std::bad_alloc&) {
         throw_out_of_memory(bytes, device);
       }
@@ -138,7 +138,7 @@ class Storage {
   ~Storage() {
     if (m_borrowed) return;
     if (m_device != Device::cpu) {
-      backend::device_free(m_data);
+      device_memory::free(m_data);
       return;
     }
     if (m_capacity < detail::BufferCache::kMinBytes || !detail::BufferCache::instance().give(m_data, m_capacity))

@@ -7,8 +7,6 @@
 #include <string>
 #include <vector>
 
-#include <xtensor/xtensor_forward.hpp>
-
 #include "xgrad/core/context.hpp"
 #include "xgrad/core/device.hpp"
 #include "xgrad/core/dtype.hpp"
@@ -196,10 +194,11 @@ template <Element T> class Tensor : public TensorBase {
   /// grad() of every leaf that requires grad (defined in autograd/engine.hpp).
   void backward(SourceLoc loc = SourceLoc::current()) const;
 
-  /// A copy as an xtensor array (defined in core/xtensor_interop.hpp).
-  // A template so that xt::xarray is only named where it is used: xtensor's array type
-  // needs its full headers, which only xtensor_interop.hpp pulls in.
-  template <class U = T> xt::xarray<U> to_xarray() const;
+  /// A copy as an xtensor array, xt::xarray<U> (defined in core/xtensor_interop.hpp, which
+  /// xgrad/xgrad.hpp includes).
+  // Its return type is deduced so that this header names nothing of xtensor's: its headers
+  // are large, and only code that converts needs them.
+  template <class U = T> auto to_xarray() const;
 
   /// The same storage, cut off from autodiff.
   Tensor detach() const {

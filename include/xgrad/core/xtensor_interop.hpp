@@ -17,7 +17,7 @@ template <Element T> Tensor<T> from_xarray(const xt::xarray<T>& a) {
   return out;
 }
 
-template <Element T> template <class U> xt::xarray<U> Tensor<T>::to_xarray() const {
+template <Element T> template <class U> auto Tensor<T>::to_xarray() const {
   std::vector<std::size_t> dims(shape().begin(), shape().end());
   xt::xarray<U> out(dims);
   std::copy_n(data(), numel(), out.data());

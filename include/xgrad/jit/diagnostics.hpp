@@ -14,7 +14,7 @@
 #include <system_error>
 
 #include "xgrad/ir/printer.hpp"
-#include "xgrad/jit/tracer.hpp"
+#include "xgrad/ir/tracer.hpp"
 
 namespace xgrad {
 

@@ -13,7 +13,7 @@
 #include <utility>
 #include <vector>
 
-#include "xgrad/jit/tracer.hpp"
+#include "xgrad/ir/tracer.hpp"
 
 namespace xgrad::tracing::detail {
 

@@ -17,10 +17,10 @@
 #include <utility>
 #include <vector>
 
-#include "xgrad/autograd/node.hpp"
 #include "xgrad/backend/map.hpp"
+#include "xgrad/core/tape.hpp"
 #include "xgrad/core/tensor.hpp"
-#include "xgrad/jit/tracer.hpp"
+#include "xgrad/ir/tracer.hpp"
 
 namespace xgrad {
 

@@ -5,7 +5,7 @@
 #include <string>
 
 #include "xgrad/core/print.hpp"
-#include "xgrad/jit/tracer.hpp"
+#include "xgrad/ir/tracer.hpp"
 
 namespace xgrad {
 

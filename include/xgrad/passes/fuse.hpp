@@ -137,7 +137,7 @@ inline std::unique_ptr<ir::Node> make_fused(const ir::Graph& g, const std::vecto
   spec.input_types = input_types;
   spec.body = body;
   std::vector<std::string> merged_pairs;
-  fused->kernel = backend::fused_kernel(spec, merged_pairs);
+  fused->kernel = backend::fused_kernel<op::Fusible>(spec, merged_pairs);
   // In place: output j may take input i's buffer when i has the output's shape and element
   // size and no step after the one writing j reads i. Not an anchor's input: the anchor may
   // still be reading it while the group writes its first parts.

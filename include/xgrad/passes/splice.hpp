@@ -8,7 +8,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "xgrad/jit/tracer.hpp"
+#include "xgrad/ir/tracer.hpp"
 
 namespace xgrad::passes {
 

@@ -15,7 +15,7 @@
 #include <utility>
 #include <vector>
 
-#include "xgrad/ir/printer.hpp"
+#include "xgrad/ir/graph.hpp"
 
 namespace xgrad::tracing {
 

@@ -1,0 +1,152 @@
+#!/usr/bin/env python3
+"""Checks that xgrad's headers include downwards only (CONTRIBUTING.md, "Layers").
+
+Each folder of include/xgrad is a layer; a header may include headers of its own folder and of
+the folders below it, never above. The umbrella headers at the top (xgrad/core.hpp, ...) may
+include anything, but each pulls in only the layers it names, and xgrad/core.hpp no file
+format (zlib). No header may reach itself through its includes. Exits 1 and names every
+offending include; run from anywhere:
+    python3 scripts/check_layers.py [INCLUDE_DIR]
+"""
+
+import os
+import re
+import sys
+
+# Lowest first. ir sits below backend because the backend runs graphs (the executor, fused
+# groups); autograd's engine above ops because it sums and adds gradients with ops; the tape
+# node that ops record onto lives in core.
+LAYERS = ["core", "ir", "backend", "ops", "autograd", "passes", "jit", "nn", "data", "models"]
+
+# What each umbrella header may pull in, all the way down: layers, and system headers it must not.
+EAGER = {"core", "ir", "backend", "ops", "autograd"}
+UMBRELLAS = {
+    "xgrad/core.hpp": (EAGER, {"zlib.h"}),
+    "xgrad/jit.hpp": (EAGER | {"passes", "jit"}, {"zlib.h"}),
+    "xgrad/nn.hpp": (EAGER | {"passes", "jit", "nn"}, set()),
+    "xgrad/data.hpp": ({"core", "backend", "data"}, set()),
+    "xgrad/xgrad.hpp": (set(LAYERS), set()),
+}
+
+INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]', re.MULTILINE)
+
+
+def read_includes(root):
+    """{header: [(included, is_xgrad)]} for every header under root/xgrad, paths relative to root."""
+    graph = {}
+    for folder, _, files in os.walk(os.path.join(root, "xgrad")):
+        for name in files:
+            if not name.endswith(".hpp"):
+                continue
+            path = os.path.join(folder, name)
+            header = os.path.relpath(path, root).replace(os.sep, "/")
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+            graph[header] = [(target, target.startswith("xgrad/")) for _, target in INCLUDE.findall(text)]
+    return graph
+
+
+def layer_of(header):
+    """The folder under xgrad/, or None for a top-level (umbrella) header."""
+    parts = header.split("/")
+    return parts[1] if len(parts) > 2 else None
+
+
+def upward_includes(graph):
+    problems = []
+    for header, includes in sorted(graph.items()):
+        layer = layer_of(header)
+        if layer is None:
+            continue
+        if layer not in LAYERS:
+            problems.append(f"{header}: folder '{layer}' is not in the layer order (scripts/check_layers.py LAYERS)")
+            continue
+        for target, ours in includes:
+            if not ours:
+                continue
+            if target not in graph:
+                problems.append(f"{header}: includes {target}, which does not exist")
+                continue
+            target_layer = layer_of(target)
+            if target_layer is None:
+                problems.append(f"{header}: includes the umbrella header {target}; include the layer's headers")
+            elif target_layer in LAYERS and LAYERS.index(target_layer) > LAYERS.index(layer):
+                problems.append(f"{header}: includes {target}, which is in layer '{target_layer}' above '{layer}'")
+    return problems
+
+
+def cycles(graph):
+    """Every include cycle, as the chain of headers that closes it (each reported once)."""
+    problems, state, stack = [], {}, []
+
+    def visit(header):
+        state[header] = "open"
+        stack.append(header)
+        for target, ours in graph[header]:
+            if not ours or target not in graph:
+                continue
+            if state.get(target) == "open":
+                chain = stack[stack.index(target):] + [target]
+                problems.append("include cycle: " + " -> ".join(chain))
+            elif target not in state:
+                visit(target)
+        stack.pop()
+        state[header] = "done"
+
+    for header in sorted(graph):
+        if header not in state:
+            visit(header)
+    return problems
+
+
+def closure(graph, header):
+    """(xgrad headers, system headers) that header pulls in, itself included."""
+    seen, system, todo = set(), set(), [header]
+    while todo:
+        h = todo.pop()
+        if h in seen or h not in graph:
+            continue
+        seen.add(h)
+        for target, ours in graph[h]:
+            if ours:
+                todo.append(target)
+            else:
+                system.add(target)
+    return seen, system
+
+
+def umbrella_contents(graph):
+    problems = []
+    for umbrella, (layers, banned_system) in UMBRELLAS.items():
+        if umbrella not in graph:
+            problems.append(f"{umbrella}: missing")
+            continue
+        headers, system = closure(graph, umbrella)
+        for h in sorted(headers):
+            layer = layer_of(h)
+            if layer is not None and layer not in layers:
+                problems.append(f"{umbrella}: pulls in {h} (layer '{layer}'), which it should not")
+        for s in sorted(system & banned_system):
+            problems.append(f"{umbrella}: pulls in <{s}>, which it should not")
+    return problems
+
+
+def check(root):
+    graph = read_includes(root)
+    return upward_includes(graph) + cycles(graph) + umbrella_contents(graph)
+
+
+def main(argv):
+    root = argv[1] if len(argv) > 1 else os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "include")
+    problems = check(root)
+    for p in problems:
+        print(p)
+    if problems:
+        print(f"check_layers: {len(problems)} problem(s); the order, lowest first: {' < '.join(LAYERS)}")
+        return 1
+    print(f"check_layers: every include goes down ({' < '.join(LAYERS)}), no cycles")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

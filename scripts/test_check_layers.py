@@ -1,0 +1,66 @@
+"""Tests of check_layers.py on made-up header trees: python3 -m unittest discover -s scripts -p 'test_*.py'."""
+
+import os
+import tempfile
+import unittest
+
+import check_layers
+
+UMBRELLAS = {
+    "core.hpp": '#include "xgrad/ops/add.hpp"\n',
+    "jit.hpp": '#include "xgrad/core.hpp"\n',
+    "nn.hpp": '#include "xgrad/jit.hpp"\n',
+    "data.hpp": '#include "xgrad/data/idx.hpp"\n',
+    "xgrad.hpp": '#include "xgrad/nn.hpp"\n#include "xgrad/data.hpp"\n',
+}
+
+
+def tree(files):
+    """A temporary include/ folder holding the umbrellas, a clean layered tree, and `files`."""
+    root = tempfile.mkdtemp()
+    base = {
+        "core/tensor.hpp": "#include <memory>\n",
+        "ops/add.hpp": '#include "xgrad/core/tensor.hpp"\n',
+        "data/idx.hpp": '#include <zlib.h>\n#include "xgrad/core/tensor.hpp"\n',
+    }
+    base.update({k: v for k, v in UMBRELLAS.items()})
+    base.update(files)
+    for name, text in base.items():
+        path = os.path.join(root, "xgrad", name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+    return root
+
+
+class CheckLayers(unittest.TestCase):
+    def test_clean_tree_passes(self):
+        self.assertEqual(check_layers.check(tree({})), [])
+
+    def test_include_from_a_higher_layer_is_named(self):
+        problems = check_layers.check(tree({"core/tensor.hpp": '#include "xgrad/ops/add.hpp"\n'}))
+        self.assertIn("xgrad/core/tensor.hpp: includes xgrad/ops/add.hpp, which is in layer 'ops' above 'core'",
+                      problems)
+
+    def test_cycle_inside_a_folder_is_named(self):
+        problems = check_layers.check(tree({
+            "core/a.hpp": '#include "xgrad/core/b.hpp"\n',
+            "core/b.hpp": '#include "xgrad/core/a.hpp"\n'}))
+        self.assertIn("include cycle: xgrad/core/a.hpp -> xgrad/core/b.hpp -> xgrad/core/a.hpp", problems)
+
+    def test_unknown_folder_and_missing_header_are_named(self):
+        problems = check_layers.check(tree({"extra/x.hpp": "", "ops/mul.hpp": '#include "xgrad/ops/none.hpp"\n'}))
+        self.assertTrue(any("folder 'extra' is not in the layer order" in p for p in problems))
+        self.assertIn("xgrad/ops/mul.hpp: includes xgrad/ops/none.hpp, which does not exist", problems)
+
+    def test_umbrella_pulling_a_file_format_is_named(self):
+        problems = check_layers.check(tree({"ops/add.hpp": '#include "xgrad/core/tensor.hpp"\n#include <zlib.h>\n'}))
+        self.assertIn("xgrad/core.hpp: pulls in <zlib.h>, which it should not", problems)
+
+    def test_umbrella_pulling_a_layer_above_it_is_named(self):
+        problems = check_layers.check(tree({"data.hpp": '#include "xgrad/nn.hpp"\n'}))
+        self.assertTrue(any(p.startswith("xgrad/data.hpp: pulls in xgrad/") for p in problems))
+
+
+if __name__ == "__main__":
+    unittest.main()
