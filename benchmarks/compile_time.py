@@ -49,6 +49,7 @@ PROGRAMS = {
 }
 SIDES = ["header_only", "compiled", "libtorch"]
 TARGETS = {"hello": (0.3, "compiled"), "mlp_train": (0.5, "compiled")}  # program: (max ratio to LibTorch's hello, side)
+BASELINE_TARGET = ("hello", 0.5)  # header-only hello at most this fraction of a --baseline's time
 
 
 def commands(build):
@@ -195,6 +196,14 @@ def verdicts(results):
         ratio = got["cpu_s"]["median"] / reference
         lines.append(f"{program} ({side}) {got['cpu_s']['median']:.1f} s = {ratio:.2f}x LibTorch's hello "
                      f"({reference:.1f} s): target at most {limit}x, {'met' if ratio <= limit else 'MISSED'}")
+    program, limit = BASELINE_TARGET
+    sides = results["programs"].get(program, {}).get("sides", {})
+    for name, got in sides.items():
+        if name in SIDES or "header_only" not in sides:
+            continue
+        now, before = sides["header_only"]["cpu_s"]["median"], got["cpu_s"]["median"]
+        lines.append(f"{program} (header_only) {now:.1f} s = {now / before:.2f}x {name}'s ({before:.1f} s): "
+                     f"target at most {limit}x, {'met' if now / before <= limit else 'MISSED'}")
     return lines
 
 

@@ -53,8 +53,13 @@ class CompileTime(unittest.TestCase):
         self.assertIn("mlp_train (compiled) 6.0 s = 0.60x LibTorch's hello (10.0 s): target at most 0.5x, MISSED",
                       lines)
 
+    def test_verdicts_compare_header_only_with_a_baseline(self):
+        lines = compile_time.verdicts(results_with({("hello", "header_only"): 20.0, ("hello", "v1"): 50.0}))
+        self.assertIn("hello (header_only) 20.0 s = 0.40x v1's (50.0 s): target at most 0.5x, met", lines)
+
     def test_verdicts_say_what_was_not_measured(self):
         lines = compile_time.verdicts(results_with({("hello", "header_only"): 20.0}))
+        self.assertEqual(len(lines), 2)
         self.assertTrue(all("not measured (no LibTorch)" in line for line in lines))
 
     def test_docs_hold_every_side(self):
