@@ -1,0 +1,388 @@
+// Definitions of passes/fuse.hpp: included by it when header-only, compiled once into the
+// library (src/passes.cpp) otherwise.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <queue>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "xgrad/backend/fused_group.hpp"
+#include "xgrad/ops/elementwise.hpp"
+#include "xgrad/ops/manipulation.hpp"
+#include "xgrad/passes/fuse.hpp"
+#include "xgrad/passes/rewrite.hpp"
+
+namespace xgrad::passes {
+
+namespace detail {
+
+/// The place of node's op in the type list Ops (a std::tuple), or -1.
+template <class Ops> int index_in(const ir::Node& node) {
+  return [&]<class... Op>(std::tuple<Op...>*) {
+    int i = 0, found = -1;
+    (void)((node.is<Op>() ? (found = i, true) : (++i, false)) || ...);
+    return found;
+  }(static_cast<Ops*>(nullptr));
+}
+
+inline bool fusible(const ir::Node& node) {
+  return node.traits.block && !node.has_effect && node.subgraphs.empty() && node.outputs.size() == 1;
+}
+
+/// A copy of `node` for a fused node's body, reading `inputs`.
+inline std::unique_ptr<ir::Node> body_copy(const ir::Node& node, std::vector<ir::Value*> inputs) {
+  auto copy = std::make_unique<ir::Node>();
+  copy->primitive = node.primitive;
+  copy->loc = node.loc;
+  copy->scope = node.scope;
+  copy->traits = node.traits;
+  copy->kernel = node.kernel;
+  copy->inputs = std::move(inputs);
+  return copy;
+}
+
+/// The Fused node standing for `members` (indices into g.nodes, in order) and, when given,
+/// the `anchor` node whose output only they read: the group then runs as the anchor's
+/// epilogue. `read_outside` holds the values read by other nodes, returned or written by an
+/// effect.
+inline std::unique_ptr<ir::Node> make_fused(const ir::Graph& g, const std::vector<std::size_t>& members,
+                                            const ir::Node* anchor,
+                                            const std::unordered_set<const ir::Value*>& read_outside, int number) {
+  auto body = std::make_shared<ir::Graph>();
+  body->name = g.name + ".fused" + std::to_string(number);
+  std::unordered_set<const ir::Value*> made;
+  for (std::size_t i : members) made.insert(g.nodes[i]->outputs[0]);
+  if (anchor) made.insert(anchor->outputs[0]);
+  std::unordered_map<const ir::Value*, ir::Value*> inner;
+  auto fused = std::make_unique<ir::Node>();
+  std::vector<std::pair<DType, Shape>> input_types;
+  auto add_input = [&](ir::Value* v) {
+    if (made.count(v) || inner.count(v)) return;
+    inner[v] = body->new_value(v->dtype, v->shape, nullptr);
+    body->inputs.push_back(inner[v]);
+    fused->inputs.push_back(v);
+    input_types.emplace_back(v->dtype, v->shape);
+  };
+  // An anchor's inputs come first, then the group's; the anchor's result is the last slot.
+  if (anchor)
+    for (ir::Value* v : anchor->inputs) add_input(v);
+  const int anchor_inputs = static_cast<int>(body->inputs.size());
+  for (std::size_t i : members)
+    for (ir::Value* v : g.nodes[i]->inputs) add_input(v);
+  body->num_args = body->inputs.size();
+  std::string ops;
+  if (anchor) {
+    std::vector<ir::Value*> reads;
+    for (ir::Value* v : anchor->inputs) reads.push_back(inner.at(v));
+    auto copy = body_copy(*anchor, std::move(reads));
+    ir::Value* result = anchor->outputs[0];
+    inner[result] = body->new_value(result->dtype, result->shape, copy.get());
+    copy->outputs.push_back(inner[result]);
+    input_types.emplace_back(result->dtype, result->shape);
+    ops = anchor->op();
+    body->append(std::move(copy));
+  }
+  backend::FusedGroupSpec spec;
+  spec.shape = g.nodes[members.front()]->outputs[0]->shape;
+  const Shape& shape = spec.shape;
+  std::vector<cpu::FusedKernel::Step>& steps = spec.steps;
+  std::vector<int>& output_slots = spec.output_slots;
+  for (std::size_t i : members) {
+    const ir::Node& node = *g.nodes[i];
+    auto copy = body_copy(node, {});
+    cpu::FusedKernel::Step step{node.traits.block,
+                                {},
+                                node.outputs[0]->dtype,
+                                -1,
+                                node.op(),
+                                node.traits.merged,
+                                index_in<op::MergeFeeders>(node),
+                                index_in<op::MergeConsumers>(node)};
+    for (ir::Value* v : node.inputs) {
+      copy->inputs.push_back(inner.at(v));
+      step.args.push_back(inner.at(v)->id);
+    }
+    ir::Value* out = body->new_value(node.outputs[0]->dtype, node.outputs[0]->shape, copy.get());
+    copy->outputs.push_back(out);
+    step.result = out->id;
+    inner[node.outputs[0]] = out;
+    if (read_outside.count(node.outputs[0])) {
+      fused->outputs.push_back(node.outputs[0]);
+      body->outputs.push_back(out);
+      output_slots.push_back(out->id);
+    }
+    ops += (ops.empty() ? "" : ", ") + std::string(node.op());
+    // A broadcast input is gathered per block; every other member is an op of op::Fusible
+    // (with_block's static_assert).
+    spec.device_ops.push_back(node.is<op::BroadcastTo>() ? -1 : index_in<op::Fusible>(node));
+    steps.push_back(std::move(step));
+    body->append(std::move(copy));
+  }
+  if (anchor) {
+    spec.anchor_kernel = anchor->kernel;
+    spec.epilogue_of = {anchor->epilogue_kernel, anchor_inputs};
+  }
+  spec.input_types = input_types;
+  spec.body = body;
+  std::vector<std::string> merged_pairs;
+  fused->kernel = backend::fused_kernel<op::Fusible>(spec, merged_pairs);
+  // In place: output j may take input i's buffer when i has the output's shape and element
+  // size and no step after the one writing j reads i. Not an anchor's input: the anchor may
+  // still be reading it while the group writes its first parts.
+  // Decided on the steps as they run, after merging (a merged step reads its pair's inputs).
+  const int num_inputs = static_cast<int>(input_types.size());
+  const int num_node_inputs = static_cast<int>(body->inputs.size());
+  std::vector<int> last_read(static_cast<std::size_t>(num_inputs), -1);
+  for (std::size_t k = 0; k < steps.size(); ++k)
+    for (int a : steps[k].args)
+      if (a < num_inputs) last_read[static_cast<std::size_t>(a)] = static_cast<int>(k);
+  for (int slot : output_slots) {
+    const auto written = static_cast<std::size_t>(
+        std::find_if(steps.begin(), steps.end(), [&](const auto& step) { return step.result == slot; }) -
+        steps.begin());
+    std::vector<int> candidates;
+    for (int i = anchor_inputs; i < num_node_inputs; ++i) {
+      const ir::Value& in = *body->inputs[static_cast<std::size_t>(i)];
+      if (in.shape == shape && dtype_size(in.dtype) == dtype_size(steps[written].dtype) &&
+          last_read[static_cast<std::size_t>(i)] <= static_cast<int>(written))
+        candidates.push_back(i);
+    }
+    fused->in_place.push_back(std::move(candidates));
+  }
+  if (anchor) {
+    // The anchor's result is the node's last output: the buffer the anchor writes into.
+    fused->outputs.push_back(anchor->outputs[0]);
+    body->outputs.push_back(inner.at(anchor->outputs[0]));
+    fused->in_place.emplace_back();
+  }
+  const ir::Node& last = *g.nodes[members.back()];
+  fused->loc = last.loc;
+  fused->scope = last.scope;
+  fused->traits.elementwise = !anchor;
+  std::string pairs;
+  for (const std::string& pair : merged_pairs) pairs += (pairs.empty() ? "" : ", ") + pair;
+  fused->primitive = ir::make_primitive(op::Fused{body->name, ops, pairs});
+  fused->subgraphs.push_back(std::move(body));
+  for (ir::Value* v : fused->outputs) v->producer = fused.get();
+  return fused;
+}
+
+}  // namespace detail
+
+XGRAD_API bool fuse(ir::Graph& g, const PassContext&) {
+  const std::size_t n = g.nodes.size();
+  std::unordered_map<const ir::Node*, std::size_t> index;
+  for (std::size_t i = 0; i < n; ++i) index[g.nodes[i].get()] = i;
+
+  // Bitsets over nodes; ancestors(i): every node that node i depends on.
+  const std::size_t words = (n + 63) / 64;
+  std::vector<std::uint64_t> ancestor_bits(n * words, 0);
+  auto ancestors = [&](std::size_t i) { return ancestor_bits.data() + i * words; };
+  auto bit = [](const std::uint64_t* set, std::size_t j) { return ((set[j / 64] >> (j % 64)) & 1) != 0; };
+
+  // A set of nodes can run as one kernel when no node outside it lies on a path between two
+  // of its nodes; such a node comes after the set's first node and depends on one of it.
+  auto convex = [&](const std::vector<std::size_t>& set) {
+    std::vector<std::uint64_t> inside(words, 0), above(words, 0);
+    for (std::size_t m : set) {
+      inside[m / 64] |= std::uint64_t{1} << (m % 64);
+      for (std::size_t w = 0; w < words; ++w) above[w] |= ancestors(m)[w];
+    }
+    const std::size_t first = *std::min_element(set.begin(), set.end());
+    for (std::size_t x = first + 1; x < n; ++x) {
+      if (!bit(above.data(), x) || bit(inside.data(), x)) continue;
+      for (std::size_t w = 0; w < words; ++w)
+        if (ancestors(x)[w] & inside[w]) return false;
+    }
+    return true;
+  };
+
+  // Groups in program order: a fusible node joins (and so merges) the groups of the
+  // producers of its inputs that have its shape, as far as the union stays convex.
+  std::vector<int> group(n, -1);
+  std::vector<std::vector<std::size_t>> members;
+  std::vector<std::size_t> slots;  // per group, an upper bound on its FusedKernel slots
+  for (std::size_t i = 0; i < n; ++i) {
+    const ir::Node& node = *g.nodes[i];
+    for (const ir::Value* v : node.inputs)
+      if (v->producer) {
+        const std::size_t p = index.at(v->producer);
+        for (std::size_t w = 0; w < words; ++w) ancestors(i)[w] |= ancestors(p)[w];
+        ancestors(i)[p / 64] |= std::uint64_t{1} << (p % 64);
+      }
+    if (!detail::fusible(node)) continue;
+    std::vector<std::size_t> set{i};
+    std::size_t set_slots = 1 + node.inputs.size();
+    int chosen = -1;
+    for (const ir::Value* v : node.inputs) {
+      if (!v->producer || !(v->shape == node.outputs[0]->shape)) continue;
+      const int G = group[index.at(v->producer)];
+      if (G < 0 || G == chosen) continue;
+      const auto& more = members[static_cast<std::size_t>(G)];
+      if (set_slots + slots[static_cast<std::size_t>(G)] > cpu::FusedKernel::kMaxSlots) continue;
+      std::vector<std::size_t> trial = set;
+      trial.insert(trial.end(), more.begin(), more.end());
+      if (!convex(trial)) continue;
+      set = std::move(trial);
+      set_slots += slots[static_cast<std::size_t>(G)];
+      if (chosen < 0) {
+        chosen = G;
+        continue;
+      }
+      for (std::size_t m : more) group[m] = chosen;  // G merges into the chosen group
+      auto& into = members[static_cast<std::size_t>(chosen)];
+      into.insert(into.end(), more.begin(), more.end());
+      members[static_cast<std::size_t>(G)].clear();
+      slots[static_cast<std::size_t>(G)] = 0;
+    }
+    if (chosen < 0) {
+      chosen = static_cast<int>(members.size());
+      members.emplace_back();
+      slots.push_back(0);
+    }
+    group[i] = chosen;
+    auto& mine = members[static_cast<std::size_t>(chosen)];
+    mine.push_back(i);
+    std::sort(mine.begin(), mine.end());
+    slots[static_cast<std::size_t>(chosen)] = set_slots;
+  }
+
+  std::unordered_set<const ir::Value*> read_outside(g.outputs.begin(), g.outputs.end());
+  for (const auto& e : g.effects) read_outside.insert(e.value);
+  for (std::size_t i = 0; i < n; ++i)
+    for (const ir::Value* v : g.nodes[i]->inputs)
+      if (v->producer && group[index.at(v->producer)] != group[i]) read_outside.insert(v);
+
+  // A group takes in the op making one of its inputs (MatMul, Conv2D: ops with an epilogue
+  // kernel) when only the group reads that value and the union stays convex: the group then
+  // runs on each block of the op's output as the op finishes it, while it is in cache.
+  std::unordered_map<const ir::Value*, int> reader_group;  // the one group reading a value; -2: others too
+  for (std::size_t i = 0; i < n; ++i)
+    for (const ir::Value* v : g.nodes[i]->inputs) {
+      auto [it, fresh] = reader_group.try_emplace(v, group[i]);
+      if (group[i] < 0 || (!fresh && it->second != group[i])) it->second = -2;
+    }
+  for (const ir::Value* v : g.outputs) reader_group[v] = -2;
+  for (const auto& e : g.effects) reader_group[e.value] = -2;
+  std::vector<const ir::Node*> anchor(members.size(), nullptr);
+  std::vector<bool> anchored(n, false);
+  for (std::size_t G = 0; G < members.size(); ++G) {
+    if (members[G].empty()) continue;
+    const Shape& shape = g.nodes[members[G].front()]->outputs[0]->shape;
+    for (std::size_t m : members[G])
+      for (const ir::Value* v : g.nodes[m]->inputs) {
+        const ir::Node* p = v->producer;
+        if (anchor[G] || !p || !p->epilogue_kernel || p->outputs.size() != 1 || !(v->shape == shape)) continue;
+        const std::size_t pi = index.at(p);
+        if (anchored[pi] || reader_group.at(v) != static_cast<int>(G) ||
+            slots[G] + p->inputs.size() + 1 > cpu::FusedKernel::kMaxSlots)
+          continue;
+        // No member may feed the anchor: the fused node would read its own output.
+        if (std::any_of(members[G].begin(), members[G].end(), [&](std::size_t k) { return bit(ancestors(pi), k); }))
+          continue;
+        std::vector<std::size_t> trial = members[G];
+        trial.push_back(pi);
+        if (!convex(trial)) continue;
+        anchor[G] = p;
+        anchored[pi] = true;
+      }
+  }
+
+  // The new graph's items: one per fused group (two or more nodes, or one with an anchor), one
+  // per other node; key: where an item goes when nothing forces it later (its first node's
+  // position). Each group is convex, but two groups can still need each other (a1 -> b2 and
+  // b1 -> a2): then a group in the way first gives up its anchor, else is dissolved, until an
+  // order exists (with no group at all, the original order is one).
+  std::vector<bool> dissolved(members.size(), false);
+  std::vector<int> anchor_group(n, -1);
+  for (std::size_t G = 0; G < members.size(); ++G)
+    if (anchor[G]) anchor_group[index.at(anchor[G])] = static_cast<int>(G);
+  auto fused = [&](std::size_t G) { return !dissolved[G] && (members[G].size() >= 2 || anchor[G]); };
+  std::vector<int> group_of_item;  // per item: its group, or -1 for a plain node
+  std::vector<std::size_t> node_of_item, key, order;
+  for (;;) {
+    group_of_item.clear();
+    node_of_item.clear();
+    key.clear();
+    std::vector<std::size_t> item_of_group(members.size()), item_of_node(n);
+    for (std::size_t G = 0; G < members.size(); ++G)
+      if (fused(G)) {
+        item_of_group[G] = group_of_item.size();
+        group_of_item.push_back(static_cast<int>(G));
+        node_of_item.push_back(0);
+        key.push_back(anchor[G] ? std::min(index.at(anchor[G]), members[G].front()) : members[G].front());
+      }
+    for (std::size_t i = 0; i < n; ++i) {
+      const int G = anchored[i] ? anchor_group[i] : group[i];
+      if (G >= 0 && fused(static_cast<std::size_t>(G))) {
+        item_of_node[i] = item_of_group[static_cast<std::size_t>(G)];
+        continue;
+      }
+      item_of_node[i] = group_of_item.size();
+      group_of_item.push_back(-1);
+      node_of_item.push_back(i);
+      key.push_back(i);
+    }
+    // Kahn's algorithm, taking the ready item that came first.
+    const std::size_t items = group_of_item.size();
+    std::vector<std::vector<std::size_t>> readers(items);
+    std::vector<std::size_t> waiting(items, 0);
+    std::vector<std::unordered_set<std::size_t>> from(items);
+    for (std::size_t i = 0; i < n; ++i)
+      for (const ir::Value* v : g.nodes[i]->inputs)
+        if (v->producer) {
+          const std::size_t a = item_of_node[index.at(v->producer)], b = item_of_node[i];
+          if (a != b && from[b].insert(a).second) {
+            readers[a].push_back(b);
+            ++waiting[b];
+          }
+        }
+    using Ready = std::pair<std::size_t, std::size_t>;  // (key, item)
+    std::priority_queue<Ready, std::vector<Ready>, std::greater<>> ready;
+    for (std::size_t k = 0; k < items; ++k)
+      if (waiting[k] == 0) ready.emplace(key[k], k);
+    order.clear();
+    while (!ready.empty()) {
+      const std::size_t k = ready.top().second;
+      ready.pop();
+      for (std::size_t r : readers[k])
+        if (--waiting[r] == 0) ready.emplace(key[r], r);
+      order.push_back(k);
+    }
+    if (order.size() == items) break;
+    // The first group left waiting loses its anchor, or its fusion.
+    std::size_t stuck = items;
+    for (std::size_t k = 0; k < items; ++k)
+      if (waiting[k] > 0 && group_of_item[k] >= 0 && (stuck == items || key[k] < key[stuck])) stuck = k;
+    if (stuck == items) throw std::logic_error("xgrad internal error: fusion made a cycle");
+    const auto G = static_cast<std::size_t>(group_of_item[stuck]);
+    if (anchor[G]) {
+      anchored[index.at(anchor[G])] = false;
+      anchor_group[index.at(anchor[G])] = -1;
+      anchor[G] = nullptr;
+    } else {
+      dissolved[G] = true;
+    }
+  }
+
+  if (std::none_of(group_of_item.begin(), group_of_item.end(), [](int G) { return G >= 0; })) return false;
+  int fused_count = 0;
+  std::vector<std::unique_ptr<ir::Node>> ordered;
+  for (std::size_t k : order) {
+    if (group_of_item[k] < 0) {
+      ordered.push_back(std::move(g.nodes[node_of_item[k]]));
+      continue;
+    }
+    const auto G = static_cast<std::size_t>(group_of_item[k]);
+    ordered.push_back(detail::make_fused(g, members[G], anchor[G], read_outside, fused_count++));
+  }
+  g.nodes = std::move(ordered);
+  return true;
+}
+
+}  // namespace xgrad::passes
