@@ -75,15 +75,31 @@ def upward_includes(graph):
     return problems
 
 
+def definitions_of(header):
+    """x.hpp's definitions file, x-inl.hpp."""
+    return header[: -len(".hpp")] + "-inl.hpp"
+
+
+def definitions_files(graph):
+    """Each x-inl.hpp included by anything but x.hpp."""
+    problems = []
+    for header, includes in sorted(graph.items()):
+        for target, ours in includes:
+            if ours and target.endswith("-inl.hpp") and definitions_of(header) != target:
+                problems.append(f"{header}: includes {target}, which only its own header may include")
+    return problems
+
+
 def cycles(graph):
-    """Every include cycle, as the chain of headers that closes it (each reported once)."""
+    """Every include cycle, as the chain of headers that closes it (each reported once). The
+    edge from x.hpp to its definitions x-inl.hpp does not count: that file includes x.hpp back."""
     problems, state, stack = [], {}, []
 
     def visit(header):
         state[header] = "open"
         stack.append(header)
         for target, ours in graph[header]:
-            if not ours or target not in graph:
+            if not ours or target not in graph or target == definitions_of(header):
                 continue
             if state.get(target) == "open":
                 chain = stack[stack.index(target):] + [target]
@@ -133,7 +149,7 @@ def umbrella_contents(graph):
 
 def check(root):
     graph = read_includes(root)
-    return upward_includes(graph) + cycles(graph) + umbrella_contents(graph)
+    return upward_includes(graph) + definitions_files(graph) + cycles(graph) + umbrella_contents(graph)
 
 
 def main(argv):

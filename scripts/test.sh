@@ -36,13 +36,16 @@ cmake --install build-test --prefix build-test/prefix > /dev/null
 cmake -S tests/install_consumer -B build-test/consumer -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_PREFIX_PATH="$PWD/build-test/prefix" > /dev/null
 cmake --build build-test/consumer
-build-test/consumer/consumer && echo "find_package(xgrad) consumer: ok"
+header_only=$(build-test/consumer/consumer)
+compiled=$(build-test/consumer/consumer_compiled)
+[ "$header_only" = "$compiled" ] || { echo "consumers differ: header-only $header_only, compiled $compiled"; exit 1; }
+echo "find_package(xgrad) consumers, header-only and compiled: ok, the same bits ($compiled)"
 # A user's Debug build on a machine with AVX-512 (the flags stand in for -march=native there):
 # the target adds -Og, without which GCC rejects xsimd's AVX-512 code. It runs where the CPU can.
 cmake -S tests/install_consumer -B build-test/consumer-debug -DCMAKE_BUILD_TYPE=Debug \
   -DCMAKE_CXX_FLAGS="-mavx512f -mavx512bw -mavx512dq -mavx512vl -mavx512cd" \
   -DCMAKE_PREFIX_PATH="$PWD/build-test/prefix" > /dev/null
-cmake --build build-test/consumer-debug
+cmake --build build-test/consumer-debug --target consumer
 if grep -q avx512bw /proc/cpuinfo; then
   build-test/consumer-debug/consumer && echo "Debug consumer with AVX-512: compiled and ran"
 else

@@ -48,6 +48,16 @@ class CheckLayers(unittest.TestCase):
             "core/b.hpp": '#include "xgrad/core/a.hpp"\n'}))
         self.assertIn("include cycle: xgrad/core/a.hpp -> xgrad/core/b.hpp -> xgrad/core/a.hpp", problems)
 
+    def test_definitions_file_includes_its_header_but_no_one_else_includes_it(self):
+        self.assertEqual(check_layers.check(tree({
+            "ops/add.hpp": '#include "xgrad/core/tensor.hpp"\n#include "xgrad/ops/add-inl.hpp"\n',
+            "ops/add-inl.hpp": '#include "xgrad/ops/add.hpp"\n'})), [])
+        problems = check_layers.check(tree({
+            "ops/add-inl.hpp": '#include "xgrad/ops/add.hpp"\n',
+            "ops/mul.hpp": '#include "xgrad/ops/add-inl.hpp"\n'}))
+        self.assertIn("xgrad/ops/mul.hpp: includes xgrad/ops/add-inl.hpp, which only its own header may include",
+                      problems)
+
     def test_unknown_folder_and_missing_header_are_named(self):
         problems = check_layers.check(tree({"extra/x.hpp": "", "ops/mul.hpp": '#include "xgrad/ops/none.hpp"\n'}))
         self.assertTrue(any("folder 'extra' is not in the layer order" in p for p in problems))

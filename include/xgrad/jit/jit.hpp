@@ -14,6 +14,7 @@
 
 #include "xgrad/jit/function.hpp"
 #include "xgrad/jit/tree.hpp"
+#include "xgrad/passes/fuse.hpp"
 #include "xgrad/passes/pipeline.hpp"
 
 namespace xgrad {

@@ -1,26 +1,16 @@
 // Dead code elimination: drops nodes whose outputs nothing reads (print and other effects stay).
 #pragma once
 
+#include "xgrad/core/config.hpp"
 #include "xgrad/passes/rewrite.hpp"
 
 namespace xgrad::passes {
 
-inline bool dce(ir::Graph& g, const PassContext&) {
-  std::unordered_set<const ir::Value*> live(g.outputs.begin(), g.outputs.end());
-  for (const auto& e : g.effects) live.insert(e.value);
-  std::unordered_set<const ir::Node*> dead;
-  for (auto it = g.nodes.rbegin(); it != g.nodes.rend(); ++it) {
-    const ir::Node& node = **it;
-    bool used = node.has_effect;
-    for (const ir::Value* v : node.outputs) used = used || live.count(v);
-    if (!used) {
-      dead.insert(&node);
-      continue;
-    }
-    live.insert(node.inputs.begin(), node.inputs.end());
-  }
-  erase_nodes(g, dead);
-  return !dead.empty();
-}
+/// Dead code elimination (above). Returns whether it changed the graph.
+XGRAD_API bool dce(ir::Graph& g, const PassContext& ctx);
 
 }  // namespace xgrad::passes
+
+#if !defined(XGRAD_COMPILED)
+#include "xgrad/passes/dce-inl.hpp"
+#endif
