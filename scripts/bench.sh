@@ -26,7 +26,7 @@ for arg in "$@"; do
   esac
 done
 
-scripts/ensure_packages.sh g++ cmake make ccache xtensor-dev libxsimd-dev zlib1g-dev libbenchmark-dev \
+scripts/ensure_packages.sh g++ cmake make ccache xtensor-dev libxsimd-dev zlib1g-dev libbenchmark-dev doctest-dev \
   libopenblas-dev python3 python3-venv dataset-fashion-mnist
 if ((install_peers)); then
   scripts/ensure_packages.sh libtorch-dev
