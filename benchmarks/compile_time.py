@@ -67,7 +67,7 @@ def commands(build):
         for program in PROGRAMS:
             for side in SIDES:
                 if f"compile_time_{program}_{side}.dir" in output:
-                    found[(program, "libtorch" if program == "torch_hello" else side)] = (argv, entry["directory"])
+                    found[(program, side)] = (argv, entry["directory"])
     return found
 
 

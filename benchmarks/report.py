@@ -130,8 +130,9 @@ def markdown(results, chart_dir_name):
         f" ({results['rounds']} rounds, {results['min_time_s']} s per measurement, {results['seconds']} s in all"
         f"{', quick mode' if results['quick'] else ''}); xgrad's rows on {' and '.join(results['devices'])}"
         f"{' (Thrust on the host: its OpenMP or serial system)' if 'thrust' in results['devices'] else ''}."
-        " GPU figures await a machine with a GPU: the CUDA build (`-DXGRAD_THRUST_SYSTEM=CUDA`) is compiled and"
-        " linked by CI but has no GPU to run on here. `--devices cpu,thrust` picks xgrad's devices.",
+        " The CUDA build (`-DXGRAD_THRUST_SYSTEM=CUDA`) has no GPU here: its figures on an NVIDIA H200"
+        " (scripts/gpu_check.sh) are in BENCHMARK_HISTORY.md, \"GPU\"; compile times in COMPILE_TIME.md."
+        " `--devices cpu,thrust` picks xgrad's devices.",
         "",
         f"Machine: {machine['cpu']}, {machine['cpus']} CPUs ({machine['threads_per_core']} thread(s) per core)"
         f"{', AVX-512' if machine['flags_avx512'] else ''}; {machine['caches']}; Linux {machine['kernel']};"
