@@ -14,6 +14,9 @@
 
 #include "ops/op_table.hpp"
 #include "test_support.hpp"
+#if defined(XGRAD_WITH_THRUST)
+#include "xgrad/backend/thrust/fused.hpp"
+#endif
 
 namespace xg = xgrad;
 using xgrad::testing::message_of;

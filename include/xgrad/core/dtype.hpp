@@ -23,6 +23,13 @@ concept FloatingPoint = std::same_as<T, float> || std::same_as<T, double>;
 template <class T>
 concept Numeric = Element<T> && !std::same_as<T, bool>;
 
+// The types of each concept above, for lists of explicit instantiations (core/config.hpp):
+// XGRAD_FOR_EACH_Numeric(M, args...) is M(float, args...) M(double, args...) and so on.
+#define XGRAD_FOR_EACH_FloatingPoint(M, ...) M(float, __VA_ARGS__) M(double, __VA_ARGS__)
+#define XGRAD_FOR_EACH_Numeric(M, ...) \
+  XGRAD_FOR_EACH_FloatingPoint(M, __VA_ARGS__) M(std::int32_t, __VA_ARGS__) M(std::int64_t, __VA_ARGS__)
+#define XGRAD_FOR_EACH_Element(M, ...) XGRAD_FOR_EACH_Numeric(M, __VA_ARGS__) M(bool, __VA_ARGS__)
+
 template <Element T> constexpr DType dtype_of() {
   if constexpr (std::is_same_v<T, float>)
     return DType::float32;

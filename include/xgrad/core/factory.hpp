@@ -162,8 +162,7 @@ template <Element T> Tensor<T> ones_like(const Tensor<T>& like, SourceLoc loc = 
 /// [start, start + step, ...) below stop.
 template <Numeric T> Tensor<T> arange(T start, T stop, T step = T(1), SourceLoc loc = SourceLoc::current()) {
   if (step == T(0)) throw_value_error("arange", loc, "step must not be 0");
-  const double count =
-      std::ceil((static_cast<double>(stop) - static_cast<double>(start)) / static_cast<double>(step));
+  const double count = std::ceil((static_cast<double>(stop) - static_cast<double>(start)) / static_cast<double>(step));
   // Compared as doubles: a count that is NaN or beyond int64 would make the cast undefined.
   if (!(count <= static_cast<double>(std::int64_t{1} << 62)))
     throw_value_error("arange", loc, "start ", start, ", stop ", stop, " and step ", step, " give ", count,
@@ -225,5 +224,29 @@ Tensor<T> uniform(const Shape& shape, T lo, T hi, std::uint64_t seed = 0, Source
     return detail::moved_to(out, default_device());
   });
 }
+
+// The instances xgrad::compiled holds (core/config.hpp).
+#define XGRAD_FACTORY_ELEMENT_INSTANCE(T, X)                             \
+  X Tensor<T> tensor<T>(const std::vector<T>&, const Shape&, SourceLoc); \
+  X Tensor<T> tensor<T>(const std::vector<T>&, SourceLoc);               \
+  X Tensor<T> full<T>(const Shape&, T, SourceLoc);                       \
+  X Tensor<T> zeros<T>(const Shape&, SourceLoc);                         \
+  X Tensor<T> ones<T>(const Shape&, SourceLoc);                          \
+  X Tensor<T> full_like<T>(const Tensor<T>&, T, SourceLoc);              \
+  X Tensor<T> zeros_like<T>(const Tensor<T>&, SourceLoc);                \
+  X Tensor<T> ones_like<T>(const Tensor<T>&, SourceLoc);
+#define XGRAD_FACTORY_NUMERIC_INSTANCE(T, X)      \
+  X Tensor<T> arange<T>(T, T, T, SourceLoc);      \
+  X Tensor<T> arange<T>(std::int64_t, SourceLoc); \
+  X Tensor<T> eye<T>(std::int64_t, SourceLoc);
+#define XGRAD_FACTORY_FLOAT_INSTANCE(T, X)                      \
+  X Tensor<T> randn<T>(const Shape&, std::uint64_t, SourceLoc); \
+  X Tensor<T> uniform<T>(const Shape&, T, T, std::uint64_t, SourceLoc);
+#define XGRAD_FACTORY_INSTANCES(X)                                                                                    \
+  XGRAD_FOR_EACH_Element(XGRAD_FACTORY_ELEMENT_INSTANCE, X) XGRAD_FOR_EACH_Numeric(XGRAD_FACTORY_NUMERIC_INSTANCE, X) \
+      XGRAD_FOR_EACH_FloatingPoint(XGRAD_FACTORY_FLOAT_INSTANCE, X)
+#if defined(XGRAD_COMPILED) && !defined(XGRAD_INSTANTIATE_FACTORY)
+XGRAD_FACTORY_INSTANCES(extern template)
+#endif
 
 }  // namespace xgrad

@@ -23,4 +23,11 @@ template <Element T> Tensor<T> to_device(const Tensor<T>& x, Device device, Sour
   return out;
 }
 
+// The instances xgrad::compiled holds (core/config.hpp).
+#define XGRAD_DEVICE_INSTANCE(T, X) X Tensor<T> to_device<T>(const Tensor<T>&, Device, SourceLoc);
+#define XGRAD_DEVICE_INSTANCES(X) XGRAD_FOR_EACH_Element(XGRAD_DEVICE_INSTANCE, X)
+#if defined(XGRAD_COMPILED) && !defined(XGRAD_INSTANTIATE_DEVICE)
+XGRAD_DEVICE_INSTANCES(extern template)
+#endif
+
 }  // namespace xgrad

@@ -348,29 +348,32 @@ template <class Op, class T> const MergedBlockKernels* merged_block_kernels() {
 
 // ---- Free functions users call --------------------------------------------------------
 
-#define XGRAD_UNARY_FUNCTION(fn, Op, Constraint)                                                   \
+// The ops below as lists: fn, Op, the concept of the types it takes.
+#define XGRAD_UNARY_FUNCTIONS(M, ...)                                                               \
+  M(neg, Neg, Numeric, __VA_ARGS__)                                                                 \
+  M(exp, Exp, FloatingPoint, __VA_ARGS__) M(log, Log, FloatingPoint, __VA_ARGS__)                   \
+      M(sqrt, Sqrt, FloatingPoint, __VA_ARGS__) M(rsqrt, Rsqrt, FloatingPoint, __VA_ARGS__)         \
+          M(tanh, Tanh, FloatingPoint, __VA_ARGS__) M(sigmoid, Sigmoid, FloatingPoint, __VA_ARGS__) \
+              M(relu, Relu, Numeric, __VA_ARGS__) M(sign, Sign, Numeric, __VA_ARGS__)               \
+                  M(abs, Abs, Numeric, __VA_ARGS__) M(square, Square, Numeric, __VA_ARGS__)         \
+                      M(sin, Sin, FloatingPoint, __VA_ARGS__) M(cos, Cos, FloatingPoint, __VA_ARGS__)
+#define XGRAD_BINARY_FUNCTIONS(M, ...)                                                                  \
+  M(add, Add, Numeric, __VA_ARGS__)                                                                     \
+  M(sub, Sub, Numeric, __VA_ARGS__) M(mul, Mul, Numeric, __VA_ARGS__) M(div, Div, Numeric, __VA_ARGS__) \
+      M(pow, Pow, Numeric, __VA_ARGS__) M(maximum, Maximum, Numeric, __VA_ARGS__)                       \
+          M(minimum, Minimum, Numeric, __VA_ARGS__) M(equal, Equal, Element, __VA_ARGS__)               \
+              M(less, Less, Numeric, __VA_ARGS__) M(greater, Greater, Numeric, __VA_ARGS__)
+
+#define XGRAD_UNARY_FUNCTION(fn, Op, Constraint, ...)                                              \
   /** Elementwise Op (see op::Op). */                                                              \
   template <Constraint T> Tensor<T> fn(const Tensor<T>& x, SourceLoc loc = SourceLoc::current()) { \
     return detail::unary<op::Op>(x, loc);                                                          \
   }
-
-XGRAD_UNARY_FUNCTION(neg, Neg, Numeric)
-XGRAD_UNARY_FUNCTION(exp, Exp, FloatingPoint)
-XGRAD_UNARY_FUNCTION(log, Log, FloatingPoint)
-XGRAD_UNARY_FUNCTION(sqrt, Sqrt, FloatingPoint)
-XGRAD_UNARY_FUNCTION(rsqrt, Rsqrt, FloatingPoint)
-XGRAD_UNARY_FUNCTION(tanh, Tanh, FloatingPoint)
-XGRAD_UNARY_FUNCTION(sigmoid, Sigmoid, FloatingPoint)
-XGRAD_UNARY_FUNCTION(relu, Relu, Numeric)
-XGRAD_UNARY_FUNCTION(sign, Sign, Numeric)
-XGRAD_UNARY_FUNCTION(abs, Abs, Numeric)
-XGRAD_UNARY_FUNCTION(square, Square, Numeric)
-XGRAD_UNARY_FUNCTION(sin, Sin, FloatingPoint)
-XGRAD_UNARY_FUNCTION(cos, Cos, FloatingPoint)
+XGRAD_UNARY_FUNCTIONS(XGRAD_UNARY_FUNCTION, )
 #undef XGRAD_UNARY_FUNCTION
 
 // Binary ops take two tensors, or a tensor and a plain T scalar on either side.
-#define XGRAD_BINARY_FUNCTION(fn, Op, Constraint)                                                                     \
+#define XGRAD_BINARY_FUNCTION(fn, Op, Constraint, ...)                                                                \
   /** Elementwise Op with NumPy broadcasting (see op::Op). */                                                         \
   template <Constraint T>                                                                                             \
   Tensor<op::Op::result<T>> fn(const Tensor<T>& a, const Tensor<T>& b, SourceLoc loc = SourceLoc::current()) {        \
@@ -384,17 +387,7 @@ XGRAD_UNARY_FUNCTION(cos, Cos, FloatingPoint)
   Tensor<op::Op::result<T>> fn(std::type_identity_t<T> a, const Tensor<T>& b, SourceLoc loc = SourceLoc::current()) { \
     return detail::binary<op::Op>(scalar_like(b, a), b, loc);                                                         \
   }
-
-XGRAD_BINARY_FUNCTION(add, Add, Numeric)
-XGRAD_BINARY_FUNCTION(sub, Sub, Numeric)
-XGRAD_BINARY_FUNCTION(mul, Mul, Numeric)
-XGRAD_BINARY_FUNCTION(div, Div, Numeric)
-XGRAD_BINARY_FUNCTION(pow, Pow, Numeric)
-XGRAD_BINARY_FUNCTION(maximum, Maximum, Numeric)
-XGRAD_BINARY_FUNCTION(minimum, Minimum, Numeric)
-XGRAD_BINARY_FUNCTION(equal, Equal, Element)
-XGRAD_BINARY_FUNCTION(less, Less, Numeric)
-XGRAD_BINARY_FUNCTION(greater, Greater, Numeric)
+XGRAD_BINARY_FUNCTIONS(XGRAD_BINARY_FUNCTION, )
 #undef XGRAD_BINARY_FUNCTION
 
 /// Picks a where cond is true, else b, with broadcasting over all three.
@@ -424,5 +417,28 @@ template <Numeric T> Tensor<T> clip(const Tensor<T>& x, std::type_identity_t<T> 
   if (lo > hi) throw_value_error("Clip", loc, "lo (", lo, ") must not exceed hi (", hi, ")");
   return minimum(maximum(x, lo, loc), hi, loc);
 }
+
+// The instances xgrad::compiled holds (core/config.hpp).
+#define XGRAD_UNARY_INSTANCE(T, X, fn) X Tensor<T> fn<T>(const Tensor<T>&, SourceLoc);
+#define XGRAD_UNARY_INSTANCES(fn, Op, Constraint, X) XGRAD_FOR_EACH_##Constraint(XGRAD_UNARY_INSTANCE, X, fn)
+#define XGRAD_BINARY_INSTANCE(T, X, fn, Op)                                         \
+  X Tensor<op::Op::result<T>> fn<T>(const Tensor<T>&, const Tensor<T>&, SourceLoc); \
+  X Tensor<op::Op::result<T>> fn<T>(const Tensor<T>&, T, SourceLoc);                \
+  X Tensor<op::Op::result<T>> fn<T>(T, const Tensor<T>&, SourceLoc);
+#define XGRAD_BINARY_INSTANCES(fn, Op, Constraint, X) XGRAD_FOR_EACH_##Constraint(XGRAD_BINARY_INSTANCE, X, fn, Op)
+#define XGRAD_WHERE_INSTANCE(T, X)                                                          \
+  X Tensor<T> where<T>(const Tensor<bool>&, const Tensor<T>&, const Tensor<T>&, SourceLoc); \
+  X Tensor<T> where<T>(const Tensor<bool>&, const Tensor<T>&, T, SourceLoc);                \
+  X Tensor<T> where<T>(const Tensor<bool>&, T, const Tensor<T>&, SourceLoc);
+#define XGRAD_FMA_INSTANCE(T, X) X Tensor<T> fma<T>(const Tensor<T>&, const Tensor<T>&, const Tensor<T>&, SourceLoc);
+#define XGRAD_CLIP_INSTANCE(T, X) X Tensor<T> clip<T>(const Tensor<T>&, T, T, SourceLoc);
+#define XGRAD_ELEMENTWISE_INSTANCES(X)                                                                \
+  XGRAD_UNARY_FUNCTIONS(XGRAD_UNARY_INSTANCES, X)                                                     \
+  XGRAD_BINARY_FUNCTIONS(XGRAD_BINARY_INSTANCES, X)                                                   \
+  XGRAD_FOR_EACH_Element(XGRAD_WHERE_INSTANCE, X) XGRAD_FOR_EACH_FloatingPoint(XGRAD_FMA_INSTANCE, X) \
+      XGRAD_FOR_EACH_Numeric(XGRAD_CLIP_INSTANCE, X)
+#if defined(XGRAD_COMPILED) && !defined(XGRAD_INSTANTIATE_ELEMENTWISE)
+XGRAD_ELEMENTWISE_INSTANCES(extern template)
+#endif
 
 }  // namespace xgrad

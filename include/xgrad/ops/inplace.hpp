@@ -94,4 +94,21 @@ template <Element T> Tensor<T>& Tensor<T>::operator/=(Located<T> rhs) {
   return *this /= Located<Tensor<T>>(scalar_like(*this, rhs.value), rhs.loc);
 }
 
+// The instances xgrad::compiled holds (core/config.hpp).
+#define XGRAD_INPLACE_ELEMENT_INSTANCE(T, X) X Tensor<T>& Tensor<T>::assign(const Tensor<T>&, SourceLoc);
+#define XGRAD_INPLACE_NUMERIC_INSTANCE(T, X)              \
+  X Tensor<T>& Tensor<T>::operator+=(Located<Tensor<T>>); \
+  X Tensor<T>& Tensor<T>::operator-=(Located<Tensor<T>>); \
+  X Tensor<T>& Tensor<T>::operator*=(Located<Tensor<T>>); \
+  X Tensor<T>& Tensor<T>::operator/=(Located<Tensor<T>>); \
+  X Tensor<T>& Tensor<T>::operator+=(Located<T>);         \
+  X Tensor<T>& Tensor<T>::operator-=(Located<T>);         \
+  X Tensor<T>& Tensor<T>::operator*=(Located<T>);         \
+  X Tensor<T>& Tensor<T>::operator/=(Located<T>);
+#define XGRAD_INPLACE_INSTANCES(X) \
+  XGRAD_FOR_EACH_Element(XGRAD_INPLACE_ELEMENT_INSTANCE, X) XGRAD_FOR_EACH_Numeric(XGRAD_INPLACE_NUMERIC_INSTANCE, X)
+#if defined(XGRAD_COMPILED) && !defined(XGRAD_INSTANTIATE_INPLACE)
+XGRAD_INPLACE_INSTANCES(extern template)
+#endif
+
 }  // namespace xgrad

@@ -88,4 +88,13 @@ Tensor<T> matmul(const Tensor<T>& a, const Tensor<T>& b, SourceLoc loc = SourceL
   return matmul(a, b, false, false, loc);
 }
 
+// The instances xgrad::compiled holds (core/config.hpp).
+#define XGRAD_LINALG_INSTANCE(T, X)                                                 \
+  X Tensor<T> matmul<T>(const Tensor<T>&, const Tensor<T>&, bool, bool, SourceLoc); \
+  X Tensor<T> matmul<T>(const Tensor<T>&, const Tensor<T>&, SourceLoc);
+#define XGRAD_LINALG_INSTANCES(X) XGRAD_FOR_EACH_FloatingPoint(XGRAD_LINALG_INSTANCE, X)
+#if defined(XGRAD_COMPILED) && !defined(XGRAD_INSTANTIATE_LINALG)
+XGRAD_LINALG_INSTANCES(extern template)
+#endif
+
 }  // namespace xgrad

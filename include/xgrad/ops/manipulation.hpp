@@ -383,4 +383,30 @@ template <Element U, Element T> Tensor<U> cast(const Tensor<T>& x, SourceLoc loc
     return detail::apply<U>(op::Cast{dtype_of<U>()}, loc, x);
 }
 
+// The instances xgrad::compiled holds (core/config.hpp).
+#define XGRAD_MANIPULATION_ELEMENT_INSTANCE(T, X)                                                            \
+  X Tensor<T> reshape<T>(const Tensor<T>&, const std::vector<std::int64_t>&, SourceLoc);                     \
+  X Tensor<T> transpose<T>(const Tensor<T>&, std::vector<std::int64_t>, SourceLoc);                          \
+  X Tensor<T> slice<T>(const Tensor<T>&, const std::vector<std::int64_t>&, const std::vector<std::int64_t>&, \
+                       SourceLoc);                                                                           \
+  X Tensor<T> broadcast_to<T>(const Tensor<T>&, const Shape&, SourceLoc);                                    \
+  X Tensor<T> expand_dims<T>(const Tensor<T>&, std::int64_t, SourceLoc);                                     \
+  X Tensor<T> squeeze<T>(const Tensor<T>&, const std::vector<std::int64_t>&, SourceLoc);                     \
+  X Tensor<T> flatten<T>(const Tensor<T>&, SourceLoc);                                                       \
+  X Tensor<T> concat<T>(const std::vector<Tensor<T>>&, std::int64_t, SourceLoc);                             \
+  X Tensor<T> stack<T>(const std::vector<Tensor<T>>&, std::int64_t, SourceLoc);                              \
+  X Tensor<float> cast<float, T>(const Tensor<T>&, SourceLoc);                                               \
+  X Tensor<double> cast<double, T>(const Tensor<T>&, SourceLoc);                                             \
+  X Tensor<std::int32_t> cast<std::int32_t, T>(const Tensor<T>&, SourceLoc);                                 \
+  X Tensor<std::int64_t> cast<std::int64_t, T>(const Tensor<T>&, SourceLoc);                                 \
+  X Tensor<bool> cast<bool, T>(const Tensor<T>&, SourceLoc);
+#define XGRAD_MANIPULATION_NUMERIC_INSTANCE(T, X) \
+  X Tensor<T> slice_backward<T>(const Tensor<T>&, const Shape&, const std::vector<std::int64_t>&, SourceLoc);
+#define XGRAD_MANIPULATION_INSTANCES(X)                          \
+  XGRAD_FOR_EACH_Element(XGRAD_MANIPULATION_ELEMENT_INSTANCE, X) \
+      XGRAD_FOR_EACH_Numeric(XGRAD_MANIPULATION_NUMERIC_INSTANCE, X)
+#if defined(XGRAD_COMPILED) && !defined(XGRAD_INSTANTIATE_MANIPULATION)
+XGRAD_MANIPULATION_INSTANCES(extern template)
+#endif
+
 }  // namespace xgrad

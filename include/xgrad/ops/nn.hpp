@@ -525,4 +525,22 @@ template <FloatingPoint T> Tensor<T> softmax_cross_entropy(const Tensor<T>& logi
   return mean(losses, {}, false, loc);
 }
 
+// The instances xgrad::compiled holds (core/config.hpp).
+#define XGRAD_NN_INSTANCE(T, X)                                                                  \
+  X Tensor<T> bias_add<T>(const Tensor<T>&, const Tensor<T>&, SourceLoc);                        \
+  X Tensor<T> conv2d<T>(const Tensor<T>&, const Tensor<T>&, Conv2dOptions, SourceLoc);           \
+  X Tensor<T> max_pool2d<T>(const Tensor<T>&, std::int64_t, std::int64_t, PadMode, SourceLoc);   \
+  X Tensor<T> max_pool2d<T>(const Tensor<T>&, std::int64_t, SourceLoc);                          \
+  X Tensor<T> avg_pool2d<T>(const Tensor<T>&, std::int64_t, std::int64_t, PadMode, SourceLoc);   \
+  X Tensor<T> avg_pool2d<T>(const Tensor<T>&, std::int64_t, SourceLoc);                          \
+  X Tensor<T> resize_bilinear<T>(const Tensor<T>&, std::int64_t, std::int64_t, bool, SourceLoc); \
+  X Tensor<T> log_softmax<T>(const Tensor<T>&, std::int64_t, SourceLoc);                         \
+  X Tensor<T> softmax<T>(const Tensor<T>&, std::int64_t, SourceLoc);                             \
+  X Tensor<T> one_hot<T>(const Tensor<std::int32_t>&, std::int64_t, SourceLoc);                  \
+  X Tensor<T> softmax_cross_entropy<T>(const Tensor<T>&, const Tensor<std::int32_t>&, Reduction, SourceLoc);
+#define XGRAD_NN_INSTANCES(X) XGRAD_FOR_EACH_FloatingPoint(XGRAD_NN_INSTANCE, X)
+#if defined(XGRAD_COMPILED) && !defined(XGRAD_INSTANTIATE_NN)
+XGRAD_NN_INSTANCES(extern template)
+#endif
+
 }  // namespace xgrad

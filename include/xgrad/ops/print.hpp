@@ -35,4 +35,11 @@ template <Element T> void print(const std::string& label, const Tensor<T>& t, So
   show(t);
 }
 
+// The instances xgrad::compiled holds (core/config.hpp).
+#define XGRAD_PRINT_INSTANCE(T, X) X void print<T>(const std::string&, const Tensor<T>&, SourceLoc);
+#define XGRAD_PRINT_INSTANCES(X) XGRAD_FOR_EACH_Element(XGRAD_PRINT_INSTANCE, X)
+#if defined(XGRAD_COMPILED) && !defined(XGRAD_INSTANTIATE_PRINT)
+XGRAD_PRINT_INSTANCES(extern template)
+#endif
+
 }  // namespace xgrad

@@ -61,4 +61,11 @@ Tensor<T> random_uniform(const Tensor<std::int64_t>& key, const Shape& shape, So
   return detail::apply<T>(op::RandomUniform{device, shape}, loc, key);
 }
 
+// The instances xgrad::compiled holds (core/config.hpp).
+#define XGRAD_RANDOM_INSTANCE(T, X) X Tensor<T> random_uniform<T>(const Tensor<std::int64_t>&, const Shape&, SourceLoc);
+#define XGRAD_RANDOM_INSTANCES(X) XGRAD_FOR_EACH_FloatingPoint(XGRAD_RANDOM_INSTANCE, X)
+#if defined(XGRAD_COMPILED) && !defined(XGRAD_INSTANTIATE_RANDOM)
+XGRAD_RANDOM_INSTANCES(extern template)
+#endif
+
 }  // namespace xgrad

@@ -255,4 +255,19 @@ template <Numeric T> Tensor<std::int32_t> argmax(const Tensor<T>& x, std::int64_
   return detail::apply<std::int32_t>(op::Argmax{a, keepdims}, loc, x);
 }
 
+// The instances xgrad::compiled holds (core/config.hpp).
+#define XGRAD_REDUCE_NUMERIC_INSTANCE(T, X)                                                \
+  X Tensor<T> sum_to<T>(const Tensor<T>&, const Shape&, SourceLoc);                        \
+  X Tensor<T> sum<T>(const Tensor<T>&, const std::vector<std::int64_t>&, bool, SourceLoc); \
+  X Tensor<T> max<T>(const Tensor<T>&, const std::vector<std::int64_t>&, bool, SourceLoc); \
+  X Tensor<T> min<T>(const Tensor<T>&, const std::vector<std::int64_t>&, bool, SourceLoc); \
+  X Tensor<std::int32_t> argmax<T>(const Tensor<T>&, std::int64_t, bool, SourceLoc);
+#define XGRAD_REDUCE_FLOAT_INSTANCE(T, X) \
+  X Tensor<T> mean<T>(const Tensor<T>&, const std::vector<std::int64_t>&, bool, SourceLoc);
+#define XGRAD_REDUCE_INSTANCES(X) \
+  XGRAD_FOR_EACH_Numeric(XGRAD_REDUCE_NUMERIC_INSTANCE, X) XGRAD_FOR_EACH_FloatingPoint(XGRAD_REDUCE_FLOAT_INSTANCE, X)
+#if defined(XGRAD_COMPILED) && !defined(XGRAD_INSTANTIATE_REDUCE)
+XGRAD_REDUCE_INSTANCES(extern template)
+#endif
+
 }  // namespace xgrad

@@ -1,0 +1,9 @@
+// xgrad::compiled: the neural-network ops and matmul (include/xgrad/ops/nn.hpp, linalg.hpp).
+#define XGRAD_INSTANTIATE_NN
+#define XGRAD_INSTANTIATE_LINALG
+#include "xgrad/core.hpp"
+
+namespace xgrad {
+XGRAD_NN_INSTANCES(template)
+XGRAD_LINALG_INSTANCES(template)
+}  // namespace xgrad
