@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "xgrad/autograd/engine.hpp"
+#include "xgrad/ops/dispatch.hpp"
 
 namespace xgrad {
 

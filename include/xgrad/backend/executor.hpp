@@ -6,18 +6,17 @@
 // intermediate after its last use.
 #pragma once
 
-#include <algorithm>
-#include <cstdlib>
+#include <cstddef>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <span>
-#include <stdexcept>
+#include <string>
 #include <vector>
 
-#include "xgrad/backend/kernels.hpp"
 #include "xgrad/backend/memory_plan.hpp"
-#include "xgrad/ir/printer.hpp"
+#include "xgrad/core/config.hpp"
+#include "xgrad/ir/graph.hpp"
 
 namespace xgrad::backend {
 
@@ -33,20 +32,7 @@ struct ProgramOptions {
 class Program {
  public:
   Program() = default;
-  explicit Program(std::shared_ptr<const ir::Graph> graph, ProgramOptions options = {})
-      : m_graph(std::move(graph)), m_options(options), m_pools(std::make_unique<Pools>()) {
-    const auto& nodes = m_graph->nodes;
-    std::vector<std::ptrdiff_t> last_use(m_graph->values.size(), -1);
-    for (std::size_t k = 0; k < nodes.size(); ++k)
-      for (const ir::Value* v : nodes[k]->inputs)
-        last_use[static_cast<std::size_t>(v->id)] = static_cast<std::ptrdiff_t>(k);
-    for (const ir::Value* v : m_graph->outputs) last_use[static_cast<std::size_t>(v->id)] = -1;
-    for (const auto& e : m_graph->effects) last_use[static_cast<std::size_t>(e.value->id)] = -1;
-    m_release.resize(nodes.size());
-    for (std::size_t id = 0; id < last_use.size(); ++id)
-      if (last_use[id] >= 0) m_release[static_cast<std::size_t>(last_use[id])].push_back(static_cast<int>(id));
-    if (m_options.plan_memory) m_plan = plan_memory(*m_graph);
-  }
+  XGRAD_API explicit Program(std::shared_ptr<const ir::Graph> graph, ProgramOptions options = {});
 
   const ir::Graph& graph() const { return *m_graph; }
   /// The memory plan, when the program runs from one.
@@ -54,81 +40,18 @@ class Program {
 
   /// Runs the graph on `inputs` (one per graph input, of its dtype and shape), applies its
   /// effects to those inputs and returns its outputs.
-  std::vector<TensorBase> run(std::span<const TensorBase> inputs) const {
-    std::vector<TensorBase> results;
-    run(inputs, results);
-    return results;
-  }
+  XGRAD_API std::vector<TensorBase> run(std::span<const TensorBase> inputs) const;
 
   /// As run(inputs), the outputs put in `results` (emptied first): a caller that keeps the
   /// vector from call to call allocates nothing for it.
-  void run(std::span<const TensorBase> inputs, std::vector<TensorBase>& results) const {
-    const ir::Graph& g = *m_graph;
-    const Device device = device_of_inputs(inputs);
-    Lease lease(m_pools->of(device), [&] { return make_workspace(device); });
-    Workspace& ws = lease.workspace();
-    auto& env = ws.env;
-    for (std::size_t i = 0; i < g.inputs.size(); ++i) env[static_cast<std::size_t>(g.inputs[i]->id)] = inputs[i];
-    for (std::size_t k = 0; k < g.nodes.size(); ++k) {
-      const ir::Node& node = *g.nodes[k];
-      ws.in.clear();
-      for (const ir::Value* v : node.inputs) ws.in.push_back(env[static_cast<std::size_t>(v->id)]);
-      // On a device, a node whose inputs are all on the cpu (a constant, a factory, scalars)
-      // runs there and its result moves to the device; its planned buffer is not for cpu kernels.
-      const bool moved = device != Device::cpu && std::none_of(ws.in.begin(), ws.in.end(), [](const TensorBase& t) {
-                           return t.device() != Device::cpu;
-                         });
-      ws.out.clear();  // each output's planned buffer, or undefined: the kernel makes its own
-      for (const ir::Value* v : node.outputs)
-        ws.out.push_back(moved ? TensorBase() : ws.planned[static_cast<std::size_t>(v->id)]);
-      if (moved && node.is<op::Const>() && ws.constants[k].defined())
-        ws.out[0] = ws.constants[k];
-      else
-        node.kernel(ws.in, ws.out);
-      for (std::size_t j = 0; j < ws.out.size(); ++j) {
-        const ir::Value& v = *node.outputs[j];
-        check_output(node, v, ws.out[j]);
-        if (device != Device::cpu) move_to_device(ws, node, j, device);
-        keep_in_plan(ws, v, ws.out[j]);
-        env[static_cast<std::size_t>(v.id)] = std::move(ws.out[j]);
-      }
-      for (int id : m_release[k]) env[static_cast<std::size_t>(id)] = TensorBase();
-      if (m_plan && m_options.poison_freed_buffers)
-        for (const auto& region : m_plan->freed_after[k])
-          kernels::fill(device, ws.arena->data() + region.offset, static_cast<std::int64_t>(region.bytes),
-                        std::byte{0xFF});
-    }
-    apply_effects(inputs, ws);
-    results.clear();
-    results.reserve(g.outputs.size());
-    for (const ir::Value* v : g.outputs) {
-      const TensorBase& t = env[static_cast<std::size_t>(v->id)];
-      // A constant belongs to the graph, an arena buffer to the next call (a kernel may pass
-      // one through, as a reduction over size-1 axes does): the caller gets a copy.
-      const bool shared = (v->producer && v->producer->is<op::Const>()) || t.impl()->storage->borrowed();
-      results.push_back(shared ? xgrad::detail::copy_to(t, t.device()) : t);
-    }
-    for (auto& t : env) t = TensorBase();
-  }
+  XGRAD_API void run(std::span<const TensorBase> inputs, std::vector<TensorBase>& results) const;
 
  private:
   /// The bytes a memory plan lays out, on the device a call runs on.
   class Arena {
    public:
-    Arena(std::size_t bytes, Device device) : m_device(device) {
-      if (device == Device::cpu) {
-        m_data = static_cast<std::byte*>(std::aligned_alloc(MemoryPlan::kAlignment, bytes));
-        if (!m_data)
-          throw AllocationError(xgrad::detail::concat("jit: cannot allocate a compiled function's ", bytes,
-                                                      "-byte arena on cpu: out of memory"));
-      } else {
-        m_storage = std::make_unique<Storage>(bytes, device);
-        m_data = static_cast<std::byte*>(m_storage->data());
-      }
-    }
-    ~Arena() {
-      if (m_device == Device::cpu) std::free(m_data);
-    }
+    XGRAD_API Arena(std::size_t bytes, Device device);
+    XGRAD_API ~Arena();
     Arena(const Arena&) = delete;
     Arena& operator=(const Arena&) = delete;
     std::byte* data() const { return m_data; }
@@ -187,131 +110,28 @@ class Program {
 
   /// The device a call runs on: that of its inputs, which must agree (a one-element cpu tensor
   /// goes with any device, as in eager ops).
-  Device device_of_inputs(std::span<const TensorBase> inputs) const {
-    const TensorBase* first = nullptr;
-    std::size_t first_index = 0;
-    for (std::size_t i = 0; i < inputs.size(); ++i) {
-      const TensorBase& t = inputs[i];
-      if (t.device() == Device::cpu && t.numel() == 1) continue;
-      if (!first) {
-        first = &t;
-        first_index = i;
-      } else if (t.device() != first->device()) {
-        throw ValueError(xgrad::detail::concat(
-            "jit: ", m_graph->name, ": input ", first_index, " (", describe_input(first_index), ") is on ",
-            device_name(first->device()), " but input ", i, " (", describe_input(i), ") is on ",
-            device_name(t.device()), "; a compiled graph runs on one device: move them with .to(device)"));
-      }
-    }
-    return first ? first->device() : Device::cpu;
-  }
+  XGRAD_API Device device_of_inputs(std::span<const TensorBase> inputs) const;
 
-  std::string describe_input(std::size_t i) const {
-    const ir::Value& v = *m_graph->inputs[i];
-    return v.name.empty() ? ir::type_str(v.dtype, v.shape)
-                          : xgrad::detail::concat(v.name, ": ", ir::type_str(v.dtype, v.shape));
-  }
+  XGRAD_API std::string describe_input(std::size_t i) const;
 
-  std::unique_ptr<Workspace> make_workspace(Device device) const {
-    auto ws = std::make_unique<Workspace>();
-    ws->device = device;
-    const ir::Graph& g = *m_graph;
-    ws->env.resize(g.values.size());
-    ws->planned.resize(g.values.size());
-    if (device != Device::cpu) {
-      ws->constants.resize(g.nodes.size());
-      for (std::size_t k = 0; k < g.nodes.size(); ++k) {
-        if (!g.nodes[k]->is<op::Const>()) continue;
-        const TensorBase& c = g.nodes[k]->params<op::Const>().value;
-        if (c.numel() > 1) ws->constants[k] = xgrad::detail::copy_to(c, device);
-      }
-    }
-    if (!m_plan) return ws;
-    const std::size_t bytes = std::max<std::size_t>(m_plan->arena_bytes, MemoryPlan::kAlignment);
-    ws->arena = std::make_unique<Arena>(bytes, device);
-    if (m_options.poison_freed_buffers)
-      kernels::fill(device, ws->arena->data(), static_cast<std::int64_t>(bytes), std::byte{0xFF});
-    for (const auto& v : g.values) {
-      const std::ptrdiff_t offset = m_plan->offset[static_cast<std::size_t>(v->id)];
-      if (offset == MemoryPlan::kNotPlanned) continue;
-      auto storage =
-          std::make_shared<Storage>(Storage::Borrowed{}, ws->arena->data() + offset,
-                                    static_cast<std::size_t>(v->shape.numel()) * dtype_size(v->dtype), device);
-      ws->planned[static_cast<std::size_t>(v->id)] =
-          TensorBase(std::make_shared<TensorImpl>(v->shape, v->dtype, std::move(storage)));
-    }
-    // A view of a planned buffer gets its handle now too, so that a warm call makes none.
-    for (const auto& node : g.nodes) {
-      if (!node->traits.view) continue;
-      const TensorBase& base = ws->planned[static_cast<std::size_t>(node->inputs[0]->id)];
-      const ir::Value& v = *node->outputs[0];
-      if (base.defined())
-        ws->planned[static_cast<std::size_t>(v.id)] =
-            TensorBase(std::make_shared<TensorImpl>(v.shape, v.dtype, base.impl()->storage));
-    }
-    return ws;
-  }
+  XGRAD_API std::unique_ptr<Workspace> make_workspace(Device device) const;
 
   /// A node's output j, when made on the cpu during a call on `device`, moved there (into its
   /// planned buffer when it has one); a one-element result may stay, as scalars do.
-  void move_to_device(Workspace& ws, const ir::Node& node, std::size_t j, Device device) const {
-    TensorBase& t = ws.out[j];
-    if (t.device() == device || t.numel() == 1) return;
-    const TensorBase& planned = ws.planned[static_cast<std::size_t>(node.outputs[j]->id)];
-    if (!planned.defined()) {
-      t = xgrad::detail::copy_to(t, device);
-      return;
-    }
-    xgrad::detail::copy_bytes(planned.impl()->storage->data(), device, t.impl()->storage->data(), Device::cpu,
-                              planned.impl()->storage->bytes());
-    t = planned;
-  }
+  XGRAD_API void move_to_device(Workspace& ws, const ir::Node& node, std::size_t j, Device device) const;
 
-  static void check_output(const ir::Node& node, const ir::Value& v, const TensorBase& t) {
-    if (!t.defined() || t.dtype() != v.dtype || !(t.shape() == v.shape))
-      throw std::logic_error(xgrad::detail::concat("xgrad internal error: ", node.op(), " (", node.loc.str(), ") made ",
-                                                   t.defined() ? ir::type_str(t.dtype(), t.shape()) : "nothing",
-                                                   " where the graph expects ", ir::type_str(v.dtype, v.shape)));
-  }
+  XGRAD_API static void check_output(const ir::Node& node, const ir::Value& v, const TensorBase& t);
 
   /// A kernel that did not write into its planned buffer made its own, which is fine, unless
   /// it returned some arena buffer (an input it passed through): that one is copied into the
   /// planned buffer, since the plan may give the arena buffer away.
-  static void keep_in_plan(const Workspace& ws, const ir::Value& v, TensorBase& t) {
-    const TensorBase& planned = ws.planned[static_cast<std::size_t>(v.id)];
-    if (!planned.defined() || t.impl()->storage == planned.impl()->storage || !t.impl()->storage->borrowed()) return;
-    xgrad::detail::copy_bytes(planned.impl()->storage->data(), ws.device, t.impl()->storage->data(), t.device(),
-                              planned.impl()->storage->bytes());
-    t = planned;
-  }
+  XGRAD_API static void keep_in_plan(const Workspace& ws, const ir::Value& v, TensorBase& t);
 
   /// Writes every effect's value into its input. A value that is itself another effect's
   /// target (a swap) is copied first, so each write sees the values from before the call.
-  void apply_effects(std::span<const TensorBase> inputs, Workspace& ws) const {
-    const auto& effects = m_graph->effects;
-    auto& sources = ws.effect_sources;
-    sources.clear();
-    for (const auto& e : effects) {
-      TensorBase src = ws.env[static_cast<std::size_t>(e.value->id)];
-      for (const auto& other : effects)
-        if (&other != &e && inputs[other.input].impl()->storage == src.impl()->storage) {
-          src = xgrad::detail::copy_to(src, src.device());
-          break;
-        }
-      sources.push_back(src);
-    }
-    for (std::size_t i = 0; i < effects.size(); ++i) write_into(inputs[effects[i].input], sources[i]);
-    sources.clear();
-  }
+  XGRAD_API void apply_effects(std::span<const TensorBase> inputs, Workspace& ws) const;
 
-  static void write_into(const TensorBase& dst, const TensorBase& src) {
-    Storage& to = *dst.impl()->storage;
-    const Storage& from = *src.impl()->storage;
-    if (&to != &from)
-      xgrad::detail::copy_bytes(to.data(), to.device(), from.data(), from.device(),
-                                static_cast<std::size_t>(dst.numel()) * dtype_size(dst.dtype()));
-    to.bump_version();
-  }
+  XGRAD_API static void write_into(const TensorBase& dst, const TensorBase& src);
 
   std::shared_ptr<const ir::Graph> m_graph;
   ProgramOptions m_options;
@@ -321,3 +141,7 @@ class Program {
 };
 
 }  // namespace xgrad::backend
+
+#if !defined(XGRAD_COMPILED)
+#include "xgrad/backend/executor-inl.hpp"
+#endif

@@ -5,12 +5,11 @@
 // outside the arena: a caller owns what a call returns.
 #pragma once
 
-#include <algorithm>
 #include <cstddef>
-#include <numeric>
 #include <string>
 #include <vector>
 
+#include "xgrad/core/config.hpp"
 #include "xgrad/ir/graph.hpp"
 
 namespace xgrad::backend {
@@ -65,168 +64,10 @@ struct MemoryPlan {
   }
 };
 
-namespace detail {
-
-inline std::size_t value_bytes(const ir::Value& v) {
-  const std::size_t raw = static_cast<std::size_t>(v.shape.numel()) * dtype_size(v.dtype);
-  return (std::max<std::size_t>(raw, 1) + MemoryPlan::kAlignment - 1) / MemoryPlan::kAlignment * MemoryPlan::kAlignment;
-}
-
-/// The inputs whose buffer output `j` of `node` may take when they die there.
-inline std::vector<int> in_place_candidates(const ir::Node& node, std::size_t j) {
-  if (!node.in_place.empty()) return node.in_place[j];
-  std::vector<int> out;
-  if (!node.traits.elementwise || !node.subgraphs.empty()) return out;
-  const ir::Value& result = *node.outputs[j];
-  for (std::size_t i = 0; i < node.inputs.size(); ++i)
-    if (node.inputs[i]->shape == result.shape && dtype_size(node.inputs[i]->dtype) == dtype_size(result.dtype))
-      out.push_back(static_cast<int>(i));
-  return out;
-}
-
-/// Free parts of the arena, by offset; takes the smallest part that fits.
-class FreeList {
- public:
-  /// An offset for `bytes`, and whether it reuses freed space (else it grows the arena).
-  std::pair<std::size_t, bool> take(std::size_t bytes) {
-    auto best = m_free.end();
-    for (auto it = m_free.begin(); it != m_free.end(); ++it)
-      if (it->bytes >= bytes && (best == m_free.end() || it->bytes < best->bytes)) best = it;
-    if (best == m_free.end()) {
-      // The last free part may end at the top: grow from there.
-      if (!m_free.empty() && m_free.back().offset + m_free.back().bytes == m_top) {
-        const std::size_t offset = m_free.back().offset;
-        m_top = offset + bytes;
-        m_free.pop_back();
-        m_peak = std::max(m_peak, m_top);
-        return {offset, true};
-      }
-      const std::size_t offset = m_top;
-      m_top += bytes;
-      m_peak = std::max(m_peak, m_top);
-      return {offset, false};
-    }
-    const std::size_t offset = best->offset;
-    if (best->bytes == bytes)
-      m_free.erase(best);
-    else {
-      best->offset += bytes;
-      best->bytes -= bytes;
-    }
-    return {offset, true};
-  }
-
-  void give(std::size_t offset, std::size_t bytes) {
-    auto it = std::lower_bound(m_free.begin(), m_free.end(), offset,
-                               [](const MemoryPlan::Region& r, std::size_t o) { return r.offset < o; });
-    it = m_free.insert(it, {offset, bytes});
-    if (auto next = it + 1; next != m_free.end() && it->offset + it->bytes == next->offset) {
-      it->bytes += next->bytes;
-      m_free.erase(next);
-    }
-    if (it != m_free.begin())
-      if (auto prev = it - 1; prev->offset + prev->bytes == it->offset) {
-        prev->bytes += it->bytes;
-        m_free.erase(it);
-      }
-  }
-
-  std::size_t peak() const { return m_peak; }
-
- private:
-  std::vector<MemoryPlan::Region> m_free;
-  std::size_t m_top = 0, m_peak = 0;
-};
-
-}  // namespace detail
-
-inline MemoryPlan plan_memory(const ir::Graph& g) {
-  const std::size_t num_values = g.values.size(), num_nodes = g.nodes.size();
-  MemoryPlan plan;
-  plan.offset.assign(num_values, MemoryPlan::kNotPlanned);
-  plan.in_place_of.assign(num_values, -1);
-  plan.reused.assign(num_values, false);
-  plan.freed_after.resize(num_nodes);
-
-  // A view shares its input's buffer: each buffer is a class of values with one root.
-  std::vector<std::size_t> root(num_values);
-  std::iota(root.begin(), root.end(), std::size_t{0});
-  auto id = [](const ir::Value* v) { return static_cast<std::size_t>(v->id); };
-  for (const auto& node : g.nodes)
-    if (node->traits.view) root[id(node->outputs[0])] = root[id(node->inputs[0])];
-
-  // Which roots the arena may hold, and the last node that reads each buffer.
-  std::vector<bool> plannable(num_values, true);
-  std::vector<std::ptrdiff_t> last_use(num_values, -1);
-  for (const ir::Value* v : g.inputs) plannable[root[id(v)]] = false;
-  for (const ir::Value* v : g.outputs) plannable[root[id(v)]] = false;
-  for (std::size_t k = 0; k < num_nodes; ++k) {
-    const ir::Node& node = *g.nodes[k];
-    // Consts own their value; control-flow nodes return their body's results.
-    const bool own_buffers = node.is<op::Const>() || (!node.subgraphs.empty() && !node.is<op::Fused>());
-    for (const ir::Value* v : node.outputs) {
-      if (own_buffers) plannable[root[id(v)]] = false;
-      last_use[root[id(v)]] = std::max<std::ptrdiff_t>(last_use[root[id(v)]], static_cast<std::ptrdiff_t>(k));
-    }
-    for (const ir::Value* v : node.inputs) last_use[root[id(v)]] = static_cast<std::ptrdiff_t>(k);
-  }
-  // Effects are applied when the call ends.
-  for (const auto& e : g.effects) last_use[root[id(e.value)]] = static_cast<std::ptrdiff_t>(num_nodes);
-
-  detail::FreeList arena;
-  for (std::size_t k = 0; k < num_nodes; ++k) {
-    const ir::Node& node = *g.nodes[k];
-    std::vector<std::size_t> taken;  // roots whose buffer an output took in place
-    for (std::size_t j = 0; j < node.outputs.size(); ++j) {
-      const ir::Value& v = *node.outputs[j];
-      if (node.traits.view || !plannable[id(&v)]) continue;
-      const std::size_t bytes = detail::value_bytes(v);
-      const ir::Value* donor = nullptr;
-      for (int i : detail::in_place_candidates(node, j)) {
-        const ir::Value* in = node.inputs[static_cast<std::size_t>(i)];
-        const std::size_t r = root[id(in)];
-        // The buffer must reach the node through this input alone: a fused group may read
-        // another view of it after the step that writes the output.
-        const auto readers =
-            std::count_if(node.inputs.begin(), node.inputs.end(), [&](const ir::Value* u) { return root[id(u)] == r; });
-        const auto copies = std::count(node.inputs.begin(), node.inputs.end(), in);
-        if (plan.offset[r] != MemoryPlan::kNotPlanned && last_use[r] == static_cast<std::ptrdiff_t>(k) &&
-            readers == copies && detail::value_bytes(*g.values[r]) == bytes &&
-            std::find(taken.begin(), taken.end(), r) == taken.end()) {
-          donor = in;
-          break;
-        }
-      }
-      if (donor) {
-        plan.offset[id(&v)] = plan.offset[root[id(donor)]];
-        plan.in_place_of[id(&v)] = donor->id;
-        taken.push_back(root[id(donor)]);
-        ++plan.num_in_place;
-      } else {
-        auto [offset, reused] = arena.take(bytes);
-        plan.offset[id(&v)] = static_cast<std::ptrdiff_t>(offset);
-        plan.reused[id(&v)] = reused;
-        if (reused) ++plan.num_reused;
-      }
-      ++plan.num_planned;
-      plan.unplanned_bytes += bytes;
-    }
-    // Buffers nothing reads after this node (and not passed on in place) are free again.
-    auto release = [&](const ir::Value* v) {
-      const std::size_t r = root[id(v)];
-      if (plan.offset[r] == MemoryPlan::kNotPlanned || last_use[r] != static_cast<std::ptrdiff_t>(k) ||
-          std::find(taken.begin(), taken.end(), r) != taken.end())
-        return;
-      taken.push_back(r);  // once per node
-      const MemoryPlan::Region region{static_cast<std::size_t>(plan.offset[r]), detail::value_bytes(*g.values[r])};
-      arena.give(region.offset, region.bytes);
-      plan.freed_after[k].push_back(region);
-    };
-    for (const ir::Value* v : node.inputs) release(v);
-    for (const ir::Value* v : node.outputs) release(v);
-  }
-  plan.arena_bytes = arena.peak();
-  return plan;
-}
+XGRAD_API MemoryPlan plan_memory(const ir::Graph& g);
 
 }  // namespace xgrad::backend
+
+#if !defined(XGRAD_COMPILED)
+#include "xgrad/backend/memory_plan-inl.hpp"
+#endif
