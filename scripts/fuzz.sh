@@ -9,7 +9,8 @@
 #   scripts/fuzz.sh [SECONDS] [TARGET...]
 #
 # SECONDS per target (default $XGRAD_FUZZ_SECONDS, else 60); TARGETs among fuzz_idx fuzz_gzip
-# fuzz_checkpoint fuzz_ops (default all). XGRAD_FUZZ_JOBS: build parallelism (default nproc).
+# fuzz_checkpoint fuzz_ops (default all). XGRAD_FUZZ_JOBS: build parallelism (default nproc);
+# XGRAD_FUZZ_PARALLEL: how many targets fuzz at once (default nproc).
 # XGRAD_FUZZ_SEED: libFuzzer's -seed (default 0, a random one; the log names it), so that a run,
 # CI's included, can be repeated input for input.
 set -euo pipefail
@@ -47,21 +48,34 @@ echo "fuzz.sh: built ${targets[*]} in $((SECONDS - build_start)) s"
 alloc_cap_mb() { [[ "$1" == fuzz_ops ]] && echo 64 || echo 512; }
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 export XGRAD_NUM_THREADS=1  # the same input runs the same way, whatever the machine
-failed=()
+# Each target runs on one thread, so up to XGRAD_FUZZ_PARALLEL of them (default nproc) run at once.
+fuzz_target() {  # fuzz_target TARGET: its exit status and seconds go to its run folder's "status"
+  local t=$1 run="build-fuzz/fuzz-runs/$1" start=$SECONDS rc=0
+  (cd "$run" && ASAN_OPTIONS="allocator_may_return_null=1:max_allocation_size_mb=$(alloc_cap_mb "$t"):detect_leaks=1:abort_on_error=0" \
+      "$root/build-fuzz/tests/fuzz/$t" -seed="$seed" -max_total_time="$seconds" -timeout=15 -rss_limit_mb=2560 \
+      -malloc_limit_mb=2560 -artifact_prefix=artifacts/ -print_final_stats=1 corpus "$root/tests/fuzz/corpus/$t" \
+      > log.txt 2>&1) || rc=$?
+  echo "$rc $((SECONDS - start))" > "$run/status"
+}
+parallel="${XGRAD_FUZZ_PARALLEL:-$(nproc)}"
 for t in "${targets[@]}"; do
   run="build-fuzz/fuzz-runs/$t"
   rm -rf "$run"
   mkdir -p "$run/corpus" "$run/artifacts"
+  while (($(jobs -rp | wc -l) >= parallel)); do wait -n || true; done
   echo "fuzz.sh: $t for ${seconds} s from tests/fuzz/corpus/$t ($(ls "tests/fuzz/corpus/$t" | wc -l) seeds), seed $([[ $seed == 0 ]] && echo random || echo "$seed")"
-  start=$SECONDS
-  if (cd "$run" && ASAN_OPTIONS="allocator_may_return_null=1:max_allocation_size_mb=$(alloc_cap_mb "$t"):detect_leaks=1:abort_on_error=0" \
-        "$root/build-fuzz/tests/fuzz/$t" -seed="$seed" -max_total_time="$seconds" -timeout=15 -rss_limit_mb=2560 \
-        -malloc_limit_mb=2560 -artifact_prefix=artifacts/ -print_final_stats=1 corpus "$root/tests/fuzz/corpus/$t" \
-        > log.txt 2>&1); then
-    echo "fuzz.sh: $t: ok, $(grep -o 'stat::number_of_executed_units: *[0-9]*' "$run/log.txt" | grep -o '[0-9]*$') runs in $((SECONDS - start)) s"
+  fuzz_target "$t" &
+done
+wait
+failed=()
+for t in "${targets[@]}"; do
+  run="build-fuzz/fuzz-runs/$t"
+  read -r rc took < "$run/status"
+  if ((rc == 0)); then
+    echo "fuzz.sh: $t: ok, $(grep -o 'stat::number_of_executed_units: *[0-9]*' "$run/log.txt" | grep -o '[0-9]*$') runs in $took s"
   else
     failed+=("$t")
-    echo "fuzz.sh: $t: FAILED after $((SECONDS - start)) s; the input: $(ls "$run"/artifacts/* 2>/dev/null | head -1)"
+    echo "fuzz.sh: $t: FAILED after $took s; the input: $(ls "$run"/artifacts/* 2>/dev/null | head -1)"
     grep -E -A25 "=== xgrad fuzz finding|ERROR: (AddressSanitizer|libFuzzer|LeakSanitizer)|runtime error:" "$run/log.txt" | head -60 || tail -40 "$run/log.txt"
   fi
 done
