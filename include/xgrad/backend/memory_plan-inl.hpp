@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "xgrad/backend/memory_plan.hpp"
@@ -85,6 +86,31 @@ class FreeList {
 };
 
 }  // namespace detail
+
+XGRAD_API std::string MemoryPlan::summary() const {
+  return xgrad::detail::concat("arena ", bytes_text(arena_bytes), " for ", num_planned, " buffers (",
+                               bytes_text(unplanned_bytes), " without reuse); ", num_in_place, " in place, ",
+                               num_reused, " reuse a dead buffer");
+}
+
+XGRAD_API std::string MemoryPlan::note(const ir::Node& node) const {
+  std::string out;
+  for (const ir::Value* v : node.outputs) {
+    const auto id = static_cast<std::size_t>(v->id);
+    if (offset[id] == kNotPlanned) continue;
+    out += xgrad::detail::concat(out.empty() ? "  [" : "; [", "%", v->id, " arena @", offset[id]);
+    if (in_place_of[id] >= 0) out += xgrad::detail::concat(", in place of %", in_place_of[id]);
+    if (reused[id]) out += ", reused";
+    out += "]";
+  }
+  return out;
+}
+
+XGRAD_API std::string MemoryPlan::bytes_text(std::size_t bytes) {
+  if (bytes >= (std::size_t{1} << 20)) return xgrad::detail::concat(static_cast<double>(bytes) / (1 << 20), " MiB");
+  if (bytes >= (std::size_t{1} << 10)) return xgrad::detail::concat(static_cast<double>(bytes) / (1 << 10), " KiB");
+  return xgrad::detail::concat(bytes, " B");
+}
 
 XGRAD_API MemoryPlan plan_memory(const ir::Graph& g) {
   const std::size_t num_values = g.values.size(), num_nodes = g.nodes.size();

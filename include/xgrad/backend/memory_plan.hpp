@@ -37,31 +37,12 @@ struct MemoryPlan {
   int num_planned = 0, num_in_place = 0, num_reused = 0;
 
   /// "arena 1.5 MiB for 24 buffers (4.2 MiB without reuse); 5 in place, 12 reuse a dead buffer"
-  std::string summary() const {
-    return xgrad::detail::concat("arena ", bytes_text(arena_bytes), " for ", num_planned, " buffers (",
-                                 bytes_text(unplanned_bytes), " without reuse); ", num_in_place, " in place, ",
-                                 num_reused, " reuse a dead buffer");
-  }
+  XGRAD_API std::string summary() const;
 
   /// The note the IR printer puts after a node: where each planned output lives.
-  std::string note(const ir::Node& node) const {
-    std::string out;
-    for (const ir::Value* v : node.outputs) {
-      const auto id = static_cast<std::size_t>(v->id);
-      if (offset[id] == kNotPlanned) continue;
-      out += xgrad::detail::concat(out.empty() ? "  [" : "; [", "%", v->id, " arena @", offset[id]);
-      if (in_place_of[id] >= 0) out += xgrad::detail::concat(", in place of %", in_place_of[id]);
-      if (reused[id]) out += ", reused";
-      out += "]";
-    }
-    return out;
-  }
+  XGRAD_API std::string note(const ir::Node& node) const;
 
-  static std::string bytes_text(std::size_t bytes) {
-    if (bytes >= (std::size_t{1} << 20)) return xgrad::detail::concat(static_cast<double>(bytes) / (1 << 20), " MiB");
-    if (bytes >= (std::size_t{1} << 10)) return xgrad::detail::concat(static_cast<double>(bytes) / (1 << 10), " KiB");
-    return xgrad::detail::concat(bytes, " B");
-  }
+  XGRAD_API static std::string bytes_text(std::size_t bytes);
 };
 
 XGRAD_API MemoryPlan plan_memory(const ir::Graph& g);

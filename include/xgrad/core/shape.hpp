@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "xgrad/core/config.hpp"
 #include "xgrad/core/device.hpp"
 #include "xgrad/core/error.hpp"
 
@@ -43,8 +44,7 @@ class Shape {
     bool empty = false;
     for (int i = 0; i < m_rank; ++i) {
       const std::int64_t d = m_dims[i];
-      if (d < 0)
-        throw ValueError(detail::concat("Shape ", str(), ": extent ", d, " at axis ", i, " is negative"));
+      if (d < 0) throw ValueError(detail::concat("Shape ", str(), ": extent ", d, " at axis ", i, " is negative"));
       if (d == 0)
         empty = true;
       else if (n > kMaxCount / d)
@@ -84,13 +84,7 @@ class Shape {
   }
 
   /// "[2, 3]"
-  std::string str() const {
-    std::ostringstream out;
-    out << '[';
-    for (int i = 0; i < m_rank; ++i) out << (i ? ", " : "") << m_dims[i];
-    out << ']';
-    return out.str();
-  }
+  XGRAD_API std::string str() const;
   friend std::ostream& operator<<(std::ostream& out, const Shape& s) { return out << s.str(); }
 
  private:
@@ -129,29 +123,12 @@ inline std::int64_t checked_mul(std::string_view op, SourceLoc loc, std::string_
 /// The work of an op with windows or dot products (window elements visited, multiply-adds), as
 /// the product of `factors`: a ValueError naming `op` past 2^62, which no machine finishes and
 /// which leaves room for the kernels' index sums.
-inline std::int64_t checked_work(std::string_view op, SourceLoc loc, std::string_view what,
-                                 std::initializer_list<std::int64_t> factors) {
-  constexpr std::int64_t limit = std::int64_t{1} << 62;
-  std::int64_t work = 1;
-  for (std::int64_t f : factors)
-    if (f == 0) return 0;
-  for (std::int64_t f : factors) {
-    if (f < 0 || work > limit / f)
-      throw_value_error(op, loc, what, " (the product of ", Shape(factors), ") exceeds 2^62");
-    work *= f;
-  }
-  return work;
-}
+XGRAD_API std::int64_t checked_work(std::string_view op, SourceLoc loc, std::string_view what,
+                                    std::initializer_list<std::int64_t> factors);
 
 /// shape.numel(), or a ValueError naming `op` and the caller when the shape is not one a tensor
 /// can have (a negative extent, or more elements than int64 counts).
-inline std::int64_t checked_numel(std::string_view op, SourceLoc loc, const Shape& shape) {
-  try {
-    return shape.numel();
-  } catch (const ValueError& e) {
-    throw_value_error(op, loc, e.what());
-  }
-}
+XGRAD_API std::int64_t checked_numel(std::string_view op, SourceLoc loc, const Shape& shape);
 
 }  // namespace detail
 
@@ -163,16 +140,10 @@ inline int normalize_axis(std::int64_t axis, int rank, std::string_view op, Sour
 }
 
 /// Writes the NumPy broadcast of two shapes to `out`; false when they do not fit.
-inline bool try_broadcast(const Shape& a, const Shape& b, Shape& out) {
-  int rank = std::max(a.ndim(), b.ndim());
-  out = Shape();
-  for (int i = 0; i < rank; ++i) {
-    int ia = a.ndim() - rank + i, ib = b.ndim() - rank + i;
-    std::int64_t da = ia >= 0 ? a[ia] : 1, db = ib >= 0 ? b[ib] : 1;
-    if (da != db && da != 1 && db != 1) return false;
-    out.push_back(da == 1 ? db : da);
-  }
-  return true;
-}
+XGRAD_API bool try_broadcast(const Shape& a, const Shape& b, Shape& out);
 
 }  // namespace xgrad
+
+#if !defined(XGRAD_COMPILED)
+#include "xgrad/core/shape-inl.hpp"
+#endif

@@ -5,6 +5,8 @@
 #include <string>
 #include <type_traits>
 
+#include "xgrad/core/config.hpp"
+
 namespace xgrad {
 
 /// Where a public function was called from. Built on __builtin_FILE/__builtin_LINE, which
@@ -31,11 +33,7 @@ class SourceLoc {
   constexpr std::uint32_t line() const { return m_line; }
 
   /// "model.cpp:19": the file's base name keeps messages short.
-  std::string str() const {
-    std::string path(m_file);
-    auto slash = path.find_last_of('/');
-    return (slash == std::string::npos ? path : path.substr(slash + 1)) + ":" + std::to_string(m_line);
-  }
+  XGRAD_API std::string str() const;
 
  private:
   // Private, so that a braced list such as {0, 3} never converts to a SourceLoc.
@@ -54,3 +52,7 @@ template <class V> struct Located {
 };
 
 }  // namespace xgrad
+
+#if !defined(XGRAD_COMPILED)
+#include "xgrad/core/source_loc-inl.hpp"
+#endif

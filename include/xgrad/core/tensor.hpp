@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "xgrad/core/config.hpp"
 #include "xgrad/core/context.hpp"
 #include "xgrad/core/device.hpp"
 #include "xgrad/core/dtype.hpp"
@@ -50,25 +51,7 @@ struct TensorImpl {
 
   /// A fresh contiguous buffer for `shape` elements of `dtype`; an AllocationError when the
   /// shape is not one a tensor can have or its bytes cannot be had.
-  static std::shared_ptr<TensorImpl> allocate(const Shape& shape, DType dtype, Device device = Device::cpu) {
-    std::int64_t count = 0;
-    try {
-      count = shape.numel();
-    } catch (const ValueError& e) {
-      throw AllocationError(e.what());
-    }
-    const auto elements = static_cast<std::size_t>(count);
-    if (elements > Storage::kMaxBytes / dtype_size(dtype)) {
-      const bool fits = elements <= SIZE_MAX / dtype_size(dtype);
-      throw AllocationError(
-          detail::concat("cannot allocate a ", dtype_name(dtype), shape, " tensor on ", device_name(device), ": ",
-                         elements, " elements of ", dtype_size(dtype), " bytes (",
-                         fits ? std::to_string(elements * dtype_size(dtype)) : "2^64 or more", " bytes) exceed the ",
-                         Storage::kMaxBytes, " bytes (128 TiB) xgrad allocates at once"));
-    }
-    auto bytes = elements * dtype_size(dtype);
-    return std::make_shared<TensorImpl>(shape, dtype, std::make_shared<Storage>(bytes, device));
-  }
+  XGRAD_API static std::shared_ptr<TensorImpl> allocate(const Shape& shape, DType dtype, Device device = Device::cpu);
   bool requires_grad() const { return autograd && autograd->requires_grad; }
 };
 
@@ -275,12 +258,7 @@ template <Element T> class Tensor : public TensorBase {
 namespace detail {
 
 /// A copy of t's elements on `device`, with no autodiff history.
-inline TensorBase copy_to(const TensorBase& t, Device device) {
-  TensorBase out(TensorImpl::allocate(t.shape(), t.dtype(), device));
-  copy_bytes(out.impl()->storage->data(), device, t.impl()->storage->data(), t.device(),
-             static_cast<std::size_t>(t.numel()) * dtype_size(t.dtype()));
-  return out;
-}
+XGRAD_API TensorBase copy_to(const TensorBase& t, Device device);
 template <Element T> Tensor<T> copy_to(const Tensor<T>& t, Device device) {
   return Tensor<T>(copy_to(static_cast<const TensorBase&>(t), device));
 }
@@ -318,3 +296,7 @@ template <FloatingPoint T> class Parameter : public Tensor<T> {
 };
 
 }  // namespace xgrad
+
+#if !defined(XGRAD_COMPILED)
+#include "xgrad/core/tensor-inl.hpp"
+#endif

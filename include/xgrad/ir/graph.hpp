@@ -4,15 +4,14 @@
 #pragma once
 
 #include <array>
-#include <cstring>
 #include <functional>
 #include <memory>
 #include <span>
-#include <sstream>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "xgrad/core/config.hpp"
 #include "xgrad/core/tensor.hpp"
 #include "xgrad/ir/primitive.hpp"
 
@@ -49,45 +48,10 @@ namespace ir {
 
 /// `t` where the host can read it: itself, or a copy of a device tensor. Passes and printers
 /// read constants' elements.
-inline TensorBase on_host(const TensorBase& t) {
-  return t.device() == Device::cpu ? t : xgrad::detail::copy_to(t, Device::cpu);
-}
+XGRAD_API TensorBase on_host(const TensorBase& t);
 
 /// A short text of a small constant's values for the IR: "2", "[1, 0.5]".
-inline std::string constant_text(const TensorBase& t) {
-  std::ostringstream out;
-  auto emit = [&](const auto* p) {
-    if (t.ndim() > 0) out << "[";
-    for (std::int64_t i = 0; i < t.numel(); ++i) {
-      if (i) out << ", ";
-      if constexpr (std::is_same_v<std::decay_t<decltype(*p)>, bool>)
-        out << (p[i] ? "true" : "false");
-      else
-        out << +p[i];
-    }
-    if (t.ndim() > 0) out << "]";
-  };
-  const TensorBase host = on_host(t);
-  const void* data = host.impl()->storage->data();
-  switch (t.dtype()) {
-    case DType::float32:
-      emit(static_cast<const float*>(data));
-      break;
-    case DType::float64:
-      emit(static_cast<const double*>(data));
-      break;
-    case DType::int32:
-      emit(static_cast<const std::int32_t*>(data));
-      break;
-    case DType::int64:
-      emit(static_cast<const std::int64_t*>(data));
-      break;
-    case DType::boolean:
-      emit(static_cast<const bool*>(data));
-      break;
-  }
-  return out.str();
-}
+XGRAD_API std::string constant_text(const TensorBase& t);
 
 }  // namespace ir
 
@@ -100,19 +64,8 @@ struct Const {
   static constexpr std::string_view name = "Const";
   TensorBase value;
 
-  std::vector<ir::Attr> attrs() const {
-    if (value.numel() > 8) return {};
-    return {{"value", ir::constant_text(value)}};
-  }
-  bool operator==(const Const& other) const {
-    const TensorBase &a = value, &b = other.value;
-    if (a.impl() == b.impl()) return true;
-    if (a.dtype() != b.dtype() || !(a.shape() == b.shape())) return false;
-    const std::size_t bytes = static_cast<std::size_t>(a.numel()) * dtype_size(a.dtype());
-    if (bytes > 256) return false;
-    const TensorBase ha = ir::on_host(a), hb = ir::on_host(b);
-    return std::memcmp(ha.impl()->storage->data(), hb.impl()->storage->data(), bytes) == 0;
-  }
+  XGRAD_API std::vector<ir::Attr> attrs() const;
+  XGRAD_API bool operator==(const Const& other) const;
 };
 
 /// A group of elementwise ops (and the op whose epilogue they may run as) made one node by the
@@ -196,16 +149,7 @@ struct Graph {
   std::vector<Value*> outputs;
   std::vector<Effect> effects;
 
-  Value* new_value(DType dtype, const Shape& shape, Node* producer) {
-    auto v = std::make_shared<Value>();
-    v->id = static_cast<int>(values.size());
-    v->dtype = dtype;
-    v->shape = shape;
-    v->producer = producer;
-    v->graph = this;
-    values.push_back(v);
-    return v.get();
-  }
+  XGRAD_API Value* new_value(DType dtype, const Shape& shape, Node* producer);
 
   /// Shares ownership of `v` with a symbolic tensor that stands for it.
   std::shared_ptr<Value> share(const Value* v) const { return values[static_cast<std::size_t>(v->id)]; }
@@ -218,3 +162,7 @@ struct Graph {
 
 }  // namespace ir
 }  // namespace xgrad
+
+#if !defined(XGRAD_COMPILED)
+#include "xgrad/ir/graph-inl.hpp"
+#endif

@@ -24,6 +24,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "xgrad/core/config.hpp"
+
 namespace xgrad::ir {
 
 /// An op parameter as printed ("transpose_a", "false"): derived from the typed fields.
@@ -46,10 +48,7 @@ template <class P> inline constexpr char type_tag = 0;  // one address per defin
 /// The names of the primitives this program can put in a graph: each definition registers
 /// itself when a program that can make its node starts (the op table's completeness test reads
 /// it).
-inline std::set<std::string_view>& known_primitives() {
-  static std::set<std::string_view> names;
-  return names;
-}
+XGRAD_API std::set<std::string_view>& known_primitives();
 
 /// A node's primitive with its parameters, of any definition type.
 class Primitive {
@@ -62,11 +61,7 @@ class Primitive {
   /// the same inputs.
   virtual bool equals(const Primitive& other) const = 0;
   /// Equal primitives hash equally.
-  std::size_t hash() const {
-    std::size_t h = std::hash<std::string_view>{}(name());
-    for (const Attr& a : attrs()) h = h * 31 + std::hash<std::string>{}(a.value);
-    return h;
-  }
+  XGRAD_API std::size_t hash() const;
 
   template <PrimitiveDefinition P> bool is() const { return type() == &detail::type_tag<P>; }
   /// The typed parameters; P must be this primitive's definition (check with is<P>()).
@@ -115,3 +110,7 @@ template <PrimitiveDefinition P> std::shared_ptr<const Primitive> make_primitive
 }
 
 }  // namespace xgrad::ir
+
+#if !defined(XGRAD_COMPILED)
+#include "xgrad/ir/primitive-inl.hpp"
+#endif

@@ -12,6 +12,8 @@
 #include <utility>
 #include <vector>
 
+#include "xgrad/core/config.hpp"
+#include "xgrad/ir/verify.hpp"
 #include "xgrad/jit/function.hpp"
 #include "xgrad/jit/tree.hpp"
 #include "xgrad/passes/fuse.hpp"
@@ -45,15 +47,7 @@ struct JitConfig {
 
 /// Throws ValueError for a JitConfig that would otherwise be read in a way its writer did not
 /// mean (a negative retrace limit other than -1, a level outside O0..O2, an unknown pass).
-inline void validate(const JitConfig& config) {
-  if (config.max_retraces < -1)
-    throw ValueError(xgrad::detail::concat(
-        "JitConfig::max_retraces must be -1 (no limit) or a count of 0 or more, got ", config.max_retraces));
-  const int level = static_cast<int>(config.level);
-  if (level < 0 || level > 2)
-    throw ValueError(xgrad::detail::concat("JitConfig::level must be JitLevel::O0, O1 or O2, got the value ", level));
-  passes::pipeline(level, config.disabled_passes);  // throws for an unknown pass name
-}
+XGRAD_API void validate(const JitConfig& config);
 
 /// Scope guard: a jitted function that traces while one is alive throws RetraceError, so a
 /// test can show that a hot loop never recompiles.
@@ -74,12 +68,7 @@ class expect_cache_hit {
 class Lowered {
  public:
   explicit Lowered(std::shared_ptr<const backend::Program> program) : m_program(std::move(program)) {}
-  std::string ir() const {
-    const backend::MemoryPlan* plan = m_program->memory_plan();
-    if (!plan) return ir::to_text(graph());
-    return "# memory plan: " + plan->summary() + "\n" +
-           ir::to_text(graph(), nullptr, [plan](const ir::Node& node) { return plan->note(node); });
-  }
+  XGRAD_API std::string ir() const;
   std::string dot() const { return ir::to_dot(graph()); }
   std::size_t num_nodes() const { return graph().nodes.size(); }
   const ir::Graph& graph() const { return m_program->graph(); }
@@ -104,83 +93,21 @@ struct Signature {
   std::vector<std::int64_t> statics;
   std::vector<std::int32_t> aliases;  // as Flat::aliases
 
-  bool matches(const Flat& flat) const {
-    if (tensors.size() != flat.tensors.size() || statics != flat.statics || aliases != flat.aliases) return false;
-    for (std::size_t i = 0; i < tensors.size(); ++i) {
-      const TensorImpl& t = *flat.tensors[i].impl();
-      if (tensors[i].first != t.dtype || !(tensors[i].second == t.shape)) return false;
-    }
-    return true;
-  }
-  static Signature of(const Flat& flat) {
-    Signature s;
-    for (const auto& t : flat.tensors) s.tensors.emplace_back(t.dtype(), t.shape());
-    s.statics = flat.statics;
-    s.aliases = flat.aliases;
-    return s;
-  }
+  XGRAD_API bool matches(const Flat& flat) const;
+  XGRAD_API static Signature of(const Flat& flat);
 };
 
 /// Fills flat.aliases (see Flat). Returns the position of the first tensor that has no data
 /// (a tensor made inside a trace and kept after it), or -1 when every one has.
-inline std::ptrdiff_t note_aliases(Flat& flat) {
-  const auto& ts = flat.tensors;
-  const std::size_t n = ts.size();
-  flat.aliases.clear();
-  auto storage = [&](std::size_t i) { return ts[i].impl()->storage.get(); };
-  for (std::size_t i = 0; i < n; ++i)
-    if (!storage(i)) return static_cast<std::ptrdiff_t>(i);
-  auto note = [&](std::size_t i, std::size_t j) {  // j < i shares i's storage; j is the first that does
-    if (flat.aliases.empty()) flat.aliases.assign(n, -1);
-    std::int32_t alias = -2 - static_cast<std::int32_t>(j);
-    for (std::size_t k = j; k < i; ++k)
-      if (storage(k) == storage(i) && ts[k].dtype() == ts[i].dtype() && ts[k].shape() == ts[i].shape()) {
-        alias = static_cast<std::int32_t>(k);
-        break;
-      }
-    flat.aliases[i] = alias;
-  };
-  if (n <= 16) {  // the usual call: no allocation
-    for (std::size_t i = 1; i < n; ++i)
-      for (std::size_t j = 0; j < i; ++j)
-        if (storage(j) == storage(i)) {
-          note(i, j);
-          break;
-        }
-    return -1;
-  }
-  std::vector<std::pair<const Storage*, std::size_t>> sorted;
-  sorted.reserve(n);
-  for (std::size_t i = 0; i < n; ++i) sorted.emplace_back(storage(i), i);
-  std::sort(sorted.begin(), sorted.end());
-  for (std::size_t a = 1; a < n; ++a)
-    if (sorted[a].first == sorted[a - 1].first) {
-      std::size_t first = a - 1;
-      while (first > 0 && sorted[first - 1].first == sorted[a].first) --first;
-      note(sorted[a].second, sorted[first].second);
-    }
-  return -1;
-}
+XGRAD_API std::ptrdiff_t note_aliases(Flat& flat);
 
 /// How a message names input q of a call: its argument label, or the tensor read by reference.
-inline std::string input_label(std::size_t q, const std::vector<std::string>& labels,
-                               const std::vector<TensorBase>& captures) {
-  if (q < labels.size()) return labels[q];
-  const TensorBase& c = captures[q - labels.size()];
-  const std::string name = c.impl()->autograd ? c.impl()->autograd->name : std::string();
-  return "the tensor " + (name.empty() ? std::string() : "'" + name + "' ") + "(" + ir::type_str(c.dtype(), c.shape()) +
-         ") that the function reads by reference";
-}
+XGRAD_API std::string input_label(std::size_t q, const std::vector<std::string>& labels,
+                                  const std::vector<TensorBase>& captures);
 
 /// The error for a write into an input that another input shares memory with.
-inline ValueError aliasing_error(const std::string& where, const std::string& written, const std::string& other,
-                                 bool same_view) {
-  return ValueError(xgrad::detail::concat(
-      where, ": ", written, " and ", other, " share memory", same_view ? "" : " (one is a view of the other)",
-      ", and the function writes into ", written,
-      " in place. Eagerly the write would show through the other, which the compiled graph cannot follow: pass a "
-      "copy of one of them, or keep the tensor the function updates out of its arguments"));
-}
+XGRAD_API ValueError aliasing_error(const std::string& where, const std::string& written, const std::string& other,
+                                    bool same_view);
 
 /// The vectors one call of a jitted function fills (its flattened arguments, its outputs),
 /// taken from a per-thread pool and given back emptied, so that a warm call allocates nothing
@@ -192,33 +119,15 @@ class CallVectors {
     std::vector<TensorBase> outputs;
   };
 
-  CallVectors() {
-    auto& idle = pool();
-    if (idle.empty()) {
-      m_vectors = std::make_unique<Vectors>();
-    } else {
-      m_vectors = std::move(idle.back());
-      idle.pop_back();
-    }
-  }
-  ~CallVectors() {
-    // Emptied, so the pool keeps capacity but no tensor alive.
-    m_vectors->flat.tensors.clear();
-    m_vectors->flat.statics.clear();
-    m_vectors->flat.aliases.clear();
-    m_vectors->outputs.clear();
-    pool().push_back(std::move(m_vectors));
-  }
+  XGRAD_API CallVectors();
+  XGRAD_API ~CallVectors();
   CallVectors(const CallVectors&) = delete;
   CallVectors& operator=(const CallVectors&) = delete;
 
   Vectors* operator->() const { return m_vectors.get(); }
 
  private:
-  static std::vector<std::unique_ptr<Vectors>>& pool() {
-    thread_local std::vector<std::unique_ptr<Vectors>> idle;
-    return idle;
-  }
+  XGRAD_API static std::vector<std::unique_ptr<Vectors>>& pool();
 
   std::unique_ptr<Vectors> m_vectors;
 };
@@ -243,20 +152,7 @@ struct Entry {
 };
 
 /// Which outputs of `g` depend on its arguments (a float output of any op reading one).
-inline std::vector<bool> reached_from_arguments(const ir::Graph& g) {
-  std::vector<bool> reached(g.values.size(), false);
-  for (std::size_t i = 0; i < g.num_args; ++i) reached[static_cast<std::size_t>(g.inputs[i]->id)] = true;
-  for (const auto& node : g.nodes) {
-    bool any = false;
-    for (const ir::Value* v : node->inputs) any = any || reached[static_cast<std::size_t>(v->id)];
-    for (const ir::Value* v : node->outputs) reached[static_cast<std::size_t>(v->id)] = any;
-  }
-  std::vector<bool> out;
-  for (const ir::Value* v : g.outputs)
-    out.push_back(reached[static_cast<std::size_t>(v->id)] &&
-                  (v->dtype == DType::float32 || v->dtype == DType::float64));
-  return out;
-}
+XGRAD_API std::vector<bool> reached_from_arguments(const ir::Graph& g);
 
 /// What a trace of the user's function gives back.
 struct TraceResult {
@@ -265,59 +161,21 @@ struct TraceResult {
 };
 
 /// "argument 0: f32[32, 10] -> f32[16, 10]": how `now` differs from the closest of `cached`.
-inline std::string explain_retrace(const Signature& now, const std::vector<std::string>& labels,
-                                   const std::vector<const Signature*>& cached) {
-  if (cached.empty()) return "first trace";
-  auto differences = [&](const Signature& old) {
-    std::vector<std::string> out;
-    if (old.tensors.size() != now.tensors.size()) {
-      out.push_back(xgrad::detail::concat("the number of tensor arguments changed from ", old.tensors.size(), " to ",
-                                          now.tensors.size()));
-    } else {
-      for (std::size_t i = 0; i < now.tensors.size(); ++i)
-        if (old.tensors[i] != now.tensors[i])
-          out.push_back(xgrad::detail::concat(labels[i], ": ",
-                                              ir::type_str(old.tensors[i].first, old.tensors[i].second), " -> ",
-                                              ir::type_str(now.tensors[i].first, now.tensors[i].second)));
-    }
-    if (old.statics != now.statics) out.push_back("a non-tensor argument (or a container's size) changed");
-    if (old.aliases != now.aliases) out.push_back("which arguments share memory changed");
-    return out;
-  };
-  std::vector<std::string> best = differences(*cached.front());
-  for (const Signature* s : cached) {
-    auto d = differences(*s);
-    if (d.size() < best.size()) best = d;
-  }
-  std::string text;
-  for (const auto& d : best) text += (text.empty() ? "" : "; ") + d;
-  return text + " (against the closest of " + std::to_string(cached.size()) + " compiled signature" +
-         (cached.size() == 1 ? "" : "s") + ")";
-}
+XGRAD_API std::string explain_retrace(const Signature& now, const std::vector<std::string>& labels,
+                                      const std::vector<const Signature*>& cached);
 
 /// The compiled signatures of one jitted function, shared by its copies and its threads.
 class Cache {
  public:
   /// `keep_effects` false: graphs drop their writes into inputs (a gradient graph runs the
   /// function again and must not apply its updates a second time).
-  Cache(JitConfig config, SourceLoc loc, bool keep_effects = true)
-      : m_config((validate(config), std::move(config))),
-        m_loc(loc),
-        m_keep_effects(keep_effects),
-        m_pipeline(passes::pipeline(static_cast<int>(m_config.level), m_config.disabled_passes)) {
-    if (m_config.name.empty()) m_config.name = "jit@" + loc.str();
-  }
+  XGRAD_API Cache(JitConfig config, SourceLoc loc, bool keep_effects = true);
 
   const std::string& name() const { return m_config.name; }
   SourceLoc loc() const { return m_loc; }
   const JitConfig& config() const { return m_config; }
 
-  std::shared_ptr<const Entry> find(const Flat& flat) const {
-    std::shared_lock lock(m_mutex);
-    for (const auto& e : m_entries)
-      if (e->signature.matches(flat)) return e;
-    return nullptr;
-  }
+  XGRAD_API std::shared_ptr<const Entry> find(const Flat& flat) const;
 
   std::size_t size() const {
     std::shared_lock lock(m_mutex);
@@ -327,33 +185,9 @@ class Cache {
   /// Runs a flat function on concrete tensors, compiled per signature. A tensor the graph
   /// reads by reference that is among `replaced` is read from the same position of
   /// `replacements` instead.
-  std::vector<TensorBase> run(const FlatFn& fn, const std::vector<TensorBase>& args,
-                              std::span<const TensorBase> replaced = {},
-                              std::span<const TensorBase> replacements = {}) {
-    Flat flat;
-    flat.tensors = args;
-    auto entry = find(flat);
-    if (!entry) {
-      auto body = [&] {
-        Tracer& tracer = *Tracer::active();
-        std::vector<TensorBase> symbolic;
-        for (std::size_t i = 0; i < args.size(); ++i)
-          symbolic.push_back(tracer.add_argument(args[i].dtype(), args[i].shape(), "arg" + std::to_string(i)));
-        return TraceResult{fn(symbolic), {}};
-      };
-      auto labels = [&](std::vector<std::string>& out) {
-        for (std::size_t i = 0; i < args.size(); ++i) out.push_back("argument " + std::to_string(i));
-      };
-      entry = compile(flat, body, labels);
-    }
-    std::vector<TensorBase> inputs = args;
-    for (const TensorBase& c : entry->captures) {
-      auto it =
-          std::find_if(replaced.begin(), replaced.end(), [&](const TensorBase& r) { return r.impl() == c.impl(); });
-      inputs.push_back(it == replaced.end() ? c : replacements[static_cast<std::size_t>(it - replaced.begin())]);
-    }
-    return entry->program->run(inputs);
-  }
+  XGRAD_API std::vector<TensorBase> run(const FlatFn& fn, const std::vector<TensorBase>& args,
+                                        std::span<const TensorBase> replaced = {},
+                                        std::span<const TensorBase> replacements = {});
 
   /// Traces `body` for a signature not in the cache yet. `relabel` flattens the call again
   /// with labels, to say which argument changed.
@@ -406,7 +240,7 @@ class Cache {
   }
 
   /// "jit 'name' (file.cpp:12)", as messages name this function.
-  std::string where() const { return xgrad::detail::concat("jit '", m_config.name, "' (", m_loc.str(), ")"); }
+  XGRAD_API std::string where() const;
 
   /// On a cache hit of an entry that writes into its inputs: throws when an argument shares
   /// memory with a tensor the graph reads by reference and one of them is written (the
@@ -756,3 +590,7 @@ template <class F> Jitted<F> jit(F f, JitConfig config = {}, SourceLoc loc = Sou
 }
 
 }  // namespace xgrad
+
+#if !defined(XGRAD_COMPILED)
+#include "xgrad/jit/jit-inl.hpp"
+#endif

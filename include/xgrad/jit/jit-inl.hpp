@@ -1,0 +1,226 @@
+// Definitions of jit/jit.hpp: included by it when header-only, compiled once into the library
+// (src/jit.cpp) otherwise.
+#pragma once
+
+#include <algorithm>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "xgrad/jit/jit.hpp"
+
+namespace xgrad {
+
+XGRAD_API void validate(const JitConfig& config) {
+  if (config.max_retraces < -1)
+    throw ValueError(xgrad::detail::concat(
+        "JitConfig::max_retraces must be -1 (no limit) or a count of 0 or more, got ", config.max_retraces));
+  const int level = static_cast<int>(config.level);
+  if (level < 0 || level > 2)
+    throw ValueError(xgrad::detail::concat("JitConfig::level must be JitLevel::O0, O1 or O2, got the value ", level));
+  passes::pipeline(level, config.disabled_passes);  // throws for an unknown pass name
+}
+
+XGRAD_API std::string Lowered::ir() const {
+  const backend::MemoryPlan* plan = m_program->memory_plan();
+  if (!plan) return ir::to_text(graph());
+  return "# memory plan: " + plan->summary() + "\n" +
+         ir::to_text(graph(), nullptr, [plan](const ir::Node& node) { return plan->note(node); });
+}
+
+namespace tracing::detail {
+
+XGRAD_API bool Signature::matches(const Flat& flat) const {
+  if (tensors.size() != flat.tensors.size() || statics != flat.statics || aliases != flat.aliases) return false;
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const TensorImpl& t = *flat.tensors[i].impl();
+    if (tensors[i].first != t.dtype || !(tensors[i].second == t.shape)) return false;
+  }
+  return true;
+}
+
+XGRAD_API Signature Signature::of(const Flat& flat) {
+  Signature s;
+  for (const auto& t : flat.tensors) s.tensors.emplace_back(t.dtype(), t.shape());
+  s.statics = flat.statics;
+  s.aliases = flat.aliases;
+  return s;
+}
+
+XGRAD_API std::ptrdiff_t note_aliases(Flat& flat) {
+  const auto& ts = flat.tensors;
+  const std::size_t n = ts.size();
+  flat.aliases.clear();
+  auto storage = [&](std::size_t i) { return ts[i].impl()->storage.get(); };
+  for (std::size_t i = 0; i < n; ++i)
+    if (!storage(i)) return static_cast<std::ptrdiff_t>(i);
+  auto note = [&](std::size_t i, std::size_t j) {  // j < i shares i's storage; j is the first that does
+    if (flat.aliases.empty()) flat.aliases.assign(n, -1);
+    std::int32_t alias = -2 - static_cast<std::int32_t>(j);
+    for (std::size_t k = j; k < i; ++k)
+      if (storage(k) == storage(i) && ts[k].dtype() == ts[i].dtype() && ts[k].shape() == ts[i].shape()) {
+        alias = static_cast<std::int32_t>(k);
+        break;
+      }
+    flat.aliases[i] = alias;
+  };
+  if (n <= 16) {  // the usual call: no allocation
+    for (std::size_t i = 1; i < n; ++i)
+      for (std::size_t j = 0; j < i; ++j)
+        if (storage(j) == storage(i)) {
+          note(i, j);
+          break;
+        }
+    return -1;
+  }
+  std::vector<std::pair<const Storage*, std::size_t>> sorted;
+  sorted.reserve(n);
+  for (std::size_t i = 0; i < n; ++i) sorted.emplace_back(storage(i), i);
+  std::sort(sorted.begin(), sorted.end());
+  for (std::size_t a = 1; a < n; ++a)
+    if (sorted[a].first == sorted[a - 1].first) {
+      std::size_t first = a - 1;
+      while (first > 0 && sorted[first - 1].first == sorted[a].first) --first;
+      note(sorted[a].second, sorted[first].second);
+    }
+  return -1;
+}
+
+XGRAD_API std::string input_label(std::size_t q, const std::vector<std::string>& labels,
+                                  const std::vector<TensorBase>& captures) {
+  if (q < labels.size()) return labels[q];
+  const TensorBase& c = captures[q - labels.size()];
+  const std::string name = c.impl()->autograd ? c.impl()->autograd->name : std::string();
+  return "the tensor " + (name.empty() ? std::string() : "'" + name + "' ") + "(" + ir::type_str(c.dtype(), c.shape()) +
+         ") that the function reads by reference";
+}
+
+XGRAD_API ValueError aliasing_error(const std::string& where, const std::string& written, const std::string& other,
+                                    bool same_view) {
+  return ValueError(xgrad::detail::concat(
+      where, ": ", written, " and ", other, " share memory", same_view ? "" : " (one is a view of the other)",
+      ", and the function writes into ", written,
+      " in place. Eagerly the write would show through the other, which the compiled graph cannot follow: pass a "
+      "copy of one of them, or keep the tensor the function updates out of its arguments"));
+}
+
+XGRAD_API CallVectors::CallVectors() {
+  auto& idle = pool();
+  if (idle.empty()) {
+    m_vectors = std::make_unique<Vectors>();
+  } else {
+    m_vectors = std::move(idle.back());
+    idle.pop_back();
+  }
+}
+
+XGRAD_API CallVectors::~CallVectors() {
+  // Emptied, so the pool keeps capacity but no tensor alive.
+  m_vectors->flat.tensors.clear();
+  m_vectors->flat.statics.clear();
+  m_vectors->flat.aliases.clear();
+  m_vectors->outputs.clear();
+  pool().push_back(std::move(m_vectors));
+}
+
+XGRAD_API std::vector<std::unique_ptr<CallVectors::Vectors>>& CallVectors::pool() {
+  thread_local std::vector<std::unique_ptr<Vectors>> idle;
+  return idle;
+}
+
+XGRAD_API std::vector<bool> reached_from_arguments(const ir::Graph& g) {
+  std::vector<bool> reached(g.values.size(), false);
+  for (std::size_t i = 0; i < g.num_args; ++i) reached[static_cast<std::size_t>(g.inputs[i]->id)] = true;
+  for (const auto& node : g.nodes) {
+    bool any = false;
+    for (const ir::Value* v : node->inputs) any = any || reached[static_cast<std::size_t>(v->id)];
+    for (const ir::Value* v : node->outputs) reached[static_cast<std::size_t>(v->id)] = any;
+  }
+  std::vector<bool> out;
+  for (const ir::Value* v : g.outputs)
+    out.push_back(reached[static_cast<std::size_t>(v->id)] &&
+                  (v->dtype == DType::float32 || v->dtype == DType::float64));
+  return out;
+}
+
+XGRAD_API std::string explain_retrace(const Signature& now, const std::vector<std::string>& labels,
+                                      const std::vector<const Signature*>& cached) {
+  if (cached.empty()) return "first trace";
+  auto differences = [&](const Signature& old) {
+    std::vector<std::string> out;
+    if (old.tensors.size() != now.tensors.size()) {
+      out.push_back(xgrad::detail::concat("the number of tensor arguments changed from ", old.tensors.size(), " to ",
+                                          now.tensors.size()));
+    } else {
+      for (std::size_t i = 0; i < now.tensors.size(); ++i)
+        if (old.tensors[i] != now.tensors[i])
+          out.push_back(xgrad::detail::concat(labels[i], ": ",
+                                              ir::type_str(old.tensors[i].first, old.tensors[i].second), " -> ",
+                                              ir::type_str(now.tensors[i].first, now.tensors[i].second)));
+    }
+    if (old.statics != now.statics) out.push_back("a non-tensor argument (or a container's size) changed");
+    if (old.aliases != now.aliases) out.push_back("which arguments share memory changed");
+    return out;
+  };
+  std::vector<std::string> best = differences(*cached.front());
+  for (const Signature* s : cached) {
+    auto d = differences(*s);
+    if (d.size() < best.size()) best = d;
+  }
+  std::string text;
+  for (const auto& d : best) text += (text.empty() ? "" : "; ") + d;
+  return text + " (against the closest of " + std::to_string(cached.size()) + " compiled signature" +
+         (cached.size() == 1 ? "" : "s") + ")";
+}
+
+XGRAD_API Cache::Cache(JitConfig config, SourceLoc loc, bool keep_effects)
+    : m_config((validate(config), std::move(config))),
+      m_loc(loc),
+      m_keep_effects(keep_effects),
+      m_pipeline(passes::pipeline(static_cast<int>(m_config.level), m_config.disabled_passes)) {
+  if (m_config.name.empty()) m_config.name = "jit@" + loc.str();
+}
+
+XGRAD_API std::shared_ptr<const Entry> Cache::find(const Flat& flat) const {
+  std::shared_lock lock(m_mutex);
+  for (const auto& e : m_entries)
+    if (e->signature.matches(flat)) return e;
+  return nullptr;
+}
+
+XGRAD_API std::vector<TensorBase> Cache::run(const FlatFn& fn, const std::vector<TensorBase>& args,
+                                             std::span<const TensorBase> replaced,
+                                             std::span<const TensorBase> replacements) {
+  Flat flat;
+  flat.tensors = args;
+  auto entry = find(flat);
+  if (!entry) {
+    auto body = [&] {
+      Tracer& tracer = *Tracer::active();
+      std::vector<TensorBase> symbolic;
+      for (std::size_t i = 0; i < args.size(); ++i)
+        symbolic.push_back(tracer.add_argument(args[i].dtype(), args[i].shape(), "arg" + std::to_string(i)));
+      return TraceResult{fn(symbolic), {}};
+    };
+    auto labels = [&](std::vector<std::string>& out) {
+      for (std::size_t i = 0; i < args.size(); ++i) out.push_back("argument " + std::to_string(i));
+    };
+    entry = compile(flat, body, labels);
+  }
+  std::vector<TensorBase> inputs = args;
+  for (const TensorBase& c : entry->captures) {
+    auto it = std::find_if(replaced.begin(), replaced.end(), [&](const TensorBase& r) { return r.impl() == c.impl(); });
+    inputs.push_back(it == replaced.end() ? c : replacements[static_cast<std::size_t>(it - replaced.begin())]);
+  }
+  return entry->program->run(inputs);
+}
+
+XGRAD_API std::string Cache::where() const {
+  return xgrad::detail::concat("jit '", m_config.name, "' (", m_loc.str(), ")");
+}
+
+}  // namespace tracing::detail
+}  // namespace xgrad
