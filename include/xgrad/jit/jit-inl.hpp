@@ -10,7 +10,9 @@
 #include <utility>
 #include <vector>
 
+#include "xgrad/ir/verify.hpp"
 #include "xgrad/jit/jit.hpp"
+#include "xgrad/passes/fuse.hpp"
 
 namespace xgrad {
 
@@ -220,6 +222,189 @@ XGRAD_API std::vector<TensorBase> Cache::run(const FlatFn& fn, const std::vector
 
 XGRAD_API std::string Cache::where() const {
   return xgrad::detail::concat("jit '", m_config.name, "' (", m_loc.str(), ")");
+}
+
+XGRAD_API std::shared_ptr<const Entry> Cache::compile(const Flat& flat, const std::function<TraceResult()>& body,
+                                                      const Relabel& relabel, bool aliases_merged) {
+  Signature signature = Signature::of(flat);
+  check_retrace(signature, relabel);
+  Tracer tracer(m_config.name);
+  TraceResult result = traced(tracer, body);
+  std::vector<bool> from_captures;
+  for (const auto& out : result.outputs) from_captures.push_back(out.requires_grad());
+  std::shared_ptr<ir::Graph> graph = tracer.finish(result.outputs);
+  if (!m_keep_effects) graph->effects.clear();
+  check_written_aliases(*graph, flat, tracer.captures(), relabel, aliases_merged);
+  ir::verify(*graph);
+  save_stage(*graph, "trace");
+  passes::optimize(*graph, m_pipeline.rewrites, {.strict = m_config.strict}, [&](std::string_view pass) {
+    ir::verify(*graph);
+    save_stage(*graph, std::string(pass));
+  });
+  if (m_pipeline.fuse && passes::fuse(*graph, {.strict = m_config.strict})) {
+    passes::renumber(*graph);
+    ir::verify(*graph);
+    save_stage(*graph, "fuse");
+  }
+  auto program = std::make_shared<const backend::Program>(
+      graph, backend::ProgramOptions{.plan_memory = m_pipeline.plan_memory,
+                                     .poison_freed_buffers = m_config.poison_freed_buffers});
+  if (const backend::MemoryPlan* plan = program->memory_plan())
+    save_stage(*graph, "plan_memory", [plan](const ir::Node& node) { return plan->note(node); });
+  auto entry = std::make_shared<Entry>();
+  entry->signature = std::move(signature);
+  entry->program = std::move(program);
+  entry->captures = tracer.captures();
+  entry->output_statics = std::move(result.statics);
+  for (const auto& e : graph->effects) entry->written.push_back(e.input);
+  entry->from_arguments = reached_from_arguments(*graph);
+  entry->from_captures = std::move(from_captures);
+  entry->vjps.resize(result.outputs.size());
+  std::unique_lock lock(m_mutex);
+  // Another thread may have compiled the same signature meanwhile: keep one.
+  for (const auto& e : m_entries)
+    if (e->signature.matches(flat)) return e;
+  m_entries.push_back(entry);
+  return entry;
+}
+
+XGRAD_API void Cache::check_call_aliases(const Entry& entry, const std::vector<TensorBase>& args,
+                                         const Relabel& relabel) const {
+  const std::size_t n = args.size();
+  const auto& caps = entry.captures;
+  for (std::size_t p : entry.written)
+    for (std::size_t q = p < n ? n : 0; q < (p < n ? n + caps.size() : n); ++q) {
+      const TensorBase& a = p < n ? args[p] : caps[p - n];
+      const TensorBase& b = q < n ? args[q] : caps[q - n];
+      if (a.impl()->storage != b.impl()->storage) continue;
+      std::vector<std::string> labels;
+      relabel(labels);
+      throw aliasing_error(where(), input_label(p, labels, caps), input_label(q, labels, caps),
+                           a.dtype() == b.dtype() && a.shape() == b.shape());
+    }
+}
+
+XGRAD_API void Cache::check_written_aliases(const ir::Graph& g, const Flat& flat,
+                                            const std::vector<TensorBase>& captures, const Relabel& relabel,
+                                            bool aliases_merged) const {
+  const std::size_t n = flat.tensors.size();
+  if (g.effects.empty() || g.num_args != n) return;
+  auto input = [&](std::size_t q) -> const TensorBase& { return q < n ? flat.tensors[q] : captures[q - n]; };
+  auto merged = [&](std::size_t p, std::size_t q) {
+    if (p >= n || q >= n || flat.aliases.empty()) return false;
+    return flat.aliases[q] == static_cast<std::int32_t>(p) || flat.aliases[p] == static_cast<std::int32_t>(q) ||
+           (flat.aliases[p] >= 0 && flat.aliases[p] == flat.aliases[q]);
+  };
+  for (const auto& e : g.effects)
+    for (std::size_t q = 0; q < n + captures.size(); ++q) {
+      const std::size_t p = e.input;
+      if (q == p || input(q).impl()->storage != input(p).impl()->storage) continue;
+      if (merged(p, q)) {
+        if (aliases_merged) continue;
+        throw NeedsMergedAliases{};
+      }
+      std::vector<std::string> labels;
+      relabel(labels);
+      labels.resize(n);
+      throw aliasing_error(where(), input_label(p, labels, captures), input_label(q, labels, captures),
+                           input(p).dtype() == input(q).dtype() && input(p).shape() == input(q).shape());
+    }
+}
+
+XGRAD_API void Cache::check_retrace(const Signature& signature, const Relabel& relabel) {
+  std::vector<std::string> labels;
+  relabel(labels);
+  std::vector<const Signature*> cached;
+  {
+    std::shared_lock lock(m_mutex);
+    for (const auto& e : m_entries) cached.push_back(&e->signature);
+  }
+  const int traces = static_cast<int>(cached.size());
+  // Entries are never removed, so the pointers stay valid.
+  std::string why = explain_retrace(signature, labels, cached);
+  const std::string where = this->where();
+  if (expect_cache_hit::depth() > 0) throw RetraceError(where + " traced inside an xg::expect_cache_hit scope: " + why);
+  if (m_config.max_retraces >= 0 && traces > m_config.max_retraces)
+    throw RetraceError(xgrad::detail::concat(
+        where, " would trace a signature beyond the ", traces, " compiled but JitConfig::max_retraces is ",
+        m_config.max_retraces, ": ", why, ". Keep shapes fixed (pad or bucket the inputs) or raise max_retraces"));
+  if (traces > 0) log(xgrad::detail::concat("xgrad: ", where, " traces again: ", why));
+}
+
+XGRAD_API std::vector<TensorBase> values_before_writes(const Cache& cache, const Entry& entry,
+                                                       const std::vector<TensorBase>& inputs, std::size_t num_args,
+                                                       const Relabel& relabel) {
+  std::vector<TensorBase> before;
+  for (std::size_t i : entry.written) {
+    if (i < num_args && inputs[i].requires_grad()) {
+      std::vector<std::string> labels;
+      relabel(labels);
+      throw AutogradError(xgrad::detail::concat(
+          cache.where(), ": the function writes in place into ", labels[i],
+          ", which requires grad; autodiff does not record in-place writes. Return the new value instead, or "
+          "pass a tensor that does not require grad"));
+    }
+    before.push_back(xgrad::detail::copy_to(inputs[i], inputs[i].device()));
+  }
+  return before;
+}
+
+XGRAD_API autograd::Grads jitted_vjp(const Cache& cache, const Entry& entry, std::size_t k,
+                                     const std::vector<TensorBase>& inputs, std::size_t num_args,
+                                     const std::vector<TensorBase>& before, const TensorBase& g, const FlatFn& fn) {
+  if (!before.empty() && (tracing::Tracer::active() || is_grad_enabled()))
+    throw AutogradError(xgrad::detail::concat(
+        cache.where(),
+        ": the function writes into its inputs in place, so its gradient runs it again as a compiled "
+        "graph that leaves them alone; that gradient cannot itself be differentiated (grad of grad, "
+        "create_graph) or traced inside another jit. Move the in-place update out of the function"));
+  // Gradients go to float arguments and to captures that require grad, in that order. The
+  // inputs the call wrote into are read at their values before the call.
+  std::vector<std::size_t> wrt;
+  std::vector<TensorBase> targets, values = inputs, replaced, replacements;
+  std::vector<bool> held(num_args, false);
+  for (std::size_t w = 0; w < before.size(); ++w) {
+    const std::size_t i = entry.written[w];
+    values[i] = before[w];
+    if (i < num_args)
+      held[i] = true;
+    else
+      replaced.push_back(inputs[i]), replacements.push_back(before[w]);
+  }
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    if (i < num_args ? is_float(inputs[i]) : inputs[i].requires_grad()) wrt.push_back(i);
+    if (i >= num_args && inputs[i].requires_grad()) targets.push_back(inputs[i]);
+  }
+  const std::size_t num_outputs = entry.program->graph().outputs.size();
+  FlatFn pullback = [&](std::span<const TensorBase> args_and_g) {
+    std::vector<TensorBase> cots(num_outputs);
+    cots[k] = args_and_g.back();
+    return vjp_of(fn, args_and_g.first(num_args), cots, targets, held);
+  };
+
+  std::vector<TensorBase> args_and_g(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(num_args));
+  args_and_g.push_back(g);
+  std::vector<TensorBase> grads;
+  if (tracing::Tracer::active() || is_grad_enabled()) {
+    grads = pullback(args_and_g);
+  } else {
+    std::shared_ptr<Cache> vjp_cache;
+    {
+      std::lock_guard lock(entry.vjp_mutex);
+      auto& slot = entry.vjps[k];
+      if (!slot) {
+        JitConfig config = cache.config();
+        config.name += "_vjp" + std::to_string(k);
+        config.max_retraces = -1;
+        slot = std::make_shared<Cache>(config, cache.loc(), /*keep_effects=*/false);
+      }
+      vjp_cache = slot;
+    }
+    grads = vjp_cache->run(pullback, args_and_g, replaced, replacements);
+  }
+  autograd::Grads result(inputs.size());
+  for (std::size_t j = 0; j < wrt.size(); ++j) result[wrt[j]] = grads[j];
+  return result;
 }
 
 }  // namespace tracing::detail
