@@ -2,25 +2,17 @@
 // epoch, and TensorDataset, which starts one from tensors in memory.
 #pragma once
 
-#include <condition_variable>
+#include <cstddef>
 #include <cstdint>
-#include <cstring>
-#include <deque>
-#include <exception>
 #include <iterator>
 #include <memory>
-#include <mutex>
-#include <numeric>
 #include <optional>
-#include <random>
 #include <string>
-#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
-#include "xgrad/backend/cpu/thread_pool.hpp"
-#include "xgrad/core/error.hpp"
+#include "xgrad/core/config.hpp"
 #include "xgrad/core/tensor.hpp"
 #include "xgrad/data/idx.hpp"
 #include "xgrad/data/transforms.hpp"
@@ -45,12 +37,7 @@ struct SampleSource {
 
   std::int64_t count() const { return static_cast<std::int64_t>(labels.size()); }
   Shape image_shape() const { return Shape(images.shape.begin() + 1, images.shape.end()); }
-  void read(std::int64_t i, Image& out) const {
-    const std::int64_t n = image_shape().numel();
-    out.spec = {image_shape(), Layout::hwc};
-    out.pixels.resize(static_cast<std::size_t>(n));
-    images.copy_to(i * n, n, out.pixels.data());
-  }
+  XGRAD_API void read(std::int64_t i, Image& out) const;
 };
 
 /// A pipeline's description: everything but the epoch being iterated. Cheap to copy.
@@ -65,127 +52,20 @@ struct Pipeline {
   std::int64_t take_batches = -1;  // take() after batch()
   std::int64_t prefetch = 2;
 
-  std::int64_t samples() const {
-    const std::int64_t n = source->count();
-    return take_samples < 0 ? n : std::min(n, take_samples);
-  }
-  std::int64_t size() const {
-    if (batch == 0) return samples();
-    const std::int64_t n = drop_remainder ? samples() / batch : (samples() + batch - 1) / batch;
-    return take_batches < 0 ? n : std::min(n, take_batches);
-  }
+  XGRAD_API std::int64_t samples() const;
+  XGRAD_API std::int64_t size() const;
 
   /// The sample order of one epoch: 0..count-1, shuffled by a generator seeded with
   /// seed + epoch (Fisher-Yates over mt19937_64, whose output the standard fixes, so the
   /// order is the same on every platform).
-  std::vector<std::int64_t> order(std::int64_t epoch) const {
-    std::vector<std::int64_t> idx(static_cast<std::size_t>(source->count()));
-    std::iota(idx.begin(), idx.end(), std::int64_t{0});
-    if (seed) {
-      std::mt19937_64 gen(*seed + static_cast<std::uint64_t>(epoch));
-      for (std::size_t i = idx.size(); i > 1; --i) std::swap(idx[i - 1], idx[gen() % i]);
-    }
-    return idx;
-  }
+  XGRAD_API std::vector<std::int64_t> order(std::int64_t epoch) const;
 
   /// Element k of an epoch whose sample order is `order`.
-  Batch element(const std::vector<std::int64_t>& order, std::int64_t k) const {
-    const std::int64_t first = batch ? k * batch : k;
-    const std::int64_t n = batch ? std::min(batch, samples() - first) : 1;
-    const std::int64_t per_image = spec.shape.numel();
-    Shape shape = spec.shape;
-    if (batch) {
-      shape = Shape{n};
-      for (std::int64_t d : spec.shape) shape.push_back(d);
-    }
-    auto images = Tensor<float>::empty(shape);
-    auto labels = Tensor<std::int32_t>::empty(batch ? Shape{n} : Shape{});
-    Image image;
-    for (std::int64_t i = 0; i < n; ++i) {
-      const std::int64_t s = order[static_cast<std::size_t>(first + i)];
-      source->read(s, image);
-      for (const auto& t : transforms) t->apply(image);
-      std::memcpy(images.data() + i * per_image, image.pixels.data(), sizeof(float) * image.pixels.size());
-      labels.data()[i] = source->labels[static_cast<std::size_t>(s)];
-    }
-    return {images, labels};
-  }
+  XGRAD_API Batch element(const std::vector<std::int64_t>& order, std::int64_t k) const;
 };
 
-/// One epoch being produced: in the caller's thread on demand (prefetch 0), or by a
-/// background thread that keeps up to `prefetch` elements ready.
-class EpochState {
- public:
-  EpochState(Pipeline pipeline, std::int64_t epoch)
-      : m_pipeline(std::move(pipeline)), m_order(m_pipeline.order(epoch)), m_size(m_pipeline.size()) {
-    if (m_pipeline.prefetch > 0 && m_size > 0) m_thread = std::thread([this] { produce(); });
-  }
-  EpochState(const EpochState&) = delete;
-  EpochState& operator=(const EpochState&) = delete;
-  ~EpochState() {
-    if (!m_thread.joinable()) return;
-    {
-      std::lock_guard lock(m_mutex);
-      m_stop = true;
-    }
-    m_space.notify_all();
-    m_thread.join();
-  }
-
-  /// The next element, or nothing at the end of the epoch. An exception the producer met (a
-  /// transform that threw, memory) is rethrown here, after the elements made before it.
-  std::optional<Batch> next() {
-    if (m_next >= m_size) return std::nullopt;
-    if (!m_thread.joinable()) return m_pipeline.element(m_order, m_next++);
-    std::unique_lock lock(m_mutex);
-    m_ready.wait(lock, [&] { return !m_queue.empty() || m_error; });
-    if (m_queue.empty()) std::rethrow_exception(m_error);
-    Batch out = std::move(m_queue.front());
-    m_queue.pop_front();
-    ++m_next;
-    lock.unlock();
-    m_space.notify_one();
-    return out;
-  }
-
- private:
-  void produce() {
-    // Kernels called from here (Resize) must not take the shared pool from the training thread.
-    cpu::keep_this_thread_serial();
-    try {
-      for (std::int64_t k = 0; k < m_size; ++k) {
-        {
-          std::unique_lock lock(m_mutex);
-          m_space.wait(lock, [&] { return m_stop || static_cast<std::int64_t>(m_queue.size()) < m_pipeline.prefetch; });
-          if (m_stop) return;
-        }
-        Batch b = m_pipeline.element(m_order, k);
-        {
-          std::lock_guard lock(m_mutex);
-          m_queue.push_back(std::move(b));
-        }
-        m_ready.notify_one();
-      }
-    } catch (...) {
-      {
-        std::lock_guard lock(m_mutex);
-        m_error = std::current_exception();
-      }
-      m_ready.notify_one();
-    }
-  }
-
-  const Pipeline m_pipeline;
-  const std::vector<std::int64_t> m_order;
-  const std::int64_t m_size;
-  std::int64_t m_next = 0;  // consumer side only
-  std::mutex m_mutex;
-  std::condition_variable m_ready, m_space;
-  std::deque<Batch> m_queue;
-  std::exception_ptr m_error;
-  bool m_stop = false;
-  std::thread m_thread;
-};
+/// One epoch being produced (dataset-inl.hpp).
+class EpochState;
 
 }  // namespace detail
 
@@ -201,10 +81,7 @@ class EpochIterator {
 
   const Batch& operator*() const { return *m_current; }
   const Batch* operator->() const { return &*m_current; }
-  EpochIterator& operator++() {
-    m_current = m_state->next();
-    return *this;
-  }
+  XGRAD_API EpochIterator& operator++();
   void operator++(int) { ++*this; }
   friend bool operator==(const EpochIterator& it, std::default_sentinel_t) { return !it.m_current; }
 
@@ -217,8 +94,7 @@ class EpochIterator {
 /// the Epoch is made and stops when it and its iterators are gone, even mid-epoch.
 class Epoch {
  public:
-  Epoch(const detail::Pipeline& pipeline, std::int64_t index)
-      : m_state(std::make_shared<detail::EpochState>(pipeline, index)), m_index(index) {}
+  XGRAD_API Epoch(const detail::Pipeline& pipeline, std::int64_t index);
   /// Iterates the epoch; call it once (the elements are produced once).
   EpochIterator begin() const { return EpochIterator(m_state); }
   std::default_sentinel_t end() const { return {}; }
@@ -240,20 +116,10 @@ class Epoch {
 /// so copying is cheap. Images are float32, labels int32.
 class Dataset {
  public:
-  explicit Dataset(std::shared_ptr<const detail::SampleSource> source) {
-    m_pipeline.source = std::move(source);
-    m_pipeline.spec = {m_pipeline.source->image_shape(), Layout::hwc};
-  }
+  XGRAD_API explicit Dataset(std::shared_ptr<const detail::SampleSource> source);
 
   /// Samples in a new random order each epoch, from a generator seeded with seed + epoch.
-  Dataset shuffle(std::uint64_t seed, SourceLoc loc = SourceLoc::current()) const {
-    if (m_pipeline.seed) throw_value_error("Dataset.shuffle", loc, "the dataset is already shuffled");
-    if (m_pipeline.batch) throw_value_error("Dataset.shuffle", loc, "call shuffle before batch");
-    if (m_pipeline.take_samples >= 0) throw_value_error("Dataset.shuffle", loc, "call shuffle before take");
-    Dataset out = *this;
-    out.m_pipeline.seed = seed;
-    return out;
-  }
+  XGRAD_API Dataset shuffle(std::uint64_t seed, SourceLoc loc = SourceLoc::current()) const;
 
   /// Applies the transforms, in order, to every image. Each is checked against the images it
   /// will get now, so a transform that cannot take them throws ValueError here.
@@ -267,33 +133,14 @@ class Dataset {
 
   /// Groups n consecutive samples: images [n, ...image], labels [n]. The last batch is
   /// smaller unless drop_remainder drops it.
-  Dataset batch(std::int64_t n, bool drop_remainder = false, SourceLoc loc = SourceLoc::current()) const {
-    if (n < 1) throw_value_error("Dataset.batch", loc, "batch size must be >= 1, got ", n);
-    if (m_pipeline.batch)
-      throw_value_error("Dataset.batch", loc, "the dataset is already batched (batch size ", m_pipeline.batch, ")");
-    Dataset out = *this;
-    out.m_pipeline.batch = n;
-    out.m_pipeline.drop_remainder = drop_remainder;
-    return out;
-  }
+  XGRAD_API Dataset batch(std::int64_t n, bool drop_remainder = false, SourceLoc loc = SourceLoc::current()) const;
 
   /// The first n elements: n samples before batch(), n batches after.
-  Dataset take(std::int64_t n, SourceLoc loc = SourceLoc::current()) const {
-    if (n < 1) throw_value_error("Dataset.take", loc, "n must be >= 1, got ", n);
-    Dataset out = *this;
-    auto& slot = m_pipeline.batch ? out.m_pipeline.take_batches : out.m_pipeline.take_samples;
-    slot = slot < 0 ? n : std::min(slot, n);
-    return out;
-  }
+  XGRAD_API Dataset take(std::int64_t n, SourceLoc loc = SourceLoc::current()) const;
 
   /// Produces up to `depth` elements ahead on a background thread (the default is 2); 0 makes
   /// each element in the iterating thread when it is asked for.
-  Dataset prefetch(std::int64_t depth, SourceLoc loc = SourceLoc::current()) const {
-    if (depth < 0) throw_value_error("Dataset.prefetch", loc, "depth must be >= 0, got ", depth);
-    Dataset out = *this;
-    out.m_pipeline.prefetch = depth;
-    return out;
-  }
+  XGRAD_API Dataset prefetch(std::int64_t depth, SourceLoc loc = SourceLoc::current()) const;
 
   /// Elements per epoch: batches after batch(), samples before.
   std::int64_t size() const { return m_pipeline.size(); }
@@ -310,12 +157,7 @@ class Dataset {
   std::default_sentinel_t end() const { return {}; }
 
  private:
-  void add_transform(std::shared_ptr<const Transform> t) {
-    if (m_pipeline.batch)
-      throw_value_error("Dataset.map", t->loc(), "call map before batch: transforms take one image at a time");
-    if (!t->on_labels()) m_pipeline.spec = t->output(m_pipeline.spec);
-    m_pipeline.transforms.push_back(std::move(t));
-  }
+  XGRAD_API void add_transform(std::shared_ptr<const Transform> t);
 
   detail::Pipeline m_pipeline;
   mutable std::int64_t m_epochs_started = 0;
@@ -329,22 +171,13 @@ class TensorDataset : public Dataset {
       : Dataset(make_source(images, labels, loc)) {}
 
  private:
-  static std::shared_ptr<const detail::SampleSource> make_source(const Tensor<float>& images,
-                                                                 const Tensor<std::int32_t>& labels, SourceLoc loc) {
-    if (images.ndim() < 2)
-      throw_value_error("TensorDataset", loc, "images must be [N, ...] with rank >= 2, got shape ", images.shape());
-    if (labels.ndim() != 1 || labels.shape()[0] != images.shape()[0])
-      throw_value_error("TensorDataset", loc, "labels must be [N] with N = ", images.shape()[0],
-                        " (the images' first axis), got shape ", labels.shape());
-    auto source = std::make_shared<detail::SampleSource>();
-    source->name = "TensorDataset";
-    source->images.type = IdxType::float32;
-    source->images.shape = images.shape();
-    const auto* p = reinterpret_cast<const unsigned char*>(images.data());
-    source->images.bytes.assign(p, p + sizeof(float) * static_cast<std::size_t>(images.numel()));
-    source->labels = labels.to_vector();
-    return source;
-  }
+  XGRAD_API static std::shared_ptr<const detail::SampleSource> make_source(const Tensor<float>& images,
+                                                                           const Tensor<std::int32_t>& labels,
+                                                                           SourceLoc loc);
 };
 
 }  // namespace xgrad::data
+
+#if !defined(XGRAD_COMPILED)
+#include "xgrad/data/dataset-inl.hpp"
+#endif

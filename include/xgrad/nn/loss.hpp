@@ -7,9 +7,9 @@
 #include <cstdint>
 #include <string>
 
-#include "xgrad/ops/elementwise.hpp"
+#include "xgrad/core/config.hpp"
+#include "xgrad/core/tensor.hpp"
 #include "xgrad/ops/nn.hpp"
-#include "xgrad/ops/reduce.hpp"
 
 namespace xgrad::nn {
 
@@ -17,36 +17,13 @@ class Loss {
  public:
   virtual ~Loss() = default;
   /// The loss of `output` against `labels`; `loc`, the caller's line, is what errors name.
-  Tensor<float> operator()(const Tensor<float>& output, const TensorBase& labels,
-                           SourceLoc loc = SourceLoc::current()) const {
-    const std::string op = name();
-    xgrad::detail::OpScope scope(op, loc, {output, labels});
-    return forward(output, labels, loc);
-  }
+  XGRAD_API Tensor<float> operator()(const Tensor<float>& output, const TensorBase& labels,
+                                     SourceLoc loc = SourceLoc::current()) const;
   virtual std::string name() const = 0;
 
  protected:
   virtual Tensor<float> forward(const Tensor<float>& output, const TensorBase& labels, SourceLoc loc) const = 0;
 };
-
-namespace detail {
-inline Tensor<float> reduce(const Tensor<float>& per_element, Reduction reduction, SourceLoc loc) {
-  switch (reduction) {
-    case Reduction::none:
-      return per_element;
-    case Reduction::sum:
-      return sum(per_element, {}, false, loc);
-    case Reduction::mean:
-      break;
-  }
-  return mean(per_element, {}, false, loc);
-}
-inline void check_labels_dtype(const std::string& loss, const TensorBase& labels, DType expected, SourceLoc loc) {
-  if (labels.dtype() != expected)
-    throw_shape_error(loss, loc, "labels must be ", dtype_name(expected), ", got ", dtype_name(labels.dtype()),
-                      labels.shape());
-}
-}  // namespace detail
 
 struct SoftmaxCrossEntropyOptions {
   bool sparse = false;  // labels are class indices [N] (int32) rather than per-class targets [N, C]
@@ -62,19 +39,7 @@ class SoftmaxCrossEntropy : public Loss {
   std::string name() const override { return "SoftmaxCrossEntropy"; }
 
  protected:
-  Tensor<float> forward(const Tensor<float>& logits, const TensorBase& labels, SourceLoc loc) const override {
-    if (m_options.sparse) {
-      detail::check_labels_dtype(name(), labels, DType::int32, loc);
-      return softmax_cross_entropy(logits, Tensor<std::int32_t>(labels, loc), m_options.reduction, loc);
-    }
-    detail::check_labels_dtype(name(), labels, DType::float32, loc);
-    if (labels.shape() != logits.shape())
-      throw_shape_error(name(), loc, "dense labels must have the logits' shape ", logits.shape(), ", got ",
-                        labels.shape());
-    return detail::reduce(
-        neg(sum(mul(Tensor<float>(labels, loc), log_softmax(logits, -1, loc), loc), {-1}, false, loc), loc),
-        m_options.reduction, loc);
-  }
+  XGRAD_API Tensor<float> forward(const Tensor<float>& logits, const TensorBase& labels, SourceLoc loc) const override;
 
  private:
   SoftmaxCrossEntropyOptions m_options;
@@ -88,17 +53,14 @@ class MSELoss : public Loss {
   std::string name() const override { return "MSELoss"; }
 
  protected:
-  Tensor<float> forward(const Tensor<float>& output, const TensorBase& labels, SourceLoc loc) const override {
-    detail::check_labels_dtype(name(), labels, DType::float32, loc);
-    // Broadcasting would compare every output with every label ([N, 1] against [N] gives [N, N]).
-    if (labels.shape() != output.shape())
-      throw_shape_error(name(), loc, "labels ", labels.shape(), " must have the output's shape ", output.shape(),
-                        "; reshape one of them");
-    return detail::reduce(square(sub(output, Tensor<float>(labels, loc), loc), loc), m_reduction, loc);
-  }
+  XGRAD_API Tensor<float> forward(const Tensor<float>& output, const TensorBase& labels, SourceLoc loc) const override;
 
  private:
   Reduction m_reduction;
 };
 
 }  // namespace xgrad::nn
+
+#if !defined(XGRAD_COMPILED)
+#include "xgrad/nn/loss-inl.hpp"
+#endif

@@ -9,12 +9,14 @@
 #include <utility>
 
 #include "xgrad/autograd/functional.hpp"
+#include "xgrad/core/config.hpp"
 #include "xgrad/jit/jit.hpp"
 #include "xgrad/nn/callbacks.hpp"
 #include "xgrad/nn/loss.hpp"
 #include "xgrad/nn/metrics.hpp"
 #include "xgrad/nn/module.hpp"
 #include "xgrad/nn/optim.hpp"
+#include "xgrad/ops/reduce.hpp"
 
 namespace xgrad {
 
@@ -83,10 +85,7 @@ class Model {
 
   /// How graph mode compiles the train step (level, name, ...; default: O2, "train_step").
   /// The step is compiled again, with this configuration, on its next call.
-  void set_jit_config(JitConfig config) {
-    m_jit_config = std::move(config);
-    m_compiled_step.reset();
-  }
+  XGRAD_API void set_jit_config(JitConfig config);
 
   nn::Module& network() { return m_network; }
   optim::Optimizer& optimizer() { return m_optimizer; }
@@ -109,11 +108,7 @@ class Model {
       return self->step(images, labels);
     }
   };
-  Jitted<Step>& compiled_step() {
-    if (!m_compiled_step)
-      m_compiled_step = std::make_unique<Jitted<Step>>(Step{this}, m_jit_config, SourceLoc::current());
-    return *m_compiled_step;
-  }
+  XGRAD_API Jitted<Step>& compiled_step();
 
   template <class Dataset, class Valid>
   void run(int epochs, const Dataset& dataset, const Valid* valid, callbacks::Callbacks& callbacks, SourceLoc loc) {
@@ -160,3 +155,7 @@ class Model {
 };
 
 }  // namespace xgrad
+
+#if !defined(XGRAD_COMPILED)
+#include "xgrad/nn/model-inl.hpp"
+#endif

@@ -3,35 +3,17 @@
 // input signature in Mode::graph.
 #pragma once
 
-#include <cxxabi.h>
-
-#include <cstdlib>
 #include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <typeinfo>
 #include <utility>
 #include <vector>
 
+#include "xgrad/core/config.hpp"
 #include "xgrad/jit/jit.hpp"
 
 namespace xgrad::nn {
-
-namespace detail {
-
-/// "LeNet5" for a type named xgrad::models::LeNet5.
-inline std::string type_name(const std::type_info& type) {
-  int status = 0;
-  char* demangled = abi::__cxa_demangle(type.name(), nullptr, nullptr, &status);
-  std::string name = status == 0 && demangled ? demangled : type.name();
-  std::free(demangled);
-  if (auto angle = name.find('<'); angle != std::string::npos) name.resize(angle);
-  if (auto colon = name.rfind("::"); colon != std::string::npos) name = name.substr(colon + 2);
-  return name;
-}
-
-}  // namespace detail
 
 class Module {
  public:
@@ -42,13 +24,8 @@ class Module {
   Module& operator=(const Module&) = delete;
 
   /// The computation. A module overrides the form it takes: one float tensor, or two.
-  virtual Tensor<float> forward(Tensor<float> /*x*/) {
-    throw ValueError(xgrad::detail::concat("Module ", name(), " does not define forward(Tensor<float>)"));
-  }
-  virtual Tensor<float> forward(Tensor<float> /*x*/, Tensor<float> /*y*/) {
-    throw ValueError(
-        xgrad::detail::concat("Module ", name(), " does not define forward(Tensor<float>, Tensor<float>)"));
-  }
+  XGRAD_API virtual Tensor<float> forward(Tensor<float> x);
+  XGRAD_API virtual Tensor<float> forward(Tensor<float> x, Tensor<float> y);
 
   /// Runs forward: op by op in Mode::eager; in Mode::graph compiled once per input signature
   /// (and inline when called while another function is being traced). Nodes traced inside
@@ -64,7 +41,7 @@ class Module {
   }
 
   /// The name given by the parent module, or the type's name for a module without a parent.
-  std::string name() const { return m_name.empty() ? detail::type_name(typeid(*this)) : m_name; }
+  XGRAD_API std::string name() const;
 
   /// Registers `p` as this module's parameter `name`. When this module is registered in a
   /// parent, the names of all its parameters get the parent's prefix ("fc1.weight").
@@ -79,70 +56,31 @@ class Module {
   template <Element T> void register_buffer(const std::string& name, Tensor<T>& t) { m_buffers.emplace_back(name, t); }
 
   /// Registers a child module under `name`.
-  void register_module(const std::string& name, Module& child) {
-    if (child.m_parent)
-      throw ValueError(xgrad::detail::concat("Module ", this->name(), ": module '", name, "' is already registered in ",
-                                             child.m_parent->name()));
-    child.m_parent = this;
-    child.m_name = name;
-    child.prefix_parameter_names(name + ".");
-    m_children.emplace_back(name, &child);
-  }
+  XGRAD_API void register_module(const std::string& name, Module& child);
 
   /// Registers children under their names: register_modules({{"conv1", &conv1}, ...}).
-  void register_modules(std::initializer_list<std::pair<std::string, Module*>> children) {
-    for (const auto& [name, child] : children) register_module(name, *child);
-  }
+  XGRAD_API void register_modules(std::initializer_list<std::pair<std::string, Module*>> children);
 
   /// Registers children named after their type and position among siblings of that type:
   /// register_modules({&conv1, &conv2, &fc1}) names them conv2d0, conv2d1, dense0.
-  void register_modules(std::initializer_list<Module*> children) {
-    for (Module* child : children) {
-      std::string type = detail::type_name(typeid(*child));
-      for (auto& c : type) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-      int index = 0;
-      for (const auto& [name, sibling] : m_children)
-        index += detail::type_name(typeid(*sibling)) == detail::type_name(typeid(*child));
-      register_module(type + std::to_string(index), *child);
-    }
-  }
+  XGRAD_API void register_modules(std::initializer_list<Module*> children);
 
   /// Every parameter of this module and its children, own first, in registration order.
-  std::vector<Parameter<float>> parameters() const {
-    std::vector<Parameter<float>> out;
-    for (const auto& [name, p] : named_parameters())
-      if (p.dtype() == DType::float32) out.push_back(Parameter<float>::shared(Tensor<float>(p)));
-    return out;
-  }
+  XGRAD_API std::vector<Parameter<float>> parameters() const;
 
   /// (full name, tensor) of every parameter, own first, then each child's.
-  std::vector<std::pair<std::string, TensorBase>> named_parameters() const {
-    std::vector<std::pair<std::string, TensorBase>> out;
-    collect(out);
-    return out;
-  }
+  XGRAD_API std::vector<std::pair<std::string, TensorBase>> named_parameters() const;
 
   /// (full name, tensor) of every buffer, own first, then each child's.
-  std::vector<std::pair<std::string, TensorBase>> named_buffers() const {
-    std::vector<std::pair<std::string, TensorBase>> out;
-    collect_buffers("", out);
-    return out;
-  }
+  XGRAD_API std::vector<std::pair<std::string, TensorBase>> named_buffers() const;
 
   /// Everything a checkpoint holds: the parameters, then the buffers.
-  std::vector<std::pair<std::string, TensorBase>> named_state() const {
-    auto out = named_parameters();
-    for (auto& b : named_buffers()) out.push_back(std::move(b));
-    return out;
-  }
+  XGRAD_API std::vector<std::pair<std::string, TensorBase>> named_state() const;
 
   /// Training (the default) or evaluation behaviour, for this module and its children:
   /// Dropout drops only in training, BatchNorm2d normalizes by batch statistics in training and
   /// by its running statistics otherwise. In Mode::graph each behaviour has its own compiled forward.
-  void set_train(bool on = true) {
-    m_training = on;
-    for (auto& [name, child] : m_children) child->set_train(on);
-  }
+  XGRAD_API void set_train(bool on = true);
   bool training() const { return m_training; }
 
   /// The registered children, in order.
@@ -182,29 +120,13 @@ class Module {
   }
 
   /// The compiled forward for the current train/eval behaviour (a trace bakes the behaviour in).
-  Jitted<Forward>& compiled() {
-    const std::size_t which = m_training ? 1 : 0;
-    std::call_once(m_compile_once[which], [this, which] {
-      m_compiled[which] = std::make_unique<Jitted<Forward>>(
-          Forward{this}, JitConfig{.name = name() + (m_training ? "" : ".eval")}, SourceLoc::current());
-    });
-    return *m_compiled[which];
-  }
+  XGRAD_API Jitted<Forward>& compiled();
 
-  void prefix_parameter_names(const std::string& prefix) {
-    for (auto& [name, p] : m_parameters) p.impl()->autograd->name = prefix + p.impl()->autograd->name;
-    for (auto& [name, child] : m_children) child->prefix_parameter_names(prefix);
-  }
+  XGRAD_API void prefix_parameter_names(const std::string& prefix);
 
-  void collect(std::vector<std::pair<std::string, TensorBase>>& out) const {
-    for (const auto& [name, p] : m_parameters) out.emplace_back(p.impl()->autograd->name, p);
-    for (const auto& [name, child] : m_children) child->collect(out);
-  }
+  XGRAD_API void collect(std::vector<std::pair<std::string, TensorBase>>& out) const;
 
-  void collect_buffers(const std::string& prefix, std::vector<std::pair<std::string, TensorBase>>& out) const {
-    for (const auto& [name, b] : m_buffers) out.emplace_back(prefix + name, b);
-    for (const auto& [name, child] : m_children) child->collect_buffers(prefix + name + ".", out);
-  }
+  XGRAD_API void collect_buffers(const std::string& prefix, std::vector<std::pair<std::string, TensorBase>>& out) const;
 
   std::string m_name;
   Module* m_parent = nullptr;
@@ -217,3 +139,7 @@ class Module {
 };
 
 }  // namespace xgrad::nn
+
+#if !defined(XGRAD_COMPILED)
+#include "xgrad/nn/module-inl.hpp"
+#endif
