@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include <xgrad/ops/elementwise-inl.hpp>  // the op structs and their block kernels
 #include <xgrad/xgrad.hpp>
 
 #include "suite.hpp"

@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <iostream>
 #include <string>
+#include <xgrad/backend/cpu/thread_pool.hpp>
 #include <xgrad/data/mnist.hpp>
 #include <xgrad/models/lenet5.hpp>
 #include <xgrad/xgrad.hpp>

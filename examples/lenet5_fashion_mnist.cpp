@@ -17,6 +17,7 @@
 #include <map>
 #include <string>
 #include <vector>
+#include <xgrad/backend/cpu/thread_pool.hpp>
 #include <xgrad/data/mnist.hpp>
 #include <xgrad/models/lenet5.hpp>
 #include <xgrad/nn/model.hpp>
@@ -190,7 +191,8 @@ int main(int argc, char** argv) {
 
   std::cout << "\nSummary\n";
   for (const auto& r : runs)
-    std::printf("  %-5s mode: test accuracy %.4f, %.3f ms per train step (median)\n", r.mode.c_str(), r.accuracy, r.ms_per_step);
+    std::printf("  %-5s mode: test accuracy %.4f, %.3f ms per train step (median)\n", r.mode.c_str(), r.accuracy,
+                r.ms_per_step);
   if (runs.size() == 2)
     std::printf("  graph mode runs a train step %.2fx as fast as eager mode\n",
                 runs[0].ms_per_step / runs[1].ms_per_step);

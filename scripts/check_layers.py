@@ -4,7 +4,9 @@
 Each folder of include/xgrad is a layer; a header may include headers of its own folder and of
 the folders below it, never above. The umbrella headers at the top (xgrad/core.hpp, ...) may
 include anything, but each pulls in only the layers it names, and xgrad/core.hpp no file
-format (zlib). No header may reach itself through its includes. Exits 1 and names every
+format (zlib). No header may reach itself through its includes. A definitions file x-inl.hpp is
+included only by its x.hpp and by other definitions files, and in compiled mode (no x.hpp
+including its x-inl.hpp) no umbrella reaches a kernel, xsimd or Thrust. Exits 1 and names every
 offending include; run from anywhere:
     python3 scripts/check_layers.py [INCLUDE_DIR]
 """
@@ -81,12 +83,20 @@ def definitions_of(header):
 
 
 def definitions_files(graph):
-    """Each x-inl.hpp included by anything but x.hpp."""
+    """Each x-inl.hpp included by a header other than x.hpp that is not itself a definitions
+    file. Definitions (y-inl.hpp, compiled into the library) may include those of their own
+    layer and of the layers below (the pass that matches op::Mul needs the struct, in
+    ops/elementwise-inl.hpp); a plain header never includes another's definitions, which would
+    bring them back into users' files in compiled mode."""
     problems = []
     for header, includes in sorted(graph.items()):
         for target, ours in includes:
-            if ours and target.endswith("-inl.hpp") and definitions_of(header) != target:
-                problems.append(f"{header}: includes {target}, which only its own header may include")
+            if not ours or not target.endswith("-inl.hpp") or definitions_of(header) == target:
+                continue
+            if not header.endswith("-inl.hpp"):
+                problems.append(
+                    f"{header}: includes {target}, which only its own header and other definitions "
+                    "(-inl.hpp) files may include")
     return problems
 
 
@@ -147,9 +157,41 @@ def umbrella_contents(graph):
     return problems
 
 
+# What a user's file must not parse in compiled mode (XGRAD_COMPILED: no x.hpp includes its
+# x-inl.hpp), through any umbrella header: the kernels, xsimd and Thrust, so that it compiles
+# fast, and with a plain C++ compiler in the CUDA build. Only definitions (x-inl.hpp, compiled
+# into the library) reach them.
+COMPILED_UMBRELLAS = sorted(UMBRELLAS)
+BACKEND_ONLY = ("xgrad/backend/cpu/", "xgrad/backend/thrust/", "xgrad/backend/map.hpp", "xgrad/backend/kernels.hpp",
+                "xgrad/backend/math.hpp")
+BACKEND_ONLY_SYSTEM = ("xsimd/", "thrust/", "cub/")
+
+
+def compiled_closure(graph, header):
+    """closure() as compiled mode sees it: without the edges from x.hpp to its x-inl.hpp."""
+    cut = {h: [(t, ours) for t, ours in inc if t != definitions_of(h)] for h, inc in graph.items()}
+    return closure(cut, header)
+
+
+def compiled_contents(graph):
+    problems = []
+    for umbrella in COMPILED_UMBRELLAS:
+        if umbrella not in graph:
+            continue
+        headers, system = compiled_closure(graph, umbrella)
+        for h in sorted(headers):
+            if h.startswith(BACKEND_ONLY):
+                problems.append(f"{umbrella}: pulls in {h} in compiled mode; only definitions (-inl.hpp) may")
+        for s in sorted(system):
+            if s.startswith(BACKEND_ONLY_SYSTEM):
+                problems.append(f"{umbrella}: pulls in <{s}> in compiled mode; only definitions (-inl.hpp) may")
+    return problems
+
+
 def check(root):
     graph = read_includes(root)
-    return upward_includes(graph) + definitions_files(graph) + cycles(graph) + umbrella_contents(graph)
+    return (upward_includes(graph) + definitions_files(graph) + cycles(graph) + umbrella_contents(graph) +
+            compiled_contents(graph))
 
 
 def main(argv):

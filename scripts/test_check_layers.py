@@ -55,7 +55,37 @@ class CheckLayers(unittest.TestCase):
         problems = check_layers.check(tree({
             "ops/add-inl.hpp": '#include "xgrad/ops/add.hpp"\n',
             "ops/mul.hpp": '#include "xgrad/ops/add-inl.hpp"\n'}))
-        self.assertIn("xgrad/ops/mul.hpp: includes xgrad/ops/add-inl.hpp, which only its own header may include",
+        self.assertIn("xgrad/ops/mul.hpp: includes xgrad/ops/add-inl.hpp, which only its own header and other "
+                      "definitions (-inl.hpp) files may include", problems)
+
+    def test_definitions_may_include_definitions_of_their_layer_and_below(self):
+        add = {"ops/add.hpp": '#include "xgrad/core/tensor.hpp"\n#include "xgrad/ops/add-inl.hpp"\n',
+               "ops/add-inl.hpp": '#include "xgrad/ops/add.hpp"\n'}
+        self.assertEqual(check_layers.check(tree({
+            **add,
+            "ops/mul.hpp": '#include "xgrad/ops/mul-inl.hpp"\n',
+            "ops/mul-inl.hpp": '#include "xgrad/ops/mul.hpp"\n#include "xgrad/ops/add-inl.hpp"\n',
+            "passes/fuse.hpp": '#include "xgrad/passes/fuse-inl.hpp"\n',
+            "passes/fuse-inl.hpp": '#include "xgrad/passes/fuse.hpp"\n#include "xgrad/ops/add-inl.hpp"\n'})), [])
+        # Still downwards only.
+        problems = check_layers.check(tree({
+            **add,
+            "core/shape.hpp": '#include "xgrad/core/shape-inl.hpp"\n',
+            "core/shape-inl.hpp": '#include "xgrad/core/shape.hpp"\n#include "xgrad/ops/add-inl.hpp"\n'}))
+        self.assertIn("xgrad/core/shape-inl.hpp: includes xgrad/ops/add-inl.hpp, which is in layer 'ops' above 'core'",
+                      problems)
+
+    def test_compiled_mode_umbrella_reaching_the_backend_is_named(self):
+        kernels = {"backend/kernels.hpp": '#include <xsimd/xsimd.hpp>\n'}
+        # Through the definitions only: compiled mode leaves them out.
+        self.assertEqual(check_layers.check(tree({
+            **kernels,
+            "ops/add.hpp": '#include "xgrad/core/tensor.hpp"\n#include "xgrad/ops/add-inl.hpp"\n',
+            "ops/add-inl.hpp": '#include "xgrad/ops/add.hpp"\n#include "xgrad/backend/kernels.hpp"\n'})), [])
+        problems = check_layers.check(tree({**kernels, "ops/add.hpp": '#include "xgrad/backend/kernels.hpp"\n'}))
+        self.assertIn("xgrad/core.hpp: pulls in xgrad/backend/kernels.hpp in compiled mode; only definitions "
+                      "(-inl.hpp) may", problems)
+        self.assertIn("xgrad/core.hpp: pulls in <xsimd/xsimd.hpp> in compiled mode; only definitions (-inl.hpp) may",
                       problems)
 
     def test_unknown_folder_and_missing_header_are_named(self):

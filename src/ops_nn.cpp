@@ -1,7 +1,8 @@
 // xgrad::compiled: the neural-network ops and matmul (include/xgrad/ops/nn.hpp, linalg.hpp).
 #define XGRAD_INSTANTIATE_NN
 #define XGRAD_INSTANTIATE_LINALG
-#include "xgrad/core.hpp"
+#include "xgrad/ops/linalg-inl.hpp"
+#include "xgrad/ops/nn-inl.hpp"
 
 namespace xgrad {
 XGRAD_NN_INSTANCES(template)

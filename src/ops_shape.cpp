@@ -7,7 +7,13 @@
 #define XGRAD_INSTANTIATE_DEVICE
 #define XGRAD_INSTANTIATE_PRINT
 #define XGRAD_INSTANTIATE_RANDOM
-#include "xgrad/core.hpp"
+#include "xgrad/core/factory.hpp"
+#include "xgrad/ops/device-inl.hpp"
+#include "xgrad/ops/inplace-inl.hpp"
+#include "xgrad/ops/manipulation-inl.hpp"
+#include "xgrad/ops/print-inl.hpp"
+#include "xgrad/ops/random-inl.hpp"
+#include "xgrad/ops/reduce-inl.hpp"
 
 namespace xgrad {
 XGRAD_FACTORY_INSTANCES(template)

@@ -16,6 +16,7 @@
 #include "test_support.hpp"
 #if defined(XGRAD_WITH_THRUST)
 #include "xgrad/backend/thrust/fused.hpp"
+#include "xgrad/ops/elementwise-inl.hpp"  // op::Fusible and the op structs
 #endif
 
 namespace xg = xgrad;

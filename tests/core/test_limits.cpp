@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include <xgrad/backend/cpu/thread_pool.hpp>
 #include <xgrad/xgrad.hpp>
 
 #include "test_support.hpp"

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <limits>
 
+#include <xgrad/ops/random-inl.hpp>  // detail::mix64, random_uniform's generator: the reference
+
 namespace xgrad::testing {
 
 namespace {

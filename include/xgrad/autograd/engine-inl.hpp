@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "xgrad/autograd/engine.hpp"
+#include "xgrad/ir/tracer.hpp"
+#include "xgrad/ops/elementwise.hpp"
 #include "xgrad/ops/reduce.hpp"
 
 namespace xgrad::autograd {

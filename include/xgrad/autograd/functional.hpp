@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "xgrad/autograd/engine.hpp"
-#include "xgrad/ops/dispatch.hpp"
+#include "xgrad/ops/record.hpp"
 
 namespace xgrad {
 

@@ -1,4 +1,4 @@
-// The math op bodies call (ops/elementwise.hpp), for xsimd batches and scalars alike: xsimd on
+// The math op bodies call (ops/elementwise-inl.hpp), for xsimd batches and scalars alike: xsimd on
 // the host, as the CPU backend has always run them, and CUDA's math in device code, where xsimd
 // cannot run (the Thrust backend built by nvcc). The numerical semantics these functions fix
 // (NaN propagation, integer wrap-around and division by zero, saturating casts) are described

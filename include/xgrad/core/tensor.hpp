@@ -197,7 +197,7 @@ template <Element T> class Tensor : public TensorBase {
     return impl.autograd ? impl.autograd->name : std::string();
   }
 
-  // In-place updates (defined in ops/inplace.hpp). They bump the version counter, so a
+  // In-place updates (defined in ops/inplace-inl.hpp). They bump the version counter, so a
   // tensor saved for backward and then changed makes backward() throw.
   Tensor& assign(const Tensor& src, SourceLoc loc = SourceLoc::current());
   Tensor& operator+=(Located<Tensor> rhs);

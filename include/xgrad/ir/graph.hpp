@@ -25,7 +25,7 @@ using BlockKernel = void (*)(const void* const* in, const std::int64_t* stride, 
 /// between them stays in a register (backend/cpu/fused.hpp).
 struct MergedBlockKernels {
   /// How many ops the unary op may read the result of in registers (op::MergeFeeders), and
-  /// how many may read its result (op::MergeConsumers), both in ops/elementwise.hpp.
+  /// how many may read its result (op::MergeConsumers), both in ops/elementwise-inl.hpp.
   static constexpr std::size_t num_feeders = 4, num_consumers = 3;
   /// after[p]: Op(P(...)), reading P's operands, for P the p-th feeder.
   std::array<BlockKernel, num_feeders> after{};

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "xgrad/jit/control_flow.hpp"
+#include "xgrad/ops/record.hpp"
 
 namespace xgrad::tracing::detail {
 

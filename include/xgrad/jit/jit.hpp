@@ -15,6 +15,7 @@
 #include "xgrad/core/config.hpp"
 #include "xgrad/jit/function.hpp"
 #include "xgrad/jit/tree.hpp"
+#include "xgrad/ops/record.hpp"
 #include "xgrad/passes/pipeline.hpp"
 
 namespace xgrad {

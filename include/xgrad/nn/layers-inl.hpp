@@ -9,6 +9,7 @@
 #include "xgrad/ops/inplace.hpp"
 #include "xgrad/ops/linalg.hpp"
 #include "xgrad/ops/random.hpp"
+#include "xgrad/ops/record.hpp"
 #include "xgrad/ops/reduce.hpp"
 
 namespace xgrad::nn {

@@ -4,6 +4,7 @@
 
 #include "xgrad/nn/loss.hpp"
 #include "xgrad/ops/elementwise.hpp"
+#include "xgrad/ops/record.hpp"
 #include "xgrad/ops/reduce.hpp"
 
 namespace xgrad::nn {

@@ -1,5 +1,7 @@
 // The one path every op call takes: shape rule, kernel, and (when asked) a tape record.
-// Elementwise ops only describe themselves (ops/elementwise.hpp); these drivers run them.
+// Elementwise ops only describe themselves (ops/elementwise-inl.hpp); these drivers run them.
+// They reach the backend (backend/map.hpp): only the ops' definitions (ops/*-inl.hpp) include
+// this header. What needs no backend (OpScope, the tape records) is in ops/record.hpp.
 #pragma once
 
 #include <algorithm>
@@ -21,6 +23,7 @@
 #include "xgrad/core/tape.hpp"
 #include "xgrad/core/tensor.hpp"
 #include "xgrad/ir/tracer.hpp"
+#include "xgrad/ops/record.hpp"
 
 namespace xgrad {
 
@@ -30,33 +33,6 @@ template <std::size_t N> using Needs = std::array<bool, N>;
 }  // namespace op
 
 namespace detail {
-
-/// Scope guard at the top of an op that checks shapes: when tracing and the op throws, it
-/// tells the tracer which op failed on which inputs, for the failure report.
-class OpScope {
- public:
-  OpScope(std::string_view op, SourceLoc loc, std::initializer_list<std::reference_wrapper<const TensorBase>> inputs) {
-    if (auto* tracer = tracing::Tracer::active()) [[unlikely]] {
-      m_tracer = tracer;
-      m_op = op;
-      m_loc = loc;
-      m_inputs.assign(inputs.begin(), inputs.end());
-      m_exceptions = std::uncaught_exceptions();
-    }
-  }
-  ~OpScope() {
-    if (m_tracer && std::uncaught_exceptions() > m_exceptions) m_tracer->note_failure(m_op, m_loc, std::move(m_inputs));
-  }
-  OpScope(const OpScope&) = delete;
-  OpScope& operator=(const OpScope&) = delete;
-
- private:
-  tracing::Tracer* m_tracer = nullptr;
-  std::string_view m_op;
-  SourceLoc m_loc;
-  std::vector<TensorBase> m_inputs;
-  int m_exceptions = 0;
-};
 
 /// The tensor a kernel writes its result into: `dest` when the graph executor planned a
 /// buffer for it (of the result's dtype and shape), else a new one on `device`.
@@ -132,65 +108,12 @@ TensorBase primitive_with_epilogue(const P& def, SourceLoc loc, std::initializer
   return out;
 }
 
-/// "x: Float32[3, 32], y: Float32[4]": what every shape error lists.
-inline std::string describe_inputs(std::initializer_list<std::pair<std::string_view, const TensorBase*>> inputs) {
-  std::string out;
-  for (auto& [label, t] : inputs) {
-    if (!out.empty()) out += ", ";
-    out += detail::concat(label, ": ", dtype_name(t->dtype()), t->shape());
-  }
-  return out;
-}
-
-/// True when an op on these inputs must be recorded for autodiff.
-template <class... Ts> bool should_record(const Ts&... inputs) {
-  return is_grad_enabled() && (inputs.impl()->requires_grad() || ...);
-}
-
-using TensorRefs = std::initializer_list<std::reference_wrapper<const TensorBase>>;
-
-/// Links `out` to the inputs in [first, last) on the tape. `saved` are the tensors the rule
-/// reads (their versions are checked at backward); `reads_output` keeps out's buffer for it.
-template <class It> void record_range(const TensorBase& out, std::string_view op, SourceLoc loc, It first, It last,
-                                      TensorRefs saved, bool reads_output,
-                                      std::function<autograd::Grads(const TensorBase&, const TensorBase&)> rule) {
-  auto node = std::make_shared<autograd::Node>();
-  node->op = op;
-  node->loc = loc;
-  node->inputs.reserve(static_cast<std::size_t>(std::distance(first, last)));
-  for (; first != last; ++first) {
-    const TensorBase& in = *first;
-    node->inputs.push_back({in.impl()->requires_grad() ? in.impl()->autograd : nullptr, in.shape()});
-  }
-  node->saved.reserve(saved.size());
-  for (const TensorBase& s : saved)
-    if (s.defined()) node->saved.push_back(autograd::Node::Saved::of(s));
-  if (reads_output) {
-    node->out_storage = out.impl()->storage;
-    node->out_value = out.impl()->value;
-    node->out_version = out.version();
-  }
-  node->out_shape = out.shape();
-  node->out_dtype = out.dtype();
-  node->rule = std::move(rule);
-  auto meta = std::make_shared<AutogradMeta>();
-  meta->requires_grad = true;
-  meta->grad_fn = std::move(node);
-  out.impl()->autograd = std::move(meta);
-}
-
-/// record_range over a braced list of inputs: the common case.
-inline void record(const TensorBase& out, std::string_view op, SourceLoc loc, TensorRefs inputs, TensorRefs saved,
-                   bool reads_output, std::function<autograd::Grads(const TensorBase&, const TensorBase&)> rule) {
-  record_range(out, op, loc, inputs.begin(), inputs.end(), saved, reads_output, std::move(rule));
-}
-
 /// True when Op is in op::Fusible, the ops a fused group runs on Device::thrust (defined with
-/// that list, in ops/elementwise.hpp).
+/// that list, in ops/elementwise-inl.hpp).
 template <class Op> consteval bool is_fusible();
 
-/// Runs primitive `def`, a definition with a kernel of its own (ops/nn.hpp, ops/reduce.hpp,
-/// ops/manipulation.hpp, ops/linalg.hpp, ops/random.hpp), on typed inputs whose shapes the
+/// Runs primitive `def`, a definition with a kernel of its own (ops/nn-inl.hpp, ops/reduce-inl.hpp,
+/// ops/manipulation-inl.hpp, ops/linalg-inl.hpp, ops/random-inl.hpp), on typed inputs whose shapes the
 /// caller has checked. Def provides:
 ///   Shape output_shape() const;                                (or of the inputs' shapes)
 ///   void run(Device, const Tensor<In>&... inputs, Tensor<R>& out) const;
@@ -327,7 +250,7 @@ template <class Op> OpTraits with_block(BlockKernel block, const MergedBlockKern
   return traits;
 }
 
-/// Unary op Op's merged block kernels at T, or null without a batch body (ops/elementwise.hpp,
+/// Unary op Op's merged block kernels at T, or null without a batch body (ops/elementwise-inl.hpp,
 /// where the ops it merges with are).
 template <class Op, class T> const MergedBlockKernels* merged_block_kernels();
 

@@ -1,431 +1,91 @@
-// Every elementwise op, each defined once: name, traits, one `apply` body for scalars and
-// xsimd batches (and later Thrust functors), and its gradient rule written with xgrad ops.
+// The elementwise ops users call: unary (neg, exp, tanh, ...), binary with NumPy broadcasting
+// (add, mul, comparisons, ...), where, fma and clip. Declarations only: each op is defined once,
+// its struct (name, traits, one `apply` body for scalars, xsimd batches and Thrust functors, and
+// its gradient rule) beside its function's definition, in ops/elementwise-inl.hpp.
 #pragma once
 
-#include <array>
-#include <cmath>
-#include <tuple>
+#include <cstdint>
 #include <type_traits>
-#include <utility>
 
-#include <xsimd/xsimd.hpp>
-
-#include "xgrad/backend/math.hpp"
-#include "xgrad/core/factory.hpp"
-#include "xgrad/ops/dispatch.hpp"
+#include "xgrad/core/dtype.hpp"
+#include "xgrad/core/source_loc.hpp"
+#include "xgrad/core/tensor.hpp"
 
 namespace xgrad {
 
 namespace detail {
-template <class V> inline constexpr bool is_batch = xsimd::is_batch<V>::value;
+/// The element type of a binary op's result on T inputs, the lists' result column below (each
+/// op's struct says the same, as its `result<T>`; the definitions check that they agree).
+template <class T> using same_result = T;
+template <class T> using bool_result = bool;
 }  // namespace detail
 
-// Elementwise op definitions. A unary op has apply(x) and grad(x, y, g) -> dx; a binary op
-// has apply(a, b), result<T> and grad(a, b, y, g) -> {da, db} at the broadcast shape (the
-// engine sums a gradient back to its input's shape). reads_inputs / reads_output say which
-// tensors grad() uses, so the tape keeps nothing else alive.
-namespace op {
+// The ops as lists, which drive the declarations here, the definitions (ops/elementwise-inl.hpp)
+// and the instances below: fn, Op (its struct, op::Op), the concept of the types it takes, and
+// for a binary op the element type of its result.
+#define XGRAD_UNARY_FUNCTIONS(M, ...)                                                         \
+  M(neg, Neg, Numeric, __VA_ARGS__)                                                           \
+  M(exp, Exp, FloatingPoint, __VA_ARGS__)                                                     \
+  M(log, Log, FloatingPoint, __VA_ARGS__)                                                     \
+  M(sqrt, Sqrt, FloatingPoint, __VA_ARGS__)                                                   \
+  M(rsqrt, Rsqrt, FloatingPoint, __VA_ARGS__) M(tanh, Tanh, FloatingPoint, __VA_ARGS__)       \
+      M(sigmoid, Sigmoid, FloatingPoint, __VA_ARGS__) M(relu, Relu, Numeric, __VA_ARGS__)     \
+          M(sign, Sign, Numeric, __VA_ARGS__) M(abs, Abs, Numeric, __VA_ARGS__)               \
+              M(square, Square, Numeric, __VA_ARGS__) M(sin, Sin, FloatingPoint, __VA_ARGS__) \
+                  M(cos, Cos, FloatingPoint, __VA_ARGS__)
+#define XGRAD_BINARY_FUNCTIONS(M, ...)                                                                          \
+  M(add, Add, Numeric, same_result, __VA_ARGS__)                                                                \
+  M(sub, Sub, Numeric, same_result, __VA_ARGS__)                                                                \
+  M(mul, Mul, Numeric, same_result, __VA_ARGS__)                                                                \
+  M(div, Div, Numeric, same_result, __VA_ARGS__)                                                                \
+  M(pow, Pow, Numeric, same_result, __VA_ARGS__) M(maximum, Maximum, Numeric, same_result, __VA_ARGS__)         \
+      M(minimum, Minimum, Numeric, same_result, __VA_ARGS__) M(equal, Equal, Element, bool_result, __VA_ARGS__) \
+          M(less, Less, Numeric, bool_result, __VA_ARGS__) M(greater, Greater, Numeric, bool_result, __VA_ARGS__)
 
-struct UnaryDefaults {
-  static constexpr OpTraits traits{.elementwise = true};
-  static constexpr bool reads_inputs = true;
-  static constexpr bool reads_output = false;
-};
-
-struct Neg : UnaryDefaults {
-  static constexpr std::string_view name = "Neg";
-  static constexpr OpTraits traits{.elementwise = true, .linear = true};
-  static constexpr bool reads_inputs = false;
-  template <class V> XGRAD_HD static V apply(const V& x) { return math::neg(x); }  // -INT_MIN wraps
-  template <class T> static Tensor<T> grad(const Tensor<T>&, const Tensor<T>&, const Tensor<T>& g) { return -g; }
-};
-
-struct Exp : UnaryDefaults {
-  static constexpr std::string_view name = "Exp";
-  static constexpr bool reads_inputs = false;
-  static constexpr bool reads_output = true;
-  template <class V> XGRAD_HD static V apply(const V& x) { return math::exp(x); }
-  template <class T> static Tensor<T> grad(const Tensor<T>&, const Tensor<T>& y, const Tensor<T>& g) { return g * y; }
-};
-
-struct Log : UnaryDefaults {
-  static constexpr std::string_view name = "Log";
-  template <class V> XGRAD_HD static V apply(const V& x) { return math::log(x); }
-  template <class T> static Tensor<T> grad(const Tensor<T>& x, const Tensor<T>&, const Tensor<T>& g) { return g / x; }
-};
-
-struct Sqrt : UnaryDefaults {
-  static constexpr std::string_view name = "Sqrt";
-  static constexpr bool reads_inputs = false;
-  static constexpr bool reads_output = true;
-  template <class V> XGRAD_HD static V apply(const V& x) { return math::sqrt(x); }
-  template <class T> static Tensor<T> grad(const Tensor<T>&, const Tensor<T>& y, const Tensor<T>& g) {
-    return g * T(0.5) / y;
-  }
-};
-
-struct Rsqrt : UnaryDefaults {
-  static constexpr std::string_view name = "Rsqrt";
-  static constexpr bool reads_inputs = false;
-  static constexpr bool reads_output = true;
-  // 1 / sqrt rather than xsimd::rsqrt, whose hardware estimate has only ~12 bits.
-  template <class V> XGRAD_HD static V apply(const V& x) { return V(1) / math::sqrt(x); }
-  template <class T> static Tensor<T> grad(const Tensor<T>&, const Tensor<T>& y, const Tensor<T>& g) {
-    return g * T(-0.5) * y * y * y;
-  }
-};
-
-struct Tanh : UnaryDefaults {
-  static constexpr std::string_view name = "Tanh";
-  static constexpr bool reads_inputs = false;
-  static constexpr bool reads_output = true;
-  template <class V> XGRAD_HD static V apply(const V& x) { return math::tanh(x); }
-  template <class T> static Tensor<T> grad(const Tensor<T>&, const Tensor<T>& y, const Tensor<T>& g) {
-    return g * (T(1) - y * y);
-  }
-};
-
-struct Sigmoid : UnaryDefaults {
-  static constexpr std::string_view name = "Sigmoid";
-  static constexpr bool reads_inputs = false;
-  static constexpr bool reads_output = true;
-  template <class V> XGRAD_HD static V apply(const V& x) { return V(1) / (V(1) + math::exp(-x)); }
-  template <class T> static Tensor<T> grad(const Tensor<T>&, const Tensor<T>& y, const Tensor<T>& g) {
-    return g * y * (T(1) - y);
-  }
-};
-
-struct Relu : UnaryDefaults {
-  static constexpr std::string_view name = "ReLU";
-  // The gradient reads the output (y > 0 exactly where x > 0): the input can die at once, and a
-  // compiled graph can fuse the ReLU into the producer of x (a GEMM's or conv's epilogue).
-  static constexpr bool reads_inputs = false;
-  static constexpr bool reads_output = true;
-  // relu(NaN) is NaN (math::max propagates it), relu(-0) is +0.
-  template <class V> XGRAD_HD static V apply(const V& x) { return math::max(x, V(0)); }
-  template <class T> static Tensor<T> grad(const Tensor<T>&, const Tensor<T>& y, const Tensor<T>& g) {
-    return where(y > T(0), g, T(0));  // 0 where y is NaN, as PyTorch's
-  }
-};
-
-struct Sign : UnaryDefaults {
-  static constexpr std::string_view name = "Sign";
-  static constexpr bool reads_inputs = false;
-  // sign(NaN) is NaN, sign(±0) is +0. (xsimd::isnan: xsimd's batch != is false for NaN.)
-  template <class V> XGRAD_HD static V apply(const V& x) {
-    if constexpr (detail::is_batch<V>)
-      return xsimd::select(x > V(0), V(1), xsimd::select(x < V(0), V(-1), xsimd::select(xsimd::isnan(x), x, V(0))));
-    else if constexpr (std::is_floating_point_v<V>)
-      return x != x ? x : static_cast<V>((x > V(0)) - (x < V(0)));
-    else
-      return static_cast<V>((x > V(0)) - (x < V(0)));
-  }
-  template <class T> static Tensor<T> grad(const Tensor<T>&, const Tensor<T>&, const Tensor<T>& g) {
-    return zeros_like(g);
-  }
-};
-
-struct Abs : UnaryDefaults {
-  static constexpr std::string_view name = "Abs";
-  template <class V> XGRAD_HD static V apply(const V& x) { return math::abs(x); }
-  template <class T> static Tensor<T> grad(const Tensor<T>& x, const Tensor<T>&, const Tensor<T>& g) {
-    return g * sign(x);
-  }
-};
-
-struct Square : UnaryDefaults {
-  static constexpr std::string_view name = "Square";
-  template <class V> XGRAD_HD static V apply(const V& x) { return math::mul(x, x); }
-  template <class T> static Tensor<T> grad(const Tensor<T>& x, const Tensor<T>&, const Tensor<T>& g) {
-    return g * T(2) * x;
-  }
-};
-
-struct Sin : UnaryDefaults {
-  static constexpr std::string_view name = "Sin";
-  template <class V> XGRAD_HD static V apply(const V& x) { return math::sin(x); }
-  template <class T> static Tensor<T> grad(const Tensor<T>& x, const Tensor<T>&, const Tensor<T>& g) {
-    return g * cos(x);
-  }
-};
-
-struct Cos : UnaryDefaults {
-  static constexpr std::string_view name = "Cos";
-  template <class V> XGRAD_HD static V apply(const V& x) { return math::cos(x); }
-  template <class T> static Tensor<T> grad(const Tensor<T>& x, const Tensor<T>&, const Tensor<T>& g) {
-    return -(g * sin(x));
-  }
-};
-
-struct BinaryDefaults {
-  static constexpr OpTraits traits{.elementwise = true};
-  static constexpr bool reads_inputs = true;
-  static constexpr bool reads_output = false;
-  template <class T> using result = T;
-};
-
-struct Add : BinaryDefaults {
-  static constexpr std::string_view name = "Add";
-  static constexpr OpTraits traits{.elementwise = true, .commutative = true, .linear = true};
-  static constexpr bool reads_inputs = false;
-  template <class V> XGRAD_HD static V apply(const V& a, const V& b) { return math::add(a, b); }
-  template <class T> static auto grad(const Tensor<T>&, const Tensor<T>&, const Tensor<T>&, const Tensor<T>& g) {
-    return std::pair{g, g};
-  }
-};
-
-struct Sub : BinaryDefaults {
-  static constexpr std::string_view name = "Sub";
-  static constexpr OpTraits traits{.elementwise = true, .linear = true};
-  static constexpr bool reads_inputs = false;
-  template <class V> XGRAD_HD static V apply(const V& a, const V& b) { return math::sub(a, b); }
-  template <class T> static auto grad(const Tensor<T>&, const Tensor<T>&, const Tensor<T>&, const Tensor<T>& g) {
-    return std::pair{g, -g};
-  }
-};
-
-struct Mul : BinaryDefaults {
-  static constexpr std::string_view name = "Mul";
-  static constexpr OpTraits traits{.elementwise = true, .commutative = true};
-  template <class V> XGRAD_HD static V apply(const V& a, const V& b) { return math::mul(a, b); }
-  template <class T> static auto grad(const Tensor<T>& a, const Tensor<T>& b, const Tensor<T>&, const Tensor<T>& g) {
-    return std::pair{g * b, g * a};
-  }
-};
-
-struct Div : BinaryDefaults {
-  static constexpr std::string_view name = "Div";
-  static constexpr bool reads_output = true;
-  // Integers: x / 0 = 0 and INT_MIN / -1 = INT_MIN, never a trap (math::div).
-  template <class V> XGRAD_HD static V apply(const V& a, const V& b) { return math::div(a, b); }
-  template <class T> static auto grad(const Tensor<T>&, const Tensor<T>& b, const Tensor<T>& y, const Tensor<T>& g) {
-    auto ga = g / b;
-    return std::pair{ga, -(ga * y)};
-  }
-};
-
-struct Pow : BinaryDefaults {
-  static constexpr std::string_view name = "Pow";
-  static constexpr bool reads_output = true;
-  template <class V> XGRAD_HD static V apply(const V& a, const V& b) {
-    if constexpr (std::is_integral_v<V>)
-      return math::ipow(a, b);  // wraps on overflow; std::pow's double cast back was undefined
-    else
-      return math::pow(a, b);  // C's special cases: pow(0, -0.5) = inf, pow(NaN, 0) = 1
-  }
-  // d/da at a = 0 is b * pow(0, b - 1): inf for 0 < b < 1, as sqrt's gradient there. d/db is
-  // y * log(a), taken as 0 where y is 0 (a = 0, b > 0), not 0 * -inf = NaN, as PyTorch does.
-  template <class T> static auto grad(const Tensor<T>& a, const Tensor<T>& b, const Tensor<T>& y, const Tensor<T>& g) {
-    return std::pair{g * b * pow(a, b - T(1)), where(equal(y, T(0)), T(0), g * y * log(a))};
-  }
-};
-
-struct Maximum : BinaryDefaults {
-  static constexpr std::string_view name = "Maximum";
-  static constexpr OpTraits traits{.elementwise = true, .commutative = true};
-  // NaN when either is NaN (math::max).
-  template <class V> XGRAD_HD static V apply(const V& a, const V& b) { return math::max(a, b); }
-  // Ties split the gradient evenly, so the rule is symmetric in a and b; a NaN output takes its
-  // gradient from the NaN operand (a when both are), the one the value came from.
-  template <class T> static auto grad(const Tensor<T>& a, const Tensor<T>& b, const Tensor<T>&, const Tensor<T>& g) {
-    // Scalars, not full tensors: under jit they are small constants of the graph.
-    auto one = scalar_like(g, T(1));
-    auto share = where(equal(a, a), where(greater(a, b), one, where(equal(a, b), scalar_like(g, T(0.5)), T(0))), one);
-    return std::pair{g * share, g - g * share};
-  }
-};
-
-struct Minimum : BinaryDefaults {
-  static constexpr std::string_view name = "Minimum";
-  static constexpr OpTraits traits{.elementwise = true, .commutative = true};
-  // NaN when either is NaN (math::min).
-  template <class V> XGRAD_HD static V apply(const V& a, const V& b) { return math::min(a, b); }
-  // As Maximum's: ties split evenly, a NaN output's gradient goes to the NaN operand.
-  template <class T> static auto grad(const Tensor<T>& a, const Tensor<T>& b, const Tensor<T>&, const Tensor<T>& g) {
-    // Scalars, not full tensors: under jit they are small constants of the graph.
-    auto one = scalar_like(g, T(1));
-    auto share = where(equal(a, a), where(less(a, b), one, where(equal(a, b), scalar_like(g, T(0.5)), T(0))), one);
-    return std::pair{g * share, g - g * share};
-  }
-};
-
-struct ComparisonDefaults : BinaryDefaults {
-  template <class T> using result = bool;
-};
-struct Equal : ComparisonDefaults {
-  static constexpr std::string_view name = "Equal";
-  static constexpr OpTraits traits{.elementwise = true, .commutative = true};
-  template <class V> XGRAD_HD static bool apply(const V& a, const V& b) { return a == b; }
-};
-struct Less : ComparisonDefaults {
-  static constexpr std::string_view name = "Less";
-  template <class V> XGRAD_HD static bool apply(const V& a, const V& b) { return a < b; }
-};
-struct Greater : ComparisonDefaults {
-  static constexpr std::string_view name = "Greater";
-  template <class V> XGRAD_HD static bool apply(const V& a, const V& b) { return a > b; }
-};
-
-struct Where {
-  static constexpr std::string_view name = "Select";
-  static constexpr OpTraits traits{.elementwise = true};
-  static constexpr std::array<std::string_view, 3> inputs{"cond", "x", "y"};
-  static constexpr std::array<bool, 3> saved{true, false, false};
-  // c is a bool, or a mask when a and b are batches.
-  template <class M, class V> XGRAD_HD static V apply(const M& c, const V& a, const V& b) {
-    if constexpr (detail::is_batch<V>)
-      return xsimd::select(c, a, b);
-    else
-      return c ? a : b;
-  }
-  template <class T>
-  static autograd::Grads grad(const Tensor<bool>& c, const Tensor<T>&, const Tensor<T>&, const Tensor<T>& g) {
-    return {TensorBase(), where(c, g, T(0)), where(c, T(0), g)};
-  }
-};
-
-/// a * b + c rounded once, on batches and on scalars alike, so both agree bit for bit
-/// (math::fma).
-struct Fma {
-  static constexpr std::string_view name = "Fma";
-  static constexpr OpTraits traits{.elementwise = true};
-  static constexpr std::array<std::string_view, 3> inputs{"a", "b", "c"};
-  static constexpr std::array<bool, 3> saved{true, true, false};
-  template <class V> XGRAD_HD static V apply(const V& a, const V& b, const V& c) { return math::fma(a, b, c); }
-  template <class T>
-  static autograd::Grads grad(const Tensor<T>& a, const Tensor<T>& b, const Tensor<T>&, const Tensor<T>& g) {
-    return {g * b, g * a, g};
-  }
-};
-
-/// The ops a fused group may hold, numbered by their place here on Device::thrust, where one
-/// functor runs a whole group (backend/thrust/fused.hpp).
-using Fusible = std::tuple<Neg, Exp, Log, Sqrt, Rsqrt, Tanh, Sigmoid, Relu, Sign, Abs, Square, Sin, Cos, Add, Sub, Mul,
-                           Div, Pow, Maximum, Minimum, Equal, Less, Greater, Where, Fma>;
-
-/// The cheap ops a unary op's kernel may be merged with in a fused group (MergedBlockKernels):
-/// those whose result it may read in registers, and those that may read its result.
-using MergeFeeders = std::tuple<Add, Sub, Mul, Fma>;
-using MergeConsumers = std::tuple<Add, Mul, Fma>;
-static_assert(std::tuple_size_v<MergeFeeders> == MergedBlockKernels::num_feeders &&
-              std::tuple_size_v<MergeConsumers> == MergedBlockKernels::num_consumers);
-
-}  // namespace op
-
-namespace detail {
-/// Op's place in op::Fusible (the functor's op number on Device::thrust), or -1.
-template <class Op> consteval int fusible_index() {
-  return []<class... Ops>(std::tuple<Ops...>*) {
-    int i = 0, found = -1;
-    (void)((std::is_same_v<Op, Ops> ? (found = i, true) : (++i, false)) || ...);
-    return found;
-  }(static_cast<op::Fusible*>(nullptr));
-}
-template <class Op> consteval bool is_fusible() { return fusible_index<Op>() >= 0; }
-}  // namespace detail
-
-namespace detail {
-
-template <class Op, class T> const MergedBlockKernels* merged_block_kernels() {
-  using Merged = MergedBlockKernels;
-  static_assert(std::is_same_v<op::MergeConsumers, std::tuple<op::Add, op::Mul, op::Fma>>, "the table's rows below");
-  if constexpr (cpu::detail::SimdBody<Op, T>) {
-    using cpu::unary_after_block, cpu::unary_into_block;
-    static constexpr Merged table{
-        .after = []<class... P>(std::tuple<P...>*) { return std::array{&unary_after_block<Op, P, T>...}; }(
-                     static_cast<op::MergeFeeders*>(nullptr)),
-        .into = {{{&unary_into_block<Op, op::Add, 0, T>, &unary_into_block<Op, op::Add, 1, T>, nullptr},
-                  {&unary_into_block<Op, op::Mul, 0, T>, &unary_into_block<Op, op::Mul, 1, T>, nullptr},
-                  {&unary_into_block<Op, op::Fma, 0, T>, &unary_into_block<Op, op::Fma, 1, T>,
-                   &unary_into_block<Op, op::Fma, 2, T>}}}};
-    return &table;
-  } else {
-    return nullptr;
-  }
-}
-
-}  // namespace detail
-
-// ---- Free functions users call --------------------------------------------------------
-
-// The ops below as lists: fn, Op, the concept of the types it takes.
-#define XGRAD_UNARY_FUNCTIONS(M, ...)                                                               \
-  M(neg, Neg, Numeric, __VA_ARGS__)                                                                 \
-  M(exp, Exp, FloatingPoint, __VA_ARGS__) M(log, Log, FloatingPoint, __VA_ARGS__)                   \
-      M(sqrt, Sqrt, FloatingPoint, __VA_ARGS__) M(rsqrt, Rsqrt, FloatingPoint, __VA_ARGS__)         \
-          M(tanh, Tanh, FloatingPoint, __VA_ARGS__) M(sigmoid, Sigmoid, FloatingPoint, __VA_ARGS__) \
-              M(relu, Relu, Numeric, __VA_ARGS__) M(sign, Sign, Numeric, __VA_ARGS__)               \
-                  M(abs, Abs, Numeric, __VA_ARGS__) M(square, Square, Numeric, __VA_ARGS__)         \
-                      M(sin, Sin, FloatingPoint, __VA_ARGS__) M(cos, Cos, FloatingPoint, __VA_ARGS__)
-#define XGRAD_BINARY_FUNCTIONS(M, ...)                                                                  \
-  M(add, Add, Numeric, __VA_ARGS__)                                                                     \
-  M(sub, Sub, Numeric, __VA_ARGS__) M(mul, Mul, Numeric, __VA_ARGS__) M(div, Div, Numeric, __VA_ARGS__) \
-      M(pow, Pow, Numeric, __VA_ARGS__) M(maximum, Maximum, Numeric, __VA_ARGS__)                       \
-          M(minimum, Minimum, Numeric, __VA_ARGS__) M(equal, Equal, Element, __VA_ARGS__)               \
-              M(less, Less, Numeric, __VA_ARGS__) M(greater, Greater, Numeric, __VA_ARGS__)
-
-#define XGRAD_UNARY_FUNCTION(fn, Op, Constraint, ...)                                              \
-  /** Elementwise Op (see op::Op). */                                                              \
-  template <Constraint T> Tensor<T> fn(const Tensor<T>& x, SourceLoc loc = SourceLoc::current()) { \
-    return detail::unary<op::Op>(x, loc);                                                          \
-  }
-XGRAD_UNARY_FUNCTIONS(XGRAD_UNARY_FUNCTION, )
-#undef XGRAD_UNARY_FUNCTION
+#define XGRAD_UNARY_DECLARATION(fn, Op, Constraint, ...)       \
+  /** Elementwise Op (see op::Op, ops/elementwise-inl.hpp). */ \
+  template <Constraint T> Tensor<T> fn(const Tensor<T>& x, SourceLoc loc = SourceLoc::current());
+XGRAD_UNARY_FUNCTIONS(XGRAD_UNARY_DECLARATION, )
+#undef XGRAD_UNARY_DECLARATION
 
 // Binary ops take two tensors, or a tensor and a plain T scalar on either side.
-#define XGRAD_BINARY_FUNCTION(fn, Op, Constraint, ...)                                                                \
-  /** Elementwise Op with NumPy broadcasting (see op::Op). */                                                         \
-  template <Constraint T>                                                                                             \
-  Tensor<op::Op::result<T>> fn(const Tensor<T>& a, const Tensor<T>& b, SourceLoc loc = SourceLoc::current()) {        \
-    return detail::binary<op::Op>(a, b, loc);                                                                         \
-  }                                                                                                                   \
-  template <Constraint T>                                                                                             \
-  Tensor<op::Op::result<T>> fn(const Tensor<T>& a, std::type_identity_t<T> b, SourceLoc loc = SourceLoc::current()) { \
-    return detail::binary<op::Op>(a, scalar_like(a, b), loc);                                                         \
-  }                                                                                                                   \
-  template <Constraint T>                                                                                             \
-  Tensor<op::Op::result<T>> fn(std::type_identity_t<T> a, const Tensor<T>& b, SourceLoc loc = SourceLoc::current()) { \
-    return detail::binary<op::Op>(scalar_like(b, a), b, loc);                                                         \
-  }
-XGRAD_BINARY_FUNCTIONS(XGRAD_BINARY_FUNCTION, )
-#undef XGRAD_BINARY_FUNCTION
+#define XGRAD_BINARY_DECLARATION(fn, Op, Constraint, Result, ...)                                                    \
+  /** Elementwise Op with NumPy broadcasting (see op::Op, ops/elementwise-inl.hpp). */                               \
+  template <Constraint T>                                                                                            \
+  Tensor<detail::Result<T>> fn(const Tensor<T>& a, const Tensor<T>& b, SourceLoc loc = SourceLoc::current());        \
+  template <Constraint T>                                                                                            \
+  Tensor<detail::Result<T>> fn(const Tensor<T>& a, std::type_identity_t<T> b, SourceLoc loc = SourceLoc::current()); \
+  template <Constraint T>                                                                                            \
+  Tensor<detail::Result<T>> fn(std::type_identity_t<T> a, const Tensor<T>& b, SourceLoc loc = SourceLoc::current());
+XGRAD_BINARY_FUNCTIONS(XGRAD_BINARY_DECLARATION, )
+#undef XGRAD_BINARY_DECLARATION
 
 /// Picks a where cond is true, else b, with broadcasting over all three.
-template <Element T> Tensor<T> where(const Tensor<bool>& cond, const Tensor<T>& a, const Tensor<T>& b,
-                                     SourceLoc loc = SourceLoc::current()) {
-  return detail::ternary<op::Where>(cond, a, b, loc);
-}
+template <Element T>
+Tensor<T> where(const Tensor<bool>& cond, const Tensor<T>& a, const Tensor<T>& b, SourceLoc loc = SourceLoc::current());
+template <Element T> Tensor<T> where(const Tensor<bool>& cond, const Tensor<T>& a, std::type_identity_t<T> b,
+                                     SourceLoc loc = SourceLoc::current());
+template <Element T> Tensor<T> where(const Tensor<bool>& cond, std::type_identity_t<T> a, const Tensor<T>& b,
+                                     SourceLoc loc = SourceLoc::current());
+
 /// a * b + c with one rounding (a fused multiply-add), broadcasting over all three. Outside
 /// strict mode the jit's simplify pass turns a multiply that only feeds an add into this.
 template <FloatingPoint T>
-Tensor<T> fma(const Tensor<T>& a, const Tensor<T>& b, const Tensor<T>& c, SourceLoc loc = SourceLoc::current()) {
-  return detail::ternary<op::Fma>(a, b, c, loc);
-}
-
-template <Element T> Tensor<T> where(const Tensor<bool>& cond, const Tensor<T>& a, std::type_identity_t<T> b,
-                                     SourceLoc loc = SourceLoc::current()) {
-  return where(cond, a, scalar_like(a, b), loc);
-}
-template <Element T> Tensor<T> where(const Tensor<bool>& cond, std::type_identity_t<T> a, const Tensor<T>& b,
-                                     SourceLoc loc = SourceLoc::current()) {
-  return where(cond, scalar_like(b, a), b, loc);
-}
+Tensor<T> fma(const Tensor<T>& a, const Tensor<T>& b, const Tensor<T>& c, SourceLoc loc = SourceLoc::current());
 
 /// Limits x to [lo, hi] (a composite: the gradient passes where x is inside); clip(NaN) is NaN.
 template <Numeric T> Tensor<T> clip(const Tensor<T>& x, std::type_identity_t<T> lo, std::type_identity_t<T> hi,
-                                    SourceLoc loc = SourceLoc::current()) {
-  if (lo > hi) throw_value_error("Clip", loc, "lo (", lo, ") must not exceed hi (", hi, ")");
-  return minimum(maximum(x, lo, loc), hi, loc);
-}
+                                    SourceLoc loc = SourceLoc::current());
 
 // The instances xgrad::compiled holds (core/config.hpp).
 #define XGRAD_UNARY_INSTANCE(T, X, fn) X Tensor<T> fn<T>(const Tensor<T>&, SourceLoc);
 #define XGRAD_UNARY_INSTANCES(fn, Op, Constraint, X) XGRAD_FOR_EACH_##Constraint(XGRAD_UNARY_INSTANCE, X, fn)
-#define XGRAD_BINARY_INSTANCE(T, X, fn, Op)                                         \
-  X Tensor<op::Op::result<T>> fn<T>(const Tensor<T>&, const Tensor<T>&, SourceLoc); \
-  X Tensor<op::Op::result<T>> fn<T>(const Tensor<T>&, T, SourceLoc);                \
-  X Tensor<op::Op::result<T>> fn<T>(T, const Tensor<T>&, SourceLoc);
-#define XGRAD_BINARY_INSTANCES(fn, Op, Constraint, X) XGRAD_FOR_EACH_##Constraint(XGRAD_BINARY_INSTANCE, X, fn, Op)
+#define XGRAD_BINARY_INSTANCE(T, X, fn, Result)                                     \
+  X Tensor<detail::Result<T>> fn<T>(const Tensor<T>&, const Tensor<T>&, SourceLoc); \
+  X Tensor<detail::Result<T>> fn<T>(const Tensor<T>&, T, SourceLoc);                \
+  X Tensor<detail::Result<T>> fn<T>(T, const Tensor<T>&, SourceLoc);
+#define XGRAD_BINARY_INSTANCES(fn, Op, Constraint, Result, X) \
+  XGRAD_FOR_EACH_##Constraint(XGRAD_BINARY_INSTANCE, X, fn, Result)
 #define XGRAD_WHERE_INSTANCE(T, X)                                                          \
   X Tensor<T> where<T>(const Tensor<bool>&, const Tensor<T>&, const Tensor<T>&, SourceLoc); \
   X Tensor<T> where<T>(const Tensor<bool>&, const Tensor<T>&, T, SourceLoc);                \
@@ -442,3 +102,7 @@ XGRAD_ELEMENTWISE_INSTANCES(extern template)
 #endif
 
 }  // namespace xgrad
+
+#if !defined(XGRAD_COMPILED)
+#include "xgrad/ops/elementwise-inl.hpp"
+#endif

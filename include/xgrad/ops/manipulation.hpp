@@ -1,387 +1,61 @@
-// Shape and data-movement ops: reshape (a view), transpose, broadcast_to, sum_to, slice,
-// concat, stack, expand_dims, squeeze, flatten, cast.
+// Shape and data-movement ops: reshape (a view), transpose, broadcast_to, slice, concat, stack,
+// expand_dims, squeeze, flatten, cast (sum_to, broadcast_to's adjoint, is in ops/reduce.hpp).
+// Declarations only: the ops' structs and the functions' definitions are in
+// ops/manipulation-inl.hpp.
 #pragma once
 
-#include <algorithm>
-#include <numeric>
+#include <cstdint>
 #include <vector>
 
-#include "xgrad/backend/cpu/copy.hpp"
-#include "xgrad/backend/kernels.hpp"
-#include "xgrad/core/factory.hpp"
-#include "xgrad/ops/dispatch.hpp"
+#include "xgrad/core/dtype.hpp"
+#include "xgrad/core/shape.hpp"
+#include "xgrad/core/source_loc.hpp"
+#include "xgrad/core/tensor.hpp"
 
 namespace xgrad {
 
+/// A view of x with a new shape of the same size; one -1 is inferred.
 template <Element T>
 Tensor<T> reshape(const Tensor<T>& x, const std::vector<std::int64_t>& dims, SourceLoc loc = SourceLoc::current());
-template <Element T>
-Tensor<T> transpose(const Tensor<T>& x, std::vector<std::int64_t> perm = {}, SourceLoc loc = SourceLoc::current());
-template <Element T> Tensor<T> slice(const Tensor<T>& x, const std::vector<std::int64_t>& begin,
-                                     const std::vector<std::int64_t>& size, SourceLoc loc = SourceLoc::current());
-template <Numeric T> Tensor<T> slice_backward(const Tensor<T>& g, const Shape& in_shape,
-                                              const std::vector<std::int64_t>& begin,
-                                              SourceLoc loc = SourceLoc::current());
-template <Element T>
-Tensor<T> broadcast_to(const Tensor<T>& x, const Shape& shape, SourceLoc loc = SourceLoc::current());
-template <Numeric T> Tensor<T> sum_to(const Tensor<T>& x, const Shape& shape, SourceLoc loc = SourceLoc::current());
-template <Element U, Element T> Tensor<U> cast(const Tensor<T>& x, SourceLoc loc = SourceLoc::current());
-
-namespace op {
-
-/// A view of the input's buffer with another shape: no kernel, so reshape() makes the view
-/// through primitive() and records the gradient with record_gradient (detail::apply would
-/// allocate an output).
-struct Reshape {
-  static constexpr std::string_view name = "Reshape";
-  Shape shape;
-  Shape from;  // the input's shape, which the gradient takes back
-  std::vector<ir::Attr> attrs() const { return {{"shape", shape.str()}}; }
-  bool operator==(const Reshape&) const = default;
-  static constexpr Needs<1> differentiable{true}, saved{false};
-  template <class T> autograd::Grads grad(const Tensor<T>& g, Needs<1>, SourceLoc loc, const Tensor<T>&) const {
-    return {reshape(g, from.to_vector(), loc)};
-  }
-};
-
-struct Transpose {
-  static constexpr std::string_view name = "Transpose";
-  std::vector<std::int64_t> perm;
-  std::vector<ir::Attr> attrs() const { return {{"perm", Shape(perm).str()}}; }
-  bool operator==(const Transpose&) const = default;
-  Shape output_shape(const Shape& x) const {
-    Shape out;
-    for (auto p : perm) out.push_back(x[p]);
-    return out;
-  }
-  template <class T> void run(Device d, const Tensor<T>& x, Tensor<T>& out) const {
-    const auto strides = x.shape().strides();
-    cpu::Strides src{};
-    for (std::size_t i = 0; i < perm.size(); ++i) src[i] = strides[perm[i]];
-    kernels::strided_copy(d, out.shape(), x.data(), src, out.data(), out.shape().strides());
-  }
-  static constexpr Needs<1> differentiable{true}, saved{false};
-  template <class T> autograd::Grads grad(const Tensor<T>& g, Needs<1>, SourceLoc loc, const Tensor<T>&) const {
-    std::vector<std::int64_t> inverse(perm.size());
-    for (std::size_t i = 0; i < perm.size(); ++i) inverse[perm[i]] = static_cast<std::int64_t>(i);
-    return {transpose(g, inverse, loc)};
-  }
-};
-
-/// The input repeated along broadcast axes (NumPy rules).
-struct BroadcastTo {
-  static constexpr std::string_view name = "BroadcastTo";
-  Shape shape;
-  Shape from;  // the input's shape, which the gradient sums back to
-  std::vector<ir::Attr> attrs() const { return {{"shape", shape.str()}}; }
-  bool operator==(const BroadcastTo&) const = default;
-  Shape output_shape() const { return shape; }
-  template <class T> static OpTraits traits() { return {.block = cpu::copy_block<T>}; }  // fusion gathers per block
-  template <class T> void run(Device d, const Tensor<T>& x, Tensor<T>& out) const {
-    kernels::strided_copy(d, shape, x.data(), cpu::broadcast_strides(from, shape), out.data(), shape.strides());
-  }
-  static constexpr Needs<1> differentiable{true}, saved{false};
-  template <class T> autograd::Grads grad(const Tensor<T>& g, Needs<1>, SourceLoc loc, const Tensor<T>&) const {
-    return {sum_to(g, from, loc)};
-  }
-};
-
-/// The block of the input at `begin` of extent `size` (-1: to the end of the axis).
-struct Slice {
-  static constexpr std::string_view name = "Slice";
-  std::vector<std::int64_t> begin, size;
-  Shape from;  // the input's shape
-  std::vector<ir::Attr> attrs() const { return {{"begin", Shape(begin).str()}, {"size", Shape(size).str()}}; }
-  bool operator==(const Slice&) const = default;
-  Shape output_shape() const {
-    Shape out;
-    for (std::size_t i = 0; i < begin.size(); ++i) out.push_back(size[i] == -1 ? from[i] - begin[i] : size[i]);
-    return out;
-  }
-  template <class T> void run(Device d, const Tensor<T>& x, Tensor<T>& out) const {
-    const auto strides = from.strides();
-    std::int64_t offset = 0;
-    for (std::size_t i = 0; i < begin.size(); ++i) offset += begin[i] * strides[i];
-    kernels::strided_copy(d, out.shape(), x.data() + offset, strides, out.data(), out.shape().strides());
-  }
-  static constexpr Needs<1> differentiable{true}, saved{false};
-  template <class T> autograd::Grads grad(const Tensor<T>& g, Needs<1>, SourceLoc loc, const Tensor<T>&) const {
-    return {slice_backward(g, from, begin, loc)};
-  }
-};
-/// Slice's adjoint: zeros of the input's shape with the gradient written at `begin`.
-struct SliceGrad {
-  static constexpr std::string_view name = "SliceGrad";
-  std::vector<std::int64_t> begin;
-  Shape shape;  // the sliced input's shape, this op's output
-  Shape block;  // the gradient's shape, the slice's extent
-  std::vector<ir::Attr> attrs() const { return {{"begin", Shape(begin).str()}}; }
-  bool operator==(const SliceGrad&) const = default;
-  Shape output_shape() const { return shape; }
-  template <class T> void run(Device d, const Tensor<T>& g, Tensor<T>& out) const {
-    const auto strides = shape.strides();
-    std::int64_t offset = 0;
-    for (std::size_t i = 0; i < begin.size(); ++i) offset += begin[i] * strides[i];
-    kernels::fill(d, out.data(), out.numel(), T(0));
-    kernels::strided_copy(d, g.shape(), g.data(), g.shape().strides(), out.data() + offset, strides);
-  }
-  static constexpr Needs<1> differentiable{true}, saved{false};
-  template <class T> autograd::Grads grad(const Tensor<T>& u, Needs<1>, SourceLoc loc, const Tensor<T>&) const {
-    return {slice(u, begin, block.to_vector(), loc)};
-  }
-};
-
-/// The inputs joined along `axis` (the one primitive with any number of inputs: concat() runs
-/// it through primitive() and records its gradient itself).
-struct Concat {
-  static constexpr std::string_view name = "Concat";
-  int axis = 0;
-  std::vector<ir::Attr> attrs() const { return {{"axis", std::to_string(axis)}}; }
-  bool operator==(const Concat&) const = default;
-  template <class T> void run(Device d, std::span<const TensorBase> parts, Tensor<T>& out) const {
-    const auto strides = out.shape().strides();
-    std::int64_t at = 0;
-    for (const auto& part : parts) {
-      Tensor<T> x(part);
-      kernels::strided_copy(d, x.shape(), x.data(), x.shape().strides(), out.data() + at * strides[axis], strides);
-      at += x.shape()[axis];
-    }
-  }
-  /// The gradient's block for each input, of the shapes `parts`.
-  template <class T> autograd::Grads grad(const Tensor<T>& g, SourceLoc loc, const std::vector<Shape>& parts) const {
-    autograd::Grads grads;
-    std::vector<std::int64_t> begin(g.ndim(), 0);
-    for (const auto& s : parts) {
-      grads.push_back(slice(g, begin, s.to_vector(), loc));
-      begin[axis] += s[axis];
-    }
-    return grads;
-  }
-};
-
-struct Cast {
-  static constexpr std::string_view name = "Cast";
-  DType to = DType::float32;
-  std::vector<ir::Attr> attrs() const { return {{"to", std::string(dtype_short_name(to))}}; }
-  bool operator==(const Cast&) const = default;
-  Shape output_shape(const Shape& x) const { return x; }
-  template <class T, class U> void run(Device d, const Tensor<T>& x, Tensor<U>& out) const {
-    kernels::cast(d, x.data(), out.data(), out.numel());
-  }
-  static constexpr Needs<1> differentiable{true}, saved{false};
-  template <class U, class T>
-  autograd::Grads grad(const Tensor<U>& g, Needs<1>, SourceLoc loc, const Tensor<T>&) const {
-    return {cast<T>(g, loc)};
-  }
-};
-
-}  // namespace op
-
-/// A view of x with a new shape of the same size; one -1 is inferred.
-template <Element T> Tensor<T> reshape(const Tensor<T>& x, const std::vector<std::int64_t>& dims, SourceLoc loc) {
-  detail::OpScope scope(op::Reshape::name, loc, {x});
-  Shape shape;
-  int inferred = -1;
-  std::int64_t known = 1;
-  for (std::size_t i = 0; i < dims.size(); ++i) {
-    if (dims[i] == -1) {
-      if (inferred >= 0) throw_shape_error(op::Reshape::name, loc, "only one -1 is allowed in ", Shape(dims));
-      inferred = static_cast<int>(i);
-    } else if (dims[i] < 0) {
-      throw_shape_error(op::Reshape::name, loc, "size ", dims[i], " in ", Shape(dims), " must be non-negative or -1");
-    } else {
-      known = detail::checked_mul(op::Reshape::name, loc, "the product of the given sizes", known, dims[i]);
-    }
-    shape.push_back(dims[i]);
-  }
-  if (inferred >= 0) {
-    if (known == 0 || x.numel() % known != 0)
-      throw_shape_error(op::Reshape::name, loc, "cannot reshape input ", dtype_name(x.dtype()), x.shape(), " into ",
-                        Shape(dims));
-    shape[inferred] = x.numel() / known;
-  }
-  if (shape.numel() != x.numel())
-    throw_shape_error(op::Reshape::name, loc, "cannot reshape input ", dtype_name(x.dtype()), x.shape(), " (",
-                      x.numel(), " elements) into ", shape, " (", shape.numel(), " elements)");
-  const op::Reshape def{shape, x.shape()};
-  Tensor<T> out(detail::primitive(
-      def, loc, {x}, x.dtype(), shape,
-      [shape](std::span<const TensorBase> in, const TensorBase& dest) {
-        // The graph executor may hand over a view it made in advance over the input's buffer.
-        if (dest.defined() && dest.impl()->storage == in[0].impl()->storage) return dest;
-        return TensorBase(std::make_shared<TensorImpl>(shape, in[0].dtype(), in[0].impl()->storage));
-      },
-      OpTraits{.view = true}));
-  if constexpr (FloatingPoint<T>) detail::record_gradient(def, out, loc, x);
-  return out;
-}
 
 /// Permutes the axes (reverses them when perm is empty). Materializes the result.
-template <Element T> Tensor<T> transpose(const Tensor<T>& x, std::vector<std::int64_t> perm, SourceLoc loc) {
-  detail::OpScope scope(op::Transpose::name, loc, {x});
-  const int rank = x.ndim();
-  if (perm.empty()) {
-    perm.resize(rank);
-    std::iota(perm.rbegin(), perm.rend(), 0);
-  }
-  if (static_cast<int>(perm.size()) != rank)
-    throw_shape_error(op::Transpose::name, loc, "perm ", Shape(perm), " has ", perm.size(), " axes, input ",
-                      dtype_name(x.dtype()), x.shape(), " has ", rank);
-  std::vector<bool> seen(rank, false);
-  for (auto& p : perm) {
-    p = normalize_axis(p, rank, op::Transpose::name, loc);
-    if (seen[p]) throw_shape_error(op::Transpose::name, loc, "perm ", Shape(perm), " repeats axis ", p);
-    seen[p] = true;
-  }
-  return detail::apply<T>(op::Transpose{perm}, loc, x);
-}
+template <Element T>
+Tensor<T> transpose(const Tensor<T>& x, std::vector<std::int64_t> perm = {}, SourceLoc loc = SourceLoc::current());
 
 /// x repeated along broadcast axes to take `shape` (NumPy rules). Materializes the result.
-template <Element T> Tensor<T> broadcast_to(const Tensor<T>& x, const Shape& shape, SourceLoc loc) {
-  detail::OpScope scope(op::BroadcastTo::name, loc, {x});
-  Shape check;
-  if (!try_broadcast(x.shape(), shape, check) || !(check == shape))
-    throw_shape_error(op::BroadcastTo::name, loc, "input ", dtype_name(x.dtype()), x.shape(),
-                      " cannot be broadcast to ", shape);
-  if (x.shape() == shape) return x;
-  return detail::apply<T>(op::BroadcastTo{shape, x.shape()}, loc, x);
-}
+template <Element T>
+Tensor<T> broadcast_to(const Tensor<T>& x, const Shape& shape, SourceLoc loc = SourceLoc::current());
 
 /// Inserts a size-1 axis at `axis` (a view).
-template <Element T>
-Tensor<T> expand_dims(const Tensor<T>& x, std::int64_t axis, SourceLoc loc = SourceLoc::current()) {
-  detail::OpScope scope("ExpandDims", loc, {x});
-  int a = normalize_axis(axis, x.ndim() + 1, "ExpandDims", loc);
-  auto dims = x.shape().to_vector();
-  dims.insert(dims.begin() + a, 1);
-  return reshape(x, dims, loc);
-}
+template <Element T> Tensor<T> expand_dims(const Tensor<T>& x, std::int64_t axis, SourceLoc loc = SourceLoc::current());
 
 /// Removes the given size-1 axes, or every size-1 axis when none are given (a view).
-template <Element T> Tensor<T> squeeze(const Tensor<T>& x, const std::vector<std::int64_t>& axes = {},
-                                       SourceLoc loc = SourceLoc::current()) {
-  detail::OpScope scope("Squeeze", loc, {x});
-  std::vector<bool> drop(x.ndim(), axes.empty());
-  for (auto axis : axes) {
-    int a = normalize_axis(axis, x.ndim(), "Squeeze", loc);
-    if (x.shape()[a] != 1)
-      throw_shape_error("Squeeze", loc, "axis ", axis, " of input ", dtype_name(x.dtype()), x.shape(), " has size ",
-                        x.shape()[a], ", not 1");
-    drop[a] = true;
-  }
-  std::vector<std::int64_t> dims;
-  for (int i = 0; i < x.ndim(); ++i)
-    if (!(drop[i] && x.shape()[i] == 1)) dims.push_back(x.shape()[i]);
-  return reshape(x, dims, loc);
-}
+template <Element T>
+Tensor<T> squeeze(const Tensor<T>& x, const std::vector<std::int64_t>& axes = {}, SourceLoc loc = SourceLoc::current());
 
 /// Keeps the first axis and flattens the rest: [N, ...] -> [N, -1] (MindSpore's Flatten).
-template <Element T> Tensor<T> flatten(const Tensor<T>& x, SourceLoc loc = SourceLoc::current()) {
-  detail::OpScope scope("Flatten", loc, {x});
-  if (x.ndim() == 0) throw_shape_error("Flatten", loc, "input must have at least one axis, got a scalar");
-  return reshape(x, {x.shape()[0], x.ndim() == 1 ? 1 : -1}, loc);
-}
+template <Element T> Tensor<T> flatten(const Tensor<T>& x, SourceLoc loc = SourceLoc::current());
 
 /// The block of x starting at `begin` with extent `size` per axis (MindSpore's Slice);
 /// a size of -1 runs to the end of that axis.
 template <Element T> Tensor<T> slice(const Tensor<T>& x, const std::vector<std::int64_t>& begin,
-                                     const std::vector<std::int64_t>& size, SourceLoc loc) {
-  detail::OpScope scope(op::Slice::name, loc, {x});
-  const int rank = x.ndim();
-  if (static_cast<int>(begin.size()) != rank || static_cast<int>(size.size()) != rank)
-    throw_shape_error(op::Slice::name, loc, "begin ", Shape(begin), " and size ", Shape(size),
-                      " need one entry per axis of input ", dtype_name(x.dtype()), x.shape());
-  for (int i = 0; i < rank; ++i) {
-    const std::int64_t extent = x.shape()[i];
-    // begin first, so that neither extent - begin nor begin + n can overflow.
-    const bool begin_fits = begin[i] >= 0 && begin[i] <= extent;
-    const std::int64_t n = !begin_fits ? -1 : size[i] == -1 ? extent - begin[i] : size[i];
-    if (!begin_fits || n < 0 || n > extent - begin[i])
-      throw_shape_error(op::Slice::name, loc, "begin ", Shape(begin), " with size ", Shape(size), " leaves input ",
-                        dtype_name(x.dtype()), x.shape(), " at axis ", i);
-  }
-  return detail::apply<T>(op::Slice{begin, size, x.shape()}, loc, x);
-}
+                                     const std::vector<std::int64_t>& size, SourceLoc loc = SourceLoc::current());
 
 /// Zeros of `in_shape` with g written at `begin`: the adjoint of slice.
 template <Numeric T> Tensor<T> slice_backward(const Tensor<T>& g, const Shape& in_shape,
-                                              const std::vector<std::int64_t>& begin, SourceLoc loc) {
-  detail::OpScope scope(op::SliceGrad::name, loc, {g});
-  const int rank = in_shape.ndim();
-  bool fits = g.ndim() == rank && static_cast<int>(begin.size()) == rank;
-  for (int i = 0; fits && i < rank; ++i)
-    fits = begin[i] >= 0 && begin[i] <= in_shape[i] && g.shape()[i] <= in_shape[i] - begin[i];
-  if (!fits)
-    throw_shape_error(op::SliceGrad::name, loc, "the gradient ", dtype_name(g.dtype()), g.shape(), " at begin ",
-                      Shape(begin), " must lie inside the input shape ", in_shape, " (one begin per axis)");
-  detail::checked_numel(op::SliceGrad::name, loc, in_shape);  // before its strides are computed
-  return detail::apply<T>(op::SliceGrad{begin, in_shape, g.shape()}, loc, g);
-}
+                                              const std::vector<std::int64_t>& begin,
+                                              SourceLoc loc = SourceLoc::current());
 
 /// Joins tensors along an existing axis; all other extents must agree.
 template <Element T>
-Tensor<T> concat(const std::vector<Tensor<T>>& xs, std::int64_t axis = 0, SourceLoc loc = SourceLoc::current()) {
-  if (xs.empty()) throw_shape_error(op::Concat::name, loc, "needs at least one input");
-  detail::OpScope scope(op::Concat::name, loc, {xs[0]});
-  const Shape& first = xs[0].shape();
-  int a = normalize_axis(axis, first.ndim(), op::Concat::name, loc);
-  Shape shape = first;
-  shape[a] = 0;
-  for (std::size_t k = 0; k < xs.size(); ++k) {
-    const Shape& s = xs[k].shape();
-    bool fits = s.ndim() == first.ndim();
-    for (int i = 0; fits && i < s.ndim(); ++i) fits = i == a || s[i] == first[i];
-    if (!fits) {
-      std::string all;
-      for (std::size_t j = 0; j < xs.size(); ++j) all += detail::concat(j ? ", " : "", "x", j, ": ", xs[j].shape());
-      throw_shape_error(op::Concat::name, loc, "input ", k, " has shape ", s,
-                        ", which does not match input 0 outside axis ", a, " (inputs ", all, ")");
-    }
-    shape[a] = detail::checked_add(op::Concat::name, loc, "the concatenated extent", shape[a], s[a]);
-  }
-  const op::Concat def{a};
-  std::vector<TensorBase> inputs(xs.begin(), xs.end());
-  Tensor<T> out(detail::primitive(def, loc, inputs, dtype_of<T>(), shape,
-                                  [def, shape](std::span<const TensorBase> in, const TensorBase& dest) {
-                                    const Device device = detail::device_of(in);
-                                    auto out = detail::output<T>(dest, shape, device);
-                                    def.run(device, in, out);
-                                    return TensorBase(out);
-                                  }));
-  if constexpr (FloatingPoint<T>) {
-    if (std::any_of(xs.begin(), xs.end(), [](const auto& x) { return detail::should_record(x); })) {
-      std::vector<Shape> parts;
-      for (const auto& x : xs) parts.push_back(x.shape());
-      std::vector<std::reference_wrapper<const TensorBase>> refs(xs.begin(), xs.end());
-      detail::record_range(
-          out, op::Concat::name, loc, refs.begin(), refs.end(), {}, false,
-          [def, parts, loc](const TensorBase&, const TensorBase& g) { return def.grad(Tensor<T>(g), loc, parts); });
-    }
-  }
-  return out;
-}
+Tensor<T> concat(const std::vector<Tensor<T>>& xs, std::int64_t axis = 0, SourceLoc loc = SourceLoc::current());
 
 /// Joins tensors of one shape along a new axis.
 template <Element T>
-Tensor<T> stack(const std::vector<Tensor<T>>& xs, std::int64_t axis = 0, SourceLoc loc = SourceLoc::current()) {
-  if (xs.empty()) throw_shape_error("Stack", loc, "needs at least one input");
-  detail::OpScope scope("Stack", loc, {xs[0]});
-  for (std::size_t k = 1; k < xs.size(); ++k)
-    if (!(xs[k].shape() == xs[0].shape()))
-      throw_shape_error("Stack", loc, "input ", k, " has shape ", xs[k].shape(), ", input 0 has ", xs[0].shape());
-  const int a = normalize_axis(axis, xs[0].ndim() + 1, "Stack", loc);  // checked here to name stack, not ExpandDims
-  std::vector<Tensor<T>> expanded;
-  for (const auto& x : xs) expanded.push_back(expand_dims(x, a, loc));
-  return concat(expanded, a, loc);
-}
+Tensor<T> stack(const std::vector<Tensor<T>>& xs, std::int64_t axis = 0, SourceLoc loc = SourceLoc::current());
 
 /// Converts element type; the gradient converts back.
-template <Element U, Element T> Tensor<U> cast(const Tensor<T>& x, SourceLoc loc) {
-  if constexpr (std::is_same_v<T, U>)
-    return x;
-  else
-    return detail::apply<U>(op::Cast{dtype_of<U>()}, loc, x);
-}
+template <Element U, Element T> Tensor<U> cast(const Tensor<T>& x, SourceLoc loc = SourceLoc::current());
 
 // The instances xgrad::compiled holds (core/config.hpp).
 #define XGRAD_MANIPULATION_ELEMENT_INSTANCE(T, X)                                                            \
@@ -410,3 +84,7 @@ XGRAD_MANIPULATION_INSTANCES(extern template)
 #endif
 
 }  // namespace xgrad
+
+#if !defined(XGRAD_COMPILED)
+#include "xgrad/ops/manipulation-inl.hpp"
+#endif

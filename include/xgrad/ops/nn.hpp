@@ -1,20 +1,13 @@
 // Neural-network ops: bias_add, conv2d, pooling, resize_bilinear, softmax, log_softmax,
-// one_hot and softmax_cross_entropy. Conv, pooling and resize are primitives whose
-// gradients are primitives too (each pair adjoint), so gradients of gradients work.
+// one_hot and softmax_cross_entropy. Declarations only, with the options their signatures
+// take: the ops' structs and the functions' definitions are in ops/nn-inl.hpp.
 #pragma once
 
-#include <algorithm>
 #include <cstdint>
-#include <limits>
 
-#include "xgrad/backend/cpu/conv.hpp"
-#include "xgrad/backend/cpu/pool.hpp"
-#include "xgrad/backend/cpu/resize.hpp"
-#include "xgrad/backend/cpu/softmax_xent.hpp"
-#include "xgrad/backend/kernels.hpp"
-#include "xgrad/ops/elementwise.hpp"
-#include "xgrad/ops/manipulation.hpp"
-#include "xgrad/ops/reduce.hpp"
+#include "xgrad/core/dtype.hpp"
+#include "xgrad/core/source_loc.hpp"
+#include "xgrad/core/tensor.hpp"
 
 namespace xgrad {
 
@@ -32,498 +25,53 @@ struct Conv2dOptions {
   PadMode pad_mode = PadMode::pad;
 };
 
-/// The geometry of a bilinear resize: input [n, c, h, w] to [n, c, out_h, out_w].
-struct ResizeGeometry {
-  std::int64_t n, c, h, w, out_h, out_w;
-  bool align_corners;
-  bool operator==(const ResizeGeometry&) const = default;
-};
-
-namespace detail {
-
-inline void check_labels(std::string_view op, const TensorBase& labels, std::int64_t classes, SourceLoc loc) {
-  std::vector<std::int32_t> host;  // device labels are read through a copy
-  if (labels.device() != Device::cpu) host = Tensor<std::int32_t>(labels).to_vector();
-  const std::int32_t* l = host.empty() ? Tensor<std::int32_t>(labels).data() : host.data();
-  if (std::int64_t i = cpu::first_bad_label(l, labels.numel(), classes); i >= 0)
-    throw_value_error(op, loc, "label ", l[i], " at index ", i, " is outside [0, ", classes, ")");
-}
-
-/// Element k of a one-hot tensor: 1 where its class is its row's label.
-template <class T> struct OneHotElement {
-  const std::int32_t* labels;
-  std::int64_t classes;
-  XGRAD_HD T operator()(std::int64_t k) const { return labels[k / classes] == k % classes ? T(1) : T(0); }
-};
-
-}  // namespace detail
-
-namespace op {
-
-/// The parameters of the convolution, pooling and resize primitives: their geometry, of which
-/// the IR prints what the input and output types do not already say.
-inline std::vector<ir::Attr> window_attrs(const cpu::Conv2dGeometry& g) {
-  return {{"stride", detail::concat("[", g.stride_h, ", ", g.stride_w, "]")},
-          {"pad", detail::concat("[", g.pad_top, ", ", g.pad_left, "]")},
-          {"dilation", detail::concat("[", g.dil_h, ", ", g.dil_w, "]")}};
-}
-inline std::vector<ir::Attr> window_attrs(const cpu::Pool2dGeometry& g) {
-  return {{"kernel", detail::concat("[", g.kh, ", ", g.kw, "]")},
-          {"stride", detail::concat("[", g.stride_h, ", ", g.stride_w, "]")},
-          {"pad", detail::concat("[", g.pad_top, ", ", g.pad_left, "]")}};
-}
-inline std::vector<ir::Attr> window_attrs(const ResizeGeometry& r) {
-  return {{"size", detail::concat("[", r.out_h, ", ", r.out_w, "]")},
-          {"align_corners", r.align_corners ? "true" : "false"}};
-}
-
-template <class Geometry> struct Windowed {
-  Geometry geometry;
-  std::vector<ir::Attr> attrs() const { return window_attrs(geometry); }
-  bool operator==(const Windowed&) const = default;
-};
-
-// Each primitive of the family: its output shape, its kernel (backend/kernels.hpp) and its
-// gradient rule (below the definitions: the rules run each other's primitives). Each gradient
-// is a primitive too, the pairs adjoint, so gradients of gradients work.
-
-struct Conv2D : Windowed<cpu::Conv2dGeometry> {
-  static constexpr std::string_view name = "Conv2D";
-  static constexpr bool epilogue = true;
-  static constexpr Needs<2> differentiable{true, true}, saved{true, true};
-  Shape output_shape() const { return {geometry.n, geometry.c_out, geometry.out_h, geometry.out_w}; }
-  template <class T>
-  void run(Device d, const Tensor<T>& x, const Tensor<T>& w, Tensor<T>& y, const ir::BlockDone* done) const {
-    kernels::conv2d_forward(d, geometry, x.data(), w.data(), y.data(), done);
-  }
-  template <class T>
-  autograd::Grads grad(const Tensor<T>& g, Needs<2> needs, SourceLoc loc, const Tensor<T>& x, const Tensor<T>& w) const;
-};
-/// Conv2D's gradient with respect to its input.
-struct Conv2DInputGrad : Windowed<cpu::Conv2dGeometry> {
-  static constexpr std::string_view name = "Conv2DInputGrad";
-  static constexpr Needs<2> differentiable{true, true}, saved{true, true};
-  Shape output_shape() const { return {geometry.n, geometry.c_in, geometry.h, geometry.w}; }
-  template <class T> void run(Device d, const Tensor<T>& gy, const Tensor<T>& w, Tensor<T>& gx) const {
-    kernels::conv2d_backward_input(d, geometry, gy.data(), w.data(), gx.data());
-  }
-  template <class T> autograd::Grads grad(const Tensor<T>& u, Needs<2> needs, SourceLoc loc, const Tensor<T>& gy,
-                                          const Tensor<T>& w) const;
-};
-/// Conv2D's gradient with respect to its weights.
-struct Conv2DWeightGrad : Windowed<cpu::Conv2dGeometry> {
-  static constexpr std::string_view name = "Conv2DWeightGrad";
-  static constexpr Needs<2> differentiable{true, true}, saved{true, true};
-  Shape output_shape() const { return {geometry.c_out, geometry.c_in, geometry.kh, geometry.kw}; }
-  template <class T> void run(Device d, const Tensor<T>& x, const Tensor<T>& gy, Tensor<T>& gw) const {
-    kernels::conv2d_backward_weight(d, geometry, x.data(), gy.data(), gw.data());
-  }
-  template <class T> autograd::Grads grad(const Tensor<T>& v, Needs<2> needs, SourceLoc loc, const Tensor<T>& x,
-                                          const Tensor<T>& gy) const;
-};
-
-/// The plane offset of each window's first maximum (int32, -1 for an empty window): the argmax
-/// max pooling's forward and backward share. An index: no gradient.
-struct MaxPoolArgmax : Windowed<cpu::Pool2dGeometry> {
-  static constexpr std::string_view name = "MaxPoolArgmax";
-  Shape output_shape() const { return {geometry.n, geometry.c, geometry.out_h, geometry.out_w}; }
-  template <class T> void run(Device d, const Tensor<T>& x, Tensor<std::int32_t>& idx) const {
-    kernels::max_pool2d_argmax(d, geometry, x.data(), idx.data());
-  }
-};
-/// out[o] = v at window o's argmax idx[o]: max pooling is MaxPoolTake(x, MaxPoolArgmax(x)).
-struct MaxPoolTake : Windowed<cpu::Pool2dGeometry> {
-  static constexpr std::string_view name = "MaxPoolTake";
-  static constexpr Needs<2> differentiable{true, false}, saved{false, true};
-  Shape output_shape() const { return {geometry.n, geometry.c, geometry.out_h, geometry.out_w}; }
-  template <class T> void run(Device d, const Tensor<T>& v, const Tensor<std::int32_t>& idx, Tensor<T>& out) const {
-    kernels::max_pool2d_take(d, geometry, idx.data(), v.data(), out.data());
-  }
-  template <class T> autograd::Grads grad(const Tensor<T>& u, Needs<2>, SourceLoc loc, const Tensor<T>&,
-                                          const Tensor<std::int32_t>& idx) const;
-};
-/// gx = each gy[o] added at its window's argmax idx[o], zeros elsewhere: max pooling's gradient
-/// with the argmax given, and MaxPoolTake's adjoint.
-struct MaxPoolPut : Windowed<cpu::Pool2dGeometry> {
-  static constexpr std::string_view name = "MaxPoolPut";
-  static constexpr Needs<2> differentiable{false, true}, saved{true, false};
-  Shape output_shape() const { return {geometry.n, geometry.c, geometry.h, geometry.w}; }
-  template <class T> void run(Device d, const Tensor<std::int32_t>& idx, const Tensor<T>& gy, Tensor<T>& gx) const {
-    kernels::max_pool2d_put(d, geometry, idx.data(), gy.data(), gx.data());
-  }
-  template <class T> autograd::Grads grad(const Tensor<T>& u, Needs<2>, SourceLoc loc, const Tensor<std::int32_t>& idx,
-                                          const Tensor<T>&) const;
-};
-
-/// Mean over each window (padding excluded from the count).
-struct AvgPool : Windowed<cpu::Pool2dGeometry> {
-  static constexpr std::string_view name = "AvgPool";
-  static constexpr Needs<1> differentiable{true}, saved{false};
-  Shape output_shape() const { return {geometry.n, geometry.c, geometry.out_h, geometry.out_w}; }
-  template <class T> void run(Device d, const Tensor<T>& x, Tensor<T>& y) const {
-    kernels::avg_pool2d_forward(d, geometry, x.data(), y.data());
-  }
-  template <class T> autograd::Grads grad(const Tensor<T>& g, Needs<1>, SourceLoc loc, const Tensor<T>&) const;
-};
-/// gy spread evenly over each window: AvgPool's gradient and adjoint.
-struct AvgPoolGrad : Windowed<cpu::Pool2dGeometry> {
-  static constexpr std::string_view name = "AvgPoolGrad";
-  static constexpr Needs<1> differentiable{true}, saved{false};
-  Shape output_shape() const { return {geometry.n, geometry.c, geometry.h, geometry.w}; }
-  template <class T> void run(Device d, const Tensor<T>& gy, Tensor<T>& gx) const {
-    kernels::avg_pool2d_backward(d, geometry, gy.data(), gx.data());
-  }
-  template <class T> autograd::Grads grad(const Tensor<T>& u, Needs<1>, SourceLoc loc, const Tensor<T>&) const;
-};
-
-struct ResizeBilinear : Windowed<ResizeGeometry> {
-  static constexpr std::string_view name = "ResizeBilinear";
-  static constexpr Needs<1> differentiable{true}, saved{false};
-  Shape output_shape() const { return {geometry.n, geometry.c, geometry.out_h, geometry.out_w}; }
-  template <class T> void run(Device d, const Tensor<T>& x, Tensor<T>& y) const {
-    const ResizeGeometry& r = geometry;
-    kernels::resize_bilinear_forward(d, r.n, r.c, r.h, r.w, r.out_h, r.out_w, r.align_corners, x.data(), y.data());
-  }
-  template <class T> autograd::Grads grad(const Tensor<T>& g, Needs<1>, SourceLoc loc, const Tensor<T>&) const;
-};
-/// ResizeBilinear's gradient and adjoint.
-struct ResizeBilinearGrad : Windowed<ResizeGeometry> {
-  static constexpr std::string_view name = "ResizeBilinearGrad";
-  static constexpr Needs<1> differentiable{true}, saved{false};
-  Shape output_shape() const { return {geometry.n, geometry.c, geometry.h, geometry.w}; }
-  template <class T> void run(Device d, const Tensor<T>& gy, Tensor<T>& gx) const {
-    const ResizeGeometry& r = geometry;
-    kernels::resize_bilinear_backward(d, r.n, r.c, r.h, r.w, r.out_h, r.out_w, r.align_corners, gy.data(), gx.data());
-  }
-  template <class T> autograd::Grads grad(const Tensor<T>& u, Needs<1>, SourceLoc loc, const Tensor<T>&) const;
-};
-
-// Each convolution gradient costs a convolution: only those an input needs are computed.
-template <class T> autograd::Grads Conv2D::grad(const Tensor<T>& g, Needs<2> needs, SourceLoc loc, const Tensor<T>& x,
-                                                const Tensor<T>& w) const {
-  return {needs[0] ? detail::apply<T>(Conv2DInputGrad{geometry}, loc, g, w) : Tensor<T>(),
-          needs[1] ? detail::apply<T>(Conv2DWeightGrad{geometry}, loc, x, g) : Tensor<T>()};
-}
-template <class T> autograd::Grads Conv2DInputGrad::grad(const Tensor<T>& u, Needs<2> needs, SourceLoc loc,
-                                                         const Tensor<T>& gy, const Tensor<T>& w) const {
-  return {needs[0] ? detail::apply<T>(Conv2D{geometry}, loc, u, w) : Tensor<T>(),
-          needs[1] ? detail::apply<T>(Conv2DWeightGrad{geometry}, loc, u, gy) : Tensor<T>()};
-}
-template <class T> autograd::Grads Conv2DWeightGrad::grad(const Tensor<T>& v, Needs<2> needs, SourceLoc loc,
-                                                          const Tensor<T>& x, const Tensor<T>& gy) const {
-  return {needs[0] ? detail::apply<T>(Conv2DInputGrad{geometry}, loc, gy, v) : Tensor<T>(),
-          needs[1] ? detail::apply<T>(Conv2D{geometry}, loc, x, v) : Tensor<T>()};
-}
-template <class T> autograd::Grads MaxPoolTake::grad(const Tensor<T>& u, Needs<2>, SourceLoc loc, const Tensor<T>&,
-                                                     const Tensor<std::int32_t>& idx) const {
-  return {detail::apply<T>(MaxPoolPut{geometry}, loc, idx, u), TensorBase()};
-}
-template <class T> autograd::Grads MaxPoolPut::grad(const Tensor<T>& u, Needs<2>, SourceLoc loc,
-                                                    const Tensor<std::int32_t>& idx, const Tensor<T>&) const {
-  return {TensorBase(), detail::apply<T>(MaxPoolTake{geometry}, loc, u, idx)};
-}
-template <class T> autograd::Grads AvgPool::grad(const Tensor<T>& g, Needs<1>, SourceLoc loc, const Tensor<T>&) const {
-  return {detail::apply<T>(AvgPoolGrad{geometry}, loc, g)};
-}
-template <class T>
-autograd::Grads AvgPoolGrad::grad(const Tensor<T>& u, Needs<1>, SourceLoc loc, const Tensor<T>&) const {
-  return {detail::apply<T>(AvgPool{geometry}, loc, u)};
-}
-template <class T>
-autograd::Grads ResizeBilinear::grad(const Tensor<T>& g, Needs<1>, SourceLoc loc, const Tensor<T>&) const {
-  return {detail::apply<T>(ResizeBilinearGrad{geometry}, loc, g)};
-}
-template <class T>
-autograd::Grads ResizeBilinearGrad::grad(const Tensor<T>& u, Needs<1>, SourceLoc loc, const Tensor<T>&) const {
-  return {detail::apply<T>(ResizeBilinear{geometry}, loc, u)};
-}
-
-/// [labels..., depth] with 1 at each label. Labels are checked when the op runs: under jit
-/// their values are known only then. An index: no gradient.
-struct OneHot {
-  static constexpr std::string_view name = "OneHot";
-  std::int64_t depth = 0;
-  std::int64_t count = 0;  // labels
-  std::vector<ir::Attr> attrs() const { return {{"depth", std::to_string(depth)}}; }
-  bool operator==(const OneHot&) const = default;
-  Shape output_shape(const Shape& labels) const {
-    Shape out = labels;
-    out.push_back(depth);
-    return out;
-  }
-  void check(std::span<const TensorBase> in, SourceLoc loc) const { detail::check_labels(name, in[0], depth, loc); }
-  template <class T> void run(Device d, const Tensor<std::int32_t>& labels, Tensor<T>& out) const {
-    kernels::tabulate(d, out.data(), count * depth, detail::OneHotElement<T>{labels.data(), depth});
-  }
-};
-
-/// Per-sample losses [rows] of logits [rows, classes] against int32 labels [rows]: one op, whose
-/// gradient is one op.
-struct SoftmaxCrossEntropy {
-  static constexpr std::string_view name = "SoftmaxCrossEntropy";
-  static constexpr Needs<2> differentiable{true, false}, saved{true, true};
-  std::int64_t rows = 0, classes = 0;
-  bool operator==(const SoftmaxCrossEntropy&) const = default;
-  Shape output_shape() const { return {rows}; }
-  void check(std::span<const TensorBase> in, SourceLoc loc) const {
-    detail::check_labels("SoftmaxCrossEntropyWithLogits", in[1], classes, loc);
-  }
-  template <class T>
-  void run(Device d, const Tensor<T>& logits, const Tensor<std::int32_t>& labels, Tensor<T>& loss) const {
-    kernels::softmax_xent_forward(d, logits.data(), labels.data(), rows, classes, loss.data());
-  }
-  template <class T> autograd::Grads grad(const Tensor<T>& g, Needs<2>, SourceLoc loc, const Tensor<T>& logits,
-                                          const Tensor<std::int32_t>& labels) const;
-};
-/// g[:, None] * (softmax(logits) - one_hot(labels)): SoftmaxCrossEntropy's gradient with respect
-/// to the logits.
-struct SoftmaxCrossEntropyGrad {
-  static constexpr std::string_view name = "SoftmaxCrossEntropyGrad";
-  static constexpr Needs<3> differentiable{true, false, true}, saved{true, true, true};
-  std::int64_t rows = 0, classes = 0;
-  bool operator==(const SoftmaxCrossEntropyGrad&) const = default;
-  Shape output_shape() const { return {rows, classes}; }
-  void check(std::span<const TensorBase> in, SourceLoc loc) const { detail::check_labels(name, in[1], classes, loc); }
-  template <class T> void run(Device d, const Tensor<T>& logits, const Tensor<std::int32_t>& labels, const Tensor<T>& g,
-                              Tensor<T>& grad) const {
-    kernels::softmax_xent_backward(d, logits.data(), labels.data(), g.data(), rows, classes, grad.data());
-  }
-  template <class T> autograd::Grads grad(const Tensor<T>& u, Needs<3>, SourceLoc loc, const Tensor<T>& logits,
-                                          const Tensor<std::int32_t>& labels, const Tensor<T>& g) const;
-};
-template <class T> autograd::Grads SoftmaxCrossEntropy::grad(const Tensor<T>& g, Needs<2>, SourceLoc loc,
-                                                             const Tensor<T>& logits,
-                                                             const Tensor<std::int32_t>& labels) const {
-  return {detail::apply<T>(SoftmaxCrossEntropyGrad{rows, classes}, loc, logits, labels, g), TensorBase()};
-}
-
-}  // namespace op
-
 /// Adds a bias of shape [C] along axis 1 of x (MindSpore's BiasAdd).
 template <FloatingPoint T>
-Tensor<T> bias_add(const Tensor<T>& x, const Tensor<T>& b, SourceLoc loc = SourceLoc::current()) {
-  detail::OpScope scope("BiasAdd", loc, {x, b});
-  if (x.ndim() < 2 || b.ndim() != 1 || b.shape()[0] != x.shape()[1])
-    throw_shape_error("BiasAdd", loc,
-                      "bias must have shape [C] where C is axis 1 of x, which needs at least 2 axes (inputs ",
-                      detail::describe_inputs({{"x", &x}, {"bias", &b}}), ")");
-  std::vector<std::int64_t> dims(x.ndim() - 1, 1);
-  dims[0] = b.shape()[0];
-  return add(x, reshape(b, dims, loc), loc);
-}
-
-namespace detail {
-
-/// Output extent and leading pad of one spatial axis.
-struct AxisWindow {
-  std::int64_t out = 0, pad_before = 0;
-};
-
-inline AxisWindow window_axis(std::string_view op, std::int64_t in, std::int64_t kernel, std::int64_t stride,
-                              std::int64_t dilation, std::int64_t padding, PadMode mode, SourceLoc loc) {
-  if (kernel < 1 || stride < 1 || dilation < 1 || padding < 0)
-    throw_value_error(op, loc, "kernel (", kernel, "), stride (", stride, ") and dilation (", dilation,
-                      ") must be positive and padding (", padding, ") non-negative");
-  const std::int64_t span = checked_add(op, loc, "the kernel's span",
-                                        checked_mul(op, loc, "dilation * (kernel - 1)", dilation, kernel - 1), 1);
-  AxisWindow w;
-  if (mode == PadMode::same) {
-    w.out = in / stride + (in % stride != 0);  // ceil(in / stride); (out - 1) * stride < in
-    w.pad_before =
-        std::max<std::int64_t>(checked_add(op, loc, "the padded extent", (w.out - 1) * stride, span) - in, 0) / 2;
-  } else {
-    std::int64_t pad = mode == PadMode::pad ? padding : 0;
-    const std::int64_t padded =
-        checked_add(op, loc, "the padded extent", in, checked_mul(op, loc, "2 * padding", 2, pad));
-    w.pad_before = pad;
-    w.out = padded >= span ? (padded - span) / stride + 1 : 0;
-  }
-  return w;
-}
-
-}  // namespace detail
+Tensor<T> bias_add(const Tensor<T>& x, const Tensor<T>& b, SourceLoc loc = SourceLoc::current());
 
 /// 2-D convolution of x [N, C_in, H, W] with w [C_out, C_in, KH, KW] (im2col + GEMM).
 template <FloatingPoint T> Tensor<T> conv2d(const Tensor<T>& x, const Tensor<T>& w, Conv2dOptions options = {},
-                                            SourceLoc loc = SourceLoc::current()) {
-  detail::OpScope scope(op::Conv2D::name, loc, {x, w});
-  if (x.ndim() != 4 || w.ndim() != 4 || x.shape()[1] != w.shape()[1])
-    throw_shape_error(op::Conv2D::name, loc,
-                      "x must be [N, C_in, H, W] and w [C_out, C_in, KH, KW] with the same C_in (inputs ",
-                      detail::describe_inputs({{"x", &x}, {"w", &w}}), ")");
-  const Shape &xs = x.shape(), &ws = w.shape();
-  auto rows = detail::window_axis(op::Conv2D::name, xs[2], ws[2], options.stride, options.dilation, options.padding,
-                                  options.pad_mode, loc);
-  auto cols = detail::window_axis(op::Conv2D::name, xs[3], ws[3], options.stride, options.dilation, options.padding,
-                                  options.pad_mode, loc);
-  if (rows.out <= 0 || cols.out <= 0)
-    throw_shape_error(op::Conv2D::name, loc, "the kernel (with dilation ", options.dilation,
-                      ") does not fit the padded input (inputs ", detail::describe_inputs({{"x", &x}, {"w", &w}}), ")");
-  detail::checked_work(op::Conv2D::name, loc, "its multiply-adds",
-                       {xs[0], ws[0], xs[1], ws[2], ws[3], rows.out, cols.out});
-  detail::checked_work(
-      op::Conv2D::name, loc, "the padded input",
-      {xs[0], xs[1], detail::checked_add(op::Conv2D::name, loc, "the padded rows", xs[2], 2 * rows.pad_before),
-       detail::checked_add(op::Conv2D::name, loc, "the padded columns", xs[3], 2 * cols.pad_before)});
-  cpu::Conv2dGeometry geo{xs[0],
-                          xs[1],
-                          xs[2],
-                          xs[3],
-                          ws[0],
-                          ws[2],
-                          ws[3],
-                          options.stride,
-                          options.stride,
-                          rows.pad_before,
-                          cols.pad_before,
-                          options.dilation,
-                          options.dilation,
-                          rows.out,
-                          cols.out};
-  return detail::apply<T>(op::Conv2D{geo}, loc, x, w);
-}
-
-namespace detail {
-
-inline cpu::Pool2dGeometry pool_geometry(std::string_view op, const TensorBase& x, std::int64_t kernel,
-                                         std::int64_t stride, PadMode mode, SourceLoc loc) {
-  if (x.ndim() != 4) throw_shape_error(op, loc, "x must be [N, C, H, W] (input ", describe_inputs({{"x", &x}}), ")");
-  const Shape& s = x.shape();
-  if (mode == PadMode::pad) throw_value_error(op, loc, "pad_mode must be valid or same");
-  auto rows = window_axis(op, s[2], kernel, stride, 1, 0, mode, loc);
-  auto cols = window_axis(op, s[3], kernel, stride, 1, 0, mode, loc);
-  if (rows.out <= 0 || cols.out <= 0)
-    throw_shape_error(op, loc, "kernel ", kernel, " does not fit input ", describe_inputs({{"x", &x}}));
-  checked_work(op, loc, "the window elements it visits", {s[0], s[1], rows.out, cols.out, kernel, kernel});
-  checked_work(op, loc, "the padded input",
-               {checked_add(op, loc, "the padded rows", s[2], 2 * rows.pad_before + 1),
-                checked_add(op, loc, "the padded columns", s[3], 2 * cols.pad_before + 1)});
-  return {s[0], s[1], s[2], s[3], kernel, kernel, stride, stride, rows.pad_before, cols.pad_before, rows.out, cols.out};
-}
-
-// Max pooling's three primitives, for passes and tests that build them directly.
-template <FloatingPoint T>
-Tensor<std::int32_t> max_pool_argmax(const Tensor<T>& x, const cpu::Pool2dGeometry& geo, SourceLoc loc) {
-  return apply<std::int32_t>(op::MaxPoolArgmax{geo}, loc, x);
-}
-template <FloatingPoint T> Tensor<T> max_pool_take(const Tensor<T>& v, const Tensor<std::int32_t>& idx,
-                                                   const cpu::Pool2dGeometry& geo, SourceLoc loc) {
-  return apply<T>(op::MaxPoolTake{geo}, loc, v, idx);
-}
-template <FloatingPoint T> Tensor<T> max_pool_put(const Tensor<std::int32_t>& idx, const Tensor<T>& gy,
-                                                  const cpu::Pool2dGeometry& geo, SourceLoc loc) {
-  return apply<T>(op::MaxPoolPut{geo}, loc, idx, gy);
-}
-
-}  // namespace detail
+                                            SourceLoc loc = SourceLoc::current());
 
 /// Max over kernel x kernel windows of x [N, C, H, W]; pad_mode valid (default) or same. A NaN
 /// in a window propagates; on ties the first maximum in row-major order is the one gradients
 /// reach. Runs as MaxPoolTake(x, MaxPoolArgmax(x)): the backward reuses the argmax.
 template <FloatingPoint T> Tensor<T> max_pool2d(const Tensor<T>& x, std::int64_t kernel, std::int64_t stride,
                                                 PadMode pad_mode = PadMode::valid,
-                                                SourceLoc loc = SourceLoc::current()) {
-  constexpr std::string_view name = "MaxPool";
-  detail::OpScope scope(name, loc, {x});
-  const auto geo = detail::pool_geometry(name, x, kernel, stride, pad_mode, loc);
-  if (geo.h * geo.w > std::numeric_limits<std::int32_t>::max())
-    throw_shape_error(name, loc, "a plane of ", geo.h * geo.w, " elements (input ", dtype_name(x.dtype()), x.shape(),
-                      ") is beyond the int32 window offsets max pooling keeps for its gradient (at most 2^31 - 1)");
-  return detail::max_pool_take(x, detail::max_pool_argmax(x, geo, loc), geo, loc);
-}
+                                                SourceLoc loc = SourceLoc::current());
 template <FloatingPoint T>
-Tensor<T> max_pool2d(const Tensor<T>& x, std::int64_t kernel, SourceLoc loc = SourceLoc::current()) {
-  return max_pool2d(x, kernel, kernel, PadMode::valid, loc);
-}
+Tensor<T> max_pool2d(const Tensor<T>& x, std::int64_t kernel, SourceLoc loc = SourceLoc::current());
 
 /// Mean over kernel x kernel windows of x [N, C, H, W] (padding excluded from the count).
 template <FloatingPoint T> Tensor<T> avg_pool2d(const Tensor<T>& x, std::int64_t kernel, std::int64_t stride,
                                                 PadMode pad_mode = PadMode::valid,
-                                                SourceLoc loc = SourceLoc::current()) {
-  detail::OpScope scope(op::AvgPool::name, loc, {x});
-  return detail::apply<T>(op::AvgPool{detail::pool_geometry(op::AvgPool::name, x, kernel, stride, pad_mode, loc)}, loc,
-                          x);
-}
+                                                SourceLoc loc = SourceLoc::current());
 template <FloatingPoint T>
-Tensor<T> avg_pool2d(const Tensor<T>& x, std::int64_t kernel, SourceLoc loc = SourceLoc::current()) {
-  return avg_pool2d(x, kernel, kernel, PadMode::valid, loc);
-}
+Tensor<T> avg_pool2d(const Tensor<T>& x, std::int64_t kernel, SourceLoc loc = SourceLoc::current());
 
 /// Bilinear resize of x [N, C, H, W] to [N, C, out_h, out_w].
 template <FloatingPoint T> Tensor<T> resize_bilinear(const Tensor<T>& x, std::int64_t out_h, std::int64_t out_w,
-                                                     bool align_corners = false, SourceLoc loc = SourceLoc::current()) {
-  detail::OpScope scope(op::ResizeBilinear::name, loc, {x});
-  if (x.ndim() != 4)
-    throw_shape_error(op::ResizeBilinear::name, loc, "x must be [N, C, H, W] (input ",
-                      detail::describe_inputs({{"x", &x}}), ")");
-  if (out_h < 1 || out_w < 1)
-    throw_value_error(op::ResizeBilinear::name, loc, "output size ", out_h, "x", out_w, " must be positive");
-  const Shape& s = x.shape();
-  if (s[2] < 1 || s[3] < 1) throw_shape_error(op::ResizeBilinear::name, loc, "input ", s, " has an empty spatial axis");
-  return detail::apply<T>(op::ResizeBilinear{{s[0], s[1], s[2], s[3], out_h, out_w, align_corners}}, loc, x);
-}
+                                                     bool align_corners = false, SourceLoc loc = SourceLoc::current());
 
 /// log(softmax(x)) along `axis`, computed as x - max - log(sum(exp(x - max))) so that it
 /// neither overflows nor underflows.
 template <FloatingPoint T>
-Tensor<T> log_softmax(const Tensor<T>& x, std::int64_t axis = -1, SourceLoc loc = SourceLoc::current()) {
-  detail::OpScope scope("LogSoftmax", loc, {x});
-  int a = normalize_axis(axis, x.ndim(), "LogSoftmax", loc);
-  // The shift is a constant for autodiff: the result does not depend on it.
-  auto shift = max(x.detach(), {a}, true, loc);
-  auto shifted = sub(x, shift, loc);
-  return sub(shifted, log(sum(exp(shifted, loc), {a}, true, loc), loc), loc);
-}
+Tensor<T> log_softmax(const Tensor<T>& x, std::int64_t axis = -1, SourceLoc loc = SourceLoc::current());
 
 /// Softmax along `axis` (exp of log_softmax, so large inputs stay finite).
 template <FloatingPoint T>
-Tensor<T> softmax(const Tensor<T>& x, std::int64_t axis = -1, SourceLoc loc = SourceLoc::current()) {
-  detail::OpScope scope("Softmax", loc, {x});
-  normalize_axis(axis, x.ndim(), "Softmax", loc);  // its errors name softmax, not the LogSoftmax inside
-  return exp(log_softmax(x, axis, loc), loc);
-}
+Tensor<T> softmax(const Tensor<T>& x, std::int64_t axis = -1, SourceLoc loc = SourceLoc::current());
 
 /// [labels..., num_classes] with 1 at each label; labels outside [0, num_classes) throw.
 template <FloatingPoint T>
-Tensor<T> one_hot(const Tensor<std::int32_t>& labels, std::int64_t num_classes, SourceLoc loc = SourceLoc::current()) {
-  if (num_classes < 1) throw_value_error(op::OneHot::name, loc, "num_classes (", num_classes, ") must be positive");
-  return detail::apply<T>(op::OneHot{num_classes, labels.numel()}, loc, labels);
-}
-
-// Second derivatives, from composite ops (softmax is one): with p = softmax(logits) and u the
-// incoming gradient, d/dg = sum(u * (p - onehot)) and d/dlogits = g * (p u - p sum(p u)).
-template <class T>
-autograd::Grads op::SoftmaxCrossEntropyGrad::grad(const Tensor<T>& u, Needs<3>, SourceLoc loc, const Tensor<T>& logits,
-                                                  const Tensor<std::int32_t>& labels, const Tensor<T>& g) const {
-  const Tensor<T> p_minus_onehot = detail::apply<T>(*this, loc, logits, labels, ones_like(g));
-  auto dg = sum(mul(u, p_minus_onehot, loc), {1}, false, loc);
-  auto p = softmax(logits, -1, loc);
-  auto pu = mul(p, u, loc);
-  auto dlogits = mul(reshape(g, {g.numel(), 1}, loc), sub(pu, mul(p, sum(pu, {1}, true, loc), loc), loc), loc);
-  return {dlogits, TensorBase(), dg};
-}
+Tensor<T> one_hot(const Tensor<std::int32_t>& labels, std::int64_t num_classes, SourceLoc loc = SourceLoc::current());
 
 /// Cross-entropy of logits [N, C] against int32 class labels [N] (sparse, as MindSpore's
 /// SoftmaxCrossEntropyWithLogits(sparse=True)); per-sample losses folded by `reduction`. One
 /// op, and its gradient one op: no softmax or one-hot tensor is made.
 template <FloatingPoint T> Tensor<T> softmax_cross_entropy(const Tensor<T>& logits, const Tensor<std::int32_t>& labels,
                                                            Reduction reduction = Reduction::mean,
-                                                           SourceLoc loc = SourceLoc::current()) {
-  detail::OpScope scope("SoftmaxCrossEntropyWithLogits", loc, {logits, labels});
-  if (logits.ndim() != 2 || labels.ndim() != 1 || labels.shape()[0] != logits.shape()[0])
-    throw_shape_error("SoftmaxCrossEntropyWithLogits", loc, "logits must be [N, C] and labels [N] (inputs ",
-                      detail::describe_inputs({{"logits", &logits}, {"labels", &labels}}), ")");
-  auto losses = detail::apply<T>(op::SoftmaxCrossEntropy{logits.shape()[0], logits.shape()[1]}, loc, logits, labels);
-  switch (reduction) {
-    case Reduction::none:
-      return losses;
-    case Reduction::sum:
-      return sum(losses, {}, false, loc);
-    case Reduction::mean:
-      break;
-  }
-  return mean(losses, {}, false, loc);
-}
+                                                           SourceLoc loc = SourceLoc::current());
 
 // The instances xgrad::compiled holds (core/config.hpp).
 #define XGRAD_NN_INSTANCE(T, X)                                                                  \
@@ -544,3 +92,7 @@ XGRAD_NN_INSTANCES(extern template)
 #endif
 
 }  // namespace xgrad
+
+#if !defined(XGRAD_COMPILED)
+#include "xgrad/ops/nn-inl.hpp"
+#endif

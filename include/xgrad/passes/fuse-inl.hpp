@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "xgrad/backend/fused_group.hpp"
-#include "xgrad/ops/elementwise.hpp"
-#include "xgrad/ops/manipulation.hpp"
+#include "xgrad/ops/elementwise-inl.hpp"
+#include "xgrad/ops/manipulation-inl.hpp"
 #include "xgrad/passes/fuse.hpp"
 #include "xgrad/passes/rewrite.hpp"
 

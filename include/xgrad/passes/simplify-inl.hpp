@@ -7,9 +7,10 @@
 #include <cmath>
 #include <vector>
 
-#include "xgrad/ops/elementwise.hpp"
-#include "xgrad/ops/manipulation.hpp"
-#include "xgrad/ops/nn.hpp"
+#include "xgrad/ops/elementwise-inl.hpp"
+#include "xgrad/ops/manipulation-inl.hpp"
+#include "xgrad/ops/nn-inl.hpp"
+#include "xgrad/ops/reduce-inl.hpp"
 #include "xgrad/passes/rewrite.hpp"
 #include "xgrad/passes/simplify.hpp"
 #include "xgrad/passes/splice.hpp"

@@ -1,0 +1,28 @@
+// Definitions of ops/device.hpp: included by it when header-only, compiled once into the
+// library (src/ops_shape.cpp) otherwise.
+#pragma once
+
+#include "xgrad/core/tape.hpp"
+#include "xgrad/ir/tracer.hpp"
+#include "xgrad/ops/device.hpp"
+#include "xgrad/ops/record.hpp"
+
+namespace xgrad {
+
+template <Element T> Tensor<T> to_device(const Tensor<T>& x, Device device, SourceLoc loc) {
+  if (x.device() == device) return x;
+  if (tracing::Tracer::active())
+    throw_value_error("to", loc, "moving a tensor to ", device_name(device),
+                      " inside jit is not supported; move the compiled function's inputs before calling it");
+  detail::check_available(device, "to");
+  Tensor<T> out = detail::copy_to(x, device);
+  if constexpr (FloatingPoint<T>) {
+    if (detail::should_record(x))
+      detail::record(out, "To", loc, {x}, {}, false, [from = x.device(), loc](const TensorBase&, const TensorBase& g) {
+        return autograd::Grads{to_device(Tensor<T>(g), from, loc)};
+      });
+  }
+  return out;
+}
+
+}  // namespace xgrad

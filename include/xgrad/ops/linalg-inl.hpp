@@ -1,0 +1,87 @@
+// Definitions of ops/linalg.hpp: included by it when header-only, compiled once into the
+// library (src/ops_nn.cpp) otherwise.
+#pragma once
+
+#include <algorithm>
+#include <vector>
+
+#include "xgrad/backend/kernels.hpp"
+#include "xgrad/ops/dispatch.hpp"
+#include "xgrad/ops/linalg.hpp"
+
+namespace xgrad {
+
+namespace op {
+/// op(a) @ op(b) over the last two axes, op transposing when asked; leading (batch) axes
+/// broadcast.
+struct MatMul {
+  static constexpr std::string_view name = "MatMul";
+  static constexpr bool epilogue = true;
+  bool transpose_a = false, transpose_b = false;
+  std::vector<ir::Attr> attrs() const {
+    return {{"transpose_a", transpose_a ? "true" : "false"}, {"transpose_b", transpose_b ? "true" : "false"}};
+  }
+  bool operator==(const MatMul&) const = default;
+  static Shape batch_of(const Shape& s) { return Shape(s.begin(), s.end() - 2); }
+  Shape output_shape(const Shape& sa, const Shape& sb) const {
+    Shape out;
+    try_broadcast(batch_of(sa), batch_of(sb), out);  // matmul() has checked that they broadcast
+    out.push_back(transpose_a ? sa.back() : sa[sa.ndim() - 2]);
+    out.push_back(transpose_b ? sb[sb.ndim() - 2] : sb.back());
+    return out;
+  }
+  template <class T>
+  void run(Device d, const Tensor<T>& a, const Tensor<T>& b, Tensor<T>& out, const ir::BlockDone* done) const {
+    const Shape &sa = a.shape(), &sb = b.shape();
+    const Shape batch_a = batch_of(sa), batch_b = batch_of(sb), batch = batch_of(out.shape());
+    const std::int64_t m = out.shape()[out.ndim() - 2], n = out.shape().back();
+    const std::int64_t k = transpose_a ? sa[sa.ndim() - 2] : sa.back();
+    cpu::BroadcastPlan<2> plan(batch, {&batch_a, &batch_b});
+    // Element strides of one matrix of each operand, as stored and as op() reads it.
+    const std::int64_t lda = sa.back(), ldb = sb.back();
+    const std::int64_t a_rs = transpose_a ? 1 : lda, a_cs = transpose_a ? lda : 1;
+    const std::int64_t b_rs = transpose_b ? 1 : ldb, b_cs = transpose_b ? ldb : 1;
+    kernels::batched_gemm(d, plan, batch.numel(), m, n, k, a.data(), a_rs, a_cs, b.data(), b_rs, b_cs, out.data(),
+                          done);
+  }
+  static constexpr Needs<2> differentiable{true, true}, saved{true, true};
+  // Each gradient costs a matmul: only those an input needs are computed.
+  template <class T> autograd::Grads grad(const Tensor<T>& g, Needs<2> needs, SourceLoc loc, const Tensor<T>& a,
+                                          const Tensor<T>& b) const {
+    Tensor<T> ga, gb;
+    if (needs[0])
+      ga = !transpose_a ? matmul(g, b, false, !transpose_b, loc)
+                        : (transpose_b ? matmul(b, g, true, true, loc) : matmul(b, g, false, true, loc));
+    if (needs[1])
+      gb = !transpose_b ? matmul(a, g, !transpose_a, false, loc)
+                        : (transpose_a ? matmul(g, a, true, true, loc) : matmul(g, a, true, false, loc));
+    return {ga, gb};
+  }
+};
+}  // namespace op
+
+template <FloatingPoint T>
+Tensor<T> matmul(const Tensor<T>& a, const Tensor<T>& b, bool transpose_a, bool transpose_b, SourceLoc loc) {
+  detail::OpScope scope(op::MatMul::name, loc, {a, b});
+  auto fail = [&](const char* why) {
+    throw_shape_error(
+        op::MatMul::name, loc, why, " (inputs ", detail::describe_inputs({{"x", &a}, {"y", &b}}),
+        transpose_a || transpose_b ? detail::concat(", transpose_a=", transpose_a, ", transpose_b=", transpose_b) : "",
+        ")");
+  };
+  if (a.ndim() < 2 || b.ndim() < 2) fail("both inputs need at least 2 axes");
+  const Shape sa = a.shape(), sb = b.shape();
+  const std::int64_t k = transpose_a ? sa[sa.ndim() - 2] : sa[sa.ndim() - 1];
+  const std::int64_t kb = transpose_b ? sb[sb.ndim() - 1] : sb[sb.ndim() - 2];
+  if (k != kb) fail(detail::concat("the contracted axes differ: ", k, " vs ", kb).c_str());
+  Shape batch;
+  if (!try_broadcast(op::MatMul::batch_of(sa), op::MatMul::batch_of(sb), batch))
+    fail("the batch axes cannot be broadcast together");
+  return detail::apply<T>(op::MatMul{transpose_a, transpose_b}, loc, a, b);
+}
+
+template <FloatingPoint T> Tensor<T> matmul(const Tensor<T>& a, const Tensor<T>& b, SourceLoc loc) {
+  return matmul(a, b, false, false, loc);
+}
+
+}  // namespace xgrad
