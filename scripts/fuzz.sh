@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets of tests/fuzz with Debian's clang under AddressSanitizer and
 # UndefinedBehaviorSanitizer, then runs each for a bounded time, starting from its committed seed
-# corpus (tests/fuzz/corpus/<target>/, read only: new inputs go to a scratch corpus in build-fuzz).
+# corpus (tests/fuzz/corpus/<target>/, read only: new inputs go to a scratch corpus in build-sanitize).
 # Any crash, sanitizer report, escaped non-xgrad exception, hang (-timeout) or memory blow-up
-# fails the run; the input that did it is left in build-fuzz/fuzz-runs/<target>/artifacts/.
+# fails the run; the input that did it is left in build-sanitize/fuzz-runs/<target>/artifacts/.
 # docs/FUZZING.md has the details.
 #
 #   scripts/fuzz.sh [SECONDS] [TARGET...]
@@ -16,7 +16,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root="$PWD"
-scripts/ensure_packages.sh clang libclang-rt-14-dev cmake make ccache xtensor-dev libxsimd-dev zlib1g-dev
+scripts/ensure_packages.sh clang libclang-rt-14-dev cmake ninja-build ccache xtensor-dev libxsimd-dev doctest-dev zlib1g-dev
 
 seconds="${1:-${XGRAD_FUZZ_SECONDS:-60}}"
 [[ "$seconds" =~ ^[0-9]+$ ]] || { echo "fuzz.sh: SECONDS must be a whole number, got '$seconds'" >&2; exit 2; }
@@ -29,13 +29,12 @@ for t in "${targets[@]}"; do
   [[ " ${all[*]} " == *" $t "* ]] || { echo "fuzz.sh: unknown target '$t' (known: ${all[*]})" >&2; exit 2; }
 done
 
-# -O1: fast enough to fuzz, and xsimd's AVX-512 code does not compile at -O0; -g1: line tables
-# for the reports. Only the fuzz targets are built (no tests, examples or benchmarks).
+# The "sanitize" preset (CMakePresets.json), which scripts/test.sh's sanitizer run shares: the
+# library at -O1, fast enough to fuzz, with line tables for the reports. Only the fuzz targets
+# are built here.
 build_start=$SECONDS
-CC=clang CXX=clang++ cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS=-O1 \
-  -DCMAKE_CXX_FLAGS_DEBUG=-g1 -DXGRAD_BUILD_FUZZERS=ON -DXGRAD_BUILD_TESTS=OFF -DXGRAD_BUILD_EXAMPLES=OFF \
-  -DXGRAD_BUILD_BENCHMARKS=OFF -DXGRAD_THRUST_SYSTEM=OFF > /dev/null
-cmake --build build-fuzz -j"${XGRAD_FUZZ_JOBS:-$(nproc)}" --target "${targets[@]}"
+scripts/configure_preset.sh sanitize > /dev/null
+cmake --build build-sanitize -j"${XGRAD_FUZZ_JOBS:-$(nproc)}" --target "${targets[@]}"
 echo "fuzz.sh: built ${targets[*]} in $((SECONDS - build_start)) s"
 
 # An allocation above the target's cap fails (malloc returns null) instead of aborting, so the
@@ -50,16 +49,16 @@ export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 export XGRAD_NUM_THREADS=1  # the same input runs the same way, whatever the machine
 # Each target runs on one thread, so up to XGRAD_FUZZ_PARALLEL of them (default nproc) run at once.
 fuzz_target() {  # fuzz_target TARGET: its exit status and seconds go to its run folder's "status"
-  local t=$1 run="build-fuzz/fuzz-runs/$1" start=$SECONDS rc=0
+  local t=$1 run="build-sanitize/fuzz-runs/$1" start=$SECONDS rc=0
   (cd "$run" && ASAN_OPTIONS="allocator_may_return_null=1:max_allocation_size_mb=$(alloc_cap_mb "$t"):detect_leaks=1:abort_on_error=0" \
-      "$root/build-fuzz/tests/fuzz/$t" -seed="$seed" -max_total_time="$seconds" -timeout=15 -rss_limit_mb=2560 \
+      "$root/build-sanitize/tests/fuzz/$t" -seed="$seed" -max_total_time="$seconds" -timeout=15 -rss_limit_mb=2560 \
       -malloc_limit_mb=2560 -artifact_prefix=artifacts/ -print_final_stats=1 corpus "$root/tests/fuzz/corpus/$t" \
       > log.txt 2>&1) || rc=$?
   echo "$rc $((SECONDS - start))" > "$run/status"
 }
 parallel="${XGRAD_FUZZ_PARALLEL:-$(nproc)}"
 for t in "${targets[@]}"; do
-  run="build-fuzz/fuzz-runs/$t"
+  run="build-sanitize/fuzz-runs/$t"
   rm -rf "$run"
   mkdir -p "$run/corpus" "$run/artifacts"
   while (($(jobs -rp | wc -l) >= parallel)); do wait -n || true; done
@@ -69,7 +68,7 @@ done
 wait
 failed=()
 for t in "${targets[@]}"; do
-  run="build-fuzz/fuzz-runs/$t"
+  run="build-sanitize/fuzz-runs/$t"
   read -r rc took < "$run/status"
   if ((rc == 0)); then
     echo "fuzz.sh: $t: ok, $(grep -o 'stat::number_of_executed_units: *[0-9]*' "$run/log.txt" | grep -o '[0-9]*$') runs in $took s"
@@ -80,7 +79,7 @@ for t in "${targets[@]}"; do
   fi
 done
 if ((${#failed[@]})); then
-  echo "fuzz.sh: findings in ${failed[*]} (logs: build-fuzz/fuzz-runs/<target>/log.txt)" >&2
+  echo "fuzz.sh: findings in ${failed[*]} (logs: build-sanitize/fuzz-runs/<target>/log.txt)" >&2
   exit 1
 fi
 echo "fuzz.sh: no findings in ${targets[*]}"

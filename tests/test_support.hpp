@@ -9,7 +9,6 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
-#include <source_location>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -34,8 +33,9 @@ inline Tensor<double> control_flow_program(const Tensor<double>& x, const Tensor
 inline bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
 /// "file.cpp:<line>" for the calling file: the form the library uses to point at its caller.
-inline std::string here(int line, std::source_location at = std::source_location::current()) {
-  const std::string_view path = at.file_name();
+/// (__builtin_FILE: clang 14 has no std::source_location with libstdc++ 12.)
+inline std::string here(int line, const char* file = __builtin_FILE()) {
+  const std::string_view path = file;
   return std::string(path.substr(path.find_last_of('/') + 1)) + ":" + std::to_string(line);
 }
 

@@ -255,7 +255,9 @@ TEST_CASE("thrust: every op-table row through jit on Device::thrust, at each lev
       {"O1 strict", {.level = xg::JitLevel::O1, .strict = true}},
       {"O2 strict, freed buffers poisoned", {.level = xg::JitLevel::O2, .strict = true, .poison_freed_buffers = true}},
       {"O2", {.level = xg::JitLevel::O2}}};
-  for (const auto& [name, config] : configs) {
+  for (const auto& entry : configs) {  // no structured binding: clang 14 cannot capture one in CAPTURE
+    const std::string& name = entry.first;
+    const xg::JitConfig& config = entry.second;
     CAPTURE(name);
     for (const OpCase& c : op_table()) {
       CAPTURE(c.name);

@@ -235,7 +235,9 @@ TEST_CASE("random graphs at every level, strict and not, and with each pass swit
   // away would change the (bitwise checked) results.
   configs.push_back(
       {"O2 strict, freed buffers poisoned", {.level = xg::JitLevel::O2, .strict = true, .poison_freed_buffers = true}});
-  for (const auto& [name, config] : configs) {
+  for (const auto& entry : configs) {  // no structured binding: clang 14 cannot capture one in CAPTURE
+    const std::string& name = entry.first;
+    const xg::JitConfig& config = entry.second;
     CAPTURE(name);
     for (std::uint64_t seed = 0; seed < 60; ++seed) {
       CAPTURE(seed);
@@ -297,7 +299,9 @@ TEST_CASE("op table with NaN, ±inf, ±0 and denormal inputs: jit at every level
       {"O1 strict", {.level = xg::JitLevel::O1, .strict = true}},
       {"O2 strict", {.level = xg::JitLevel::O2, .strict = true}},
       {"O2", {.level = xg::JitLevel::O2}}};
-  for (const auto& [name, config] : configs) {
+  for (const auto& entry : configs) {  // no structured binding: clang 14 cannot capture one in CAPTURE
+    const std::string& name = entry.first;
+    const xg::JitConfig& config = entry.second;
     CAPTURE(name);
     for (const auto& c : op_table()) {
       CAPTURE(c.name);

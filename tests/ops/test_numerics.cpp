@@ -56,7 +56,9 @@ template <class F, class... T> auto everywhere(F f, const std::vector<T>&... dat
 
 /// Every run equals `want` element for element (by `same`, or within a relative tolerance).
 template <class T> void check_runs(const Runs<T>& runs, const std::vector<T>& want, double tolerance = 0) {
-  for (const auto& [name, got] : runs) {
+  for (const auto& run : runs) {  // no structured binding: clang 14 cannot capture one in CAPTURE
+    const auto& name = run.first;
+    const auto& got = run.second;
     CAPTURE(name);
     REQUIRE(got.size() == want.size());
     std::size_t mismatches = 0;

@@ -394,8 +394,10 @@ template <class T> void check_merged_kernels() {
       {"U+Fma", [](Unary u, const Args& a) { return xg::fma(std::get<3>(a), u(std::get<0>(a)), std::get<1>(a)); }},
       {"U+Fma", [](Unary u, const Args& a) { return xg::fma(std::get<2>(a), std::get<1>(a), u(std::get<0>(a))); }},
   };
-  for (const auto& [name, unary] : unary_ops<T>())
-    for (std::size_t i = 0; i < cases.size(); ++i) {
+  for (const auto& op : unary_ops<T>())
+    for (std::size_t i = 0; i < cases.size(); ++i) {  // no structured binding: clang 14 cannot capture one in CAPTURE
+      const auto& name = op.first;
+      const auto& unary = op.second;
       CAPTURE(name);
       CAPTURE(i);
       auto f = [&](const xg::Tensor<T>& x_, const xg::Tensor<T>& y_, const xg::Tensor<T>& b_, const xg::Tensor<T>& s_) {
@@ -537,8 +539,9 @@ TEST_CASE("passes: fuse runs elementwise work as a MatMul's epilogue, on each bl
     auto z = xg::bias_add(y, bias);
     return xg::relu(z);
   };
-  for (auto [n, c, side, kernel] : {std::tuple{2, 3, 8, 3}, std::tuple{16, 1, 28, 5}, std::tuple{3, 6, 5, 1}}) {
-    CAPTURE(n);
+  for (auto shape : {std::tuple{2, 3, 8, 3}, std::tuple{16, 1, 28, 5}, std::tuple{3, 6, 5, 1}}) {
+    const int n = std::get<0>(shape), c = std::get<1>(shape), side = std::get<2>(shape), kernel = std::get<3>(shape);
+    CAPTURE(n);  // (not a structured binding: clang 14 cannot capture one in CAPTURE)
     auto u = xg::randn<float>({n, c, side, side}, 11), k = xg::randn<float>({4, c, kernel, kernel}, 12);
     auto bias = xg::randn<float>({4}, 13);
     CHECK(all_of(xg::jit(conv_layer, only("fuse")).lower(u, k, bias).ir()).find("ops=\"Conv2D, Add, ReLU\"") !=
