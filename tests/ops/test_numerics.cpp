@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <string>
 #include <type_traits>
@@ -37,13 +38,18 @@ template <class T> using Runs = std::vector<std::pair<std::string, std::vector<T
 /// f on 1-D tensors holding `data...`: eagerly; compiled at O0, O1 and O2 with the tensors as
 /// inputs, and with them made inside the function (constants of the graph, which O1 and O2 fold);
 /// on Device::thrust eagerly and compiled at O2. Each run's values, by name.
-template <class F, class... T> auto everywhere(F f, const std::vector<T>&... data) {
-  using Out = typename decltype(f(xg::tensor<T>(data)...))::value_type;
+/// (f is jitted as a std::function of its signature: the file's many lambdas then make a few
+/// jitted types, not one each, which keeps this file's build time down.)
+template <class F, class... T> auto everywhere(F lambda, const std::vector<T>&... data) {
+  using Result = decltype(lambda(xg::tensor<T>(data)...));
+  using Out = typename Result::value_type;
+  const std::function<Result(const xg::Tensor<T>&...)> f = lambda;
+  const std::function<Result()> on_constants = [&] { return f(xg::tensor<T>(data)...); };
   Runs<Out> runs;
   runs.push_back({"eager", f(xg::tensor<T>(data)...).to_vector()});
   for (auto [name, level] : {std::pair{"O0", xg::JitLevel::O0}, {"O1", xg::JitLevel::O1}, {"O2", xg::JitLevel::O2}}) {
     runs.push_back({std::string("jit ") + name, xg::jit(f, {.level = level})(xg::tensor<T>(data)...).to_vector()});
-    auto folded = xg::jit([&] { return f(xg::tensor<T>(data)...); }, {.level = level});
+    auto folded = xg::jit(on_constants, {.level = level});
     runs.push_back({std::string("jit constants ") + name, folded().to_vector()});
   }
   if constexpr (xg::thrust_available()) {
