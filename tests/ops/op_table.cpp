@@ -391,8 +391,7 @@ std::vector<OpCase> build_table() {
         Ref out = r[0];
         const std::uint64_t stream = splitmix64_mix(42);
         for (std::size_t i = 0; i < out.data.size(); ++i)
-          out.data[i] +=
-              std::ldexp(static_cast<double>(splitmix64_mix(stream + i * 0x9e3779b97f4a7c15ULL) >> 11), -53);
+          out.data[i] += std::ldexp(static_cast<double>(splitmix64_mix(stream + i * 0x9e3779b97f4a7c15ULL) >> 11), -53);
         return out;
       }));
   t.push_back(make_case(
