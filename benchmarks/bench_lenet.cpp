@@ -9,7 +9,6 @@
 #include <string>
 #include <utility>
 
-#include <xgrad/ops/nn-inl.hpp>  // max pooling's primitives (detail::max_pool_argmax, ...)
 #include <xgrad/xgrad.hpp>
 
 #include "bench_support.hpp"

@@ -32,6 +32,7 @@ machine=$(nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm 
   lscpu | grep -E 'Model name|^CPU\(s\)' | tr -s ' ')
 
 step tests 180 "$build/tests/xgrad_tests"
+step white-box 60 "$build/tests/xgrad_white_box_tests"
 step examples 40 bash -c "'$build/examples/worked_examples' && '$build/examples/mode_switch'"
 # The suite's xgrad rows of each kind, eager and at O2 (the reference rows run on the cpu).
 rows='^(lenet5_step/b32_t1|mlp_step/[^/]*|conv/conv[12]_(fwd|grad)|elementwise/(add_1e6|chain7_1e7)|gemm/matmul_(256|1024)|reductions/(softmax_256x1000|sum_1e7)|dispatch/add_1)/(eager|jit_O2)'

@@ -14,10 +14,6 @@
 
 #include "ops/op_table.hpp"
 #include "test_support.hpp"
-#if defined(XGRAD_WITH_THRUST)
-#include "xgrad/backend/thrust/fused.hpp"
-#include "xgrad/ops/elementwise-inl.hpp"  // op::Fusible and the op structs
-#endif
 
 namespace xg = xgrad;
 using xgrad::testing::message_of;
@@ -332,22 +328,6 @@ TEST_CASE("thrust: a compiled graph runs on its inputs' device; two devices at o
 }
 
 TEST_CASE("thrust: a fused group runs on the device as one functor, bit for bit as eager there") {
-  // Float, double and bool values fuse; integer arithmetic runs op by op.
-  using Group = xg::thrust_backend::FusedGroup<xg::op::Fusible>;
-  using xg::detail::fusible_index;
-  const xg::Shape shape{3, 4};
-  CHECK(Group::make(shape, {{xg::DType::float32, shape}}, {{fusible_index<xg::op::Tanh>(), {0}, xg::DType::float32, 1}},
-                    {1})
-            .has_value());
-  CHECK(Group::make(shape, {{xg::DType::float64, shape}, {xg::DType::float64, xg::Shape{4}}},
-                    {{fusible_index<xg::op::Greater>(), {0, 1}, xg::DType::boolean, 2},
-                     {fusible_index<xg::op::Where>(), {2, 0, 1}, xg::DType::float64, 3}},
-                    {3})
-            .has_value());
-  CHECK_FALSE(Group::make(shape, {{xg::DType::int32, shape}},
-                          {{fusible_index<xg::op::Add>(), {0, 0}, xg::DType::int32, 1}}, {1})
-                  .has_value());
-
   // A dense layer's epilogue (bias, ReLU) and a chain after it with a broadcast bias, a cpu
   // scalar, a comparison and a select, two outputs.
   auto step = [](xg::Tensor<float> x, xg::Tensor<float> w, xg::Tensor<float> b) {

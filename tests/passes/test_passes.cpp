@@ -13,7 +13,6 @@
 #include <xgrad/xgrad.hpp>
 
 #include "test_support.hpp"
-#include "xgrad/ops/nn-inl.hpp"  // max pooling's primitives (detail::max_pool_take, ...)
 
 namespace xg = xgrad;
 using xgrad::testing::message_of;

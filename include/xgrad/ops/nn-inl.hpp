@@ -392,7 +392,7 @@ inline cpu::Pool2dGeometry pool_geometry(std::string_view op, const TensorBase& 
   return {s[0], s[1], s[2], s[3], kernel, kernel, stride, stride, rows.pad_before, cols.pad_before, rows.out, cols.out};
 }
 
-// Max pooling's three primitives, for passes and tests that build them directly.
+// Max pooling's three primitives (declared in ops/nn.hpp).
 template <FloatingPoint T>
 Tensor<std::int32_t> max_pool_argmax(const Tensor<T>& x, const cpu::Pool2dGeometry& geo, SourceLoc loc) {
   return apply<std::int32_t>(op::MaxPoolArgmax{geo}, loc, x);

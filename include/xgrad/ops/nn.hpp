@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "xgrad/backend/pool_geometry.hpp"
 #include "xgrad/core/dtype.hpp"
 #include "xgrad/core/source_loc.hpp"
 #include "xgrad/core/tensor.hpp"
@@ -73,19 +74,35 @@ template <FloatingPoint T> Tensor<T> softmax_cross_entropy(const Tensor<T>& logi
                                                            Reduction reduction = Reduction::mean,
                                                            SourceLoc loc = SourceLoc::current());
 
+namespace detail {
+// Max pooling's primitives, for passes, tests and benchmarks that build them directly:
+// max_pool2d is max_pool_take(x, max_pool_argmax(x)), and max_pool_put its gradient.
+template <FloatingPoint T>
+Tensor<std::int32_t> max_pool_argmax(const Tensor<T>& x, const cpu::Pool2dGeometry& geo, SourceLoc loc);
+template <FloatingPoint T> Tensor<T> max_pool_take(const Tensor<T>& v, const Tensor<std::int32_t>& idx,
+                                                   const cpu::Pool2dGeometry& geo, SourceLoc loc);
+template <FloatingPoint T> Tensor<T> max_pool_put(const Tensor<std::int32_t>& idx, const Tensor<T>& gy,
+                                                  const cpu::Pool2dGeometry& geo, SourceLoc loc);
+}  // namespace detail
+
 // The instances xgrad::compiled holds (core/config.hpp).
-#define XGRAD_NN_INSTANCE(T, X)                                                                  \
-  X Tensor<T> bias_add<T>(const Tensor<T>&, const Tensor<T>&, SourceLoc);                        \
-  X Tensor<T> conv2d<T>(const Tensor<T>&, const Tensor<T>&, Conv2dOptions, SourceLoc);           \
-  X Tensor<T> max_pool2d<T>(const Tensor<T>&, std::int64_t, std::int64_t, PadMode, SourceLoc);   \
-  X Tensor<T> max_pool2d<T>(const Tensor<T>&, std::int64_t, SourceLoc);                          \
-  X Tensor<T> avg_pool2d<T>(const Tensor<T>&, std::int64_t, std::int64_t, PadMode, SourceLoc);   \
-  X Tensor<T> avg_pool2d<T>(const Tensor<T>&, std::int64_t, SourceLoc);                          \
-  X Tensor<T> resize_bilinear<T>(const Tensor<T>&, std::int64_t, std::int64_t, bool, SourceLoc); \
-  X Tensor<T> log_softmax<T>(const Tensor<T>&, std::int64_t, SourceLoc);                         \
-  X Tensor<T> softmax<T>(const Tensor<T>&, std::int64_t, SourceLoc);                             \
-  X Tensor<T> one_hot<T>(const Tensor<std::int32_t>&, std::int64_t, SourceLoc);                  \
-  X Tensor<T> softmax_cross_entropy<T>(const Tensor<T>&, const Tensor<std::int32_t>&, Reduction, SourceLoc);
+#define XGRAD_NN_INSTANCE(T, X)                                                                                   \
+  X Tensor<T> bias_add<T>(const Tensor<T>&, const Tensor<T>&, SourceLoc);                                         \
+  X Tensor<T> conv2d<T>(const Tensor<T>&, const Tensor<T>&, Conv2dOptions, SourceLoc);                            \
+  X Tensor<T> max_pool2d<T>(const Tensor<T>&, std::int64_t, std::int64_t, PadMode, SourceLoc);                    \
+  X Tensor<T> max_pool2d<T>(const Tensor<T>&, std::int64_t, SourceLoc);                                           \
+  X Tensor<T> avg_pool2d<T>(const Tensor<T>&, std::int64_t, std::int64_t, PadMode, SourceLoc);                    \
+  X Tensor<T> avg_pool2d<T>(const Tensor<T>&, std::int64_t, SourceLoc);                                           \
+  X Tensor<T> resize_bilinear<T>(const Tensor<T>&, std::int64_t, std::int64_t, bool, SourceLoc);                  \
+  X Tensor<T> log_softmax<T>(const Tensor<T>&, std::int64_t, SourceLoc);                                          \
+  X Tensor<T> softmax<T>(const Tensor<T>&, std::int64_t, SourceLoc);                                              \
+  X Tensor<T> one_hot<T>(const Tensor<std::int32_t>&, std::int64_t, SourceLoc);                                   \
+  X Tensor<T> softmax_cross_entropy<T>(const Tensor<T>&, const Tensor<std::int32_t>&, Reduction, SourceLoc);      \
+  X Tensor<std::int32_t> detail::max_pool_argmax<T>(const Tensor<T>&, const cpu::Pool2dGeometry&, SourceLoc);     \
+  X Tensor<T> detail::max_pool_take<T>(const Tensor<T>&, const Tensor<std::int32_t>&, const cpu::Pool2dGeometry&, \
+                                       SourceLoc);                                                                \
+  X Tensor<T> detail::max_pool_put<T>(const Tensor<std::int32_t>&, const Tensor<T>&, const cpu::Pool2dGeometry&,  \
+                                      SourceLoc);
 #define XGRAD_NN_INSTANCES(X) XGRAD_FOR_EACH_FloatingPoint(XGRAD_NN_INSTANCE, X)
 #if defined(XGRAD_COMPILED) && !defined(XGRAD_INSTANTIATE_NN)
 XGRAD_NN_INSTANCES(extern template)

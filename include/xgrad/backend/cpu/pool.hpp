@@ -12,16 +12,10 @@
 #include <xsimd/xsimd.hpp>
 
 #include "xgrad/backend/cpu/thread_pool.hpp"
+#include "xgrad/backend/pool_geometry.hpp"
 #include "xgrad/core/device.hpp"
 
 namespace xgrad::cpu {
-
-/// Geometry of one 2-D pooling. x is [n, c, h, w] and y is [n, c, out_h, out_w]. Bottom/right
-/// padding is implied by out_h/out_w, which the caller computes.
-struct Pool2dGeometry {
-  int64_t n, c, h, w, kh, kw, stride_h, stride_w, pad_top, pad_left, out_h, out_w;
-  bool operator==(const Pool2dGeometry&) const = default;
-};
 
 namespace detail {
 
