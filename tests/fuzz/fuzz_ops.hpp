@@ -5,16 +5,17 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <functional>
-#include <array>
 #include <limits>
 #include <sstream>
 #include <string>
 #include <tuple>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <xgrad/xgrad.hpp>
@@ -77,10 +78,10 @@ template <class T> T interesting_value(xf::Bytes& in) {
   if constexpr (std::is_same_v<T, bool>) {
     return c & 1;
   } else if constexpr (std::is_floating_point_v<T>) {
-    const T table[] = {T(0),         T(1),         T(-1),     T(0.5),   T(2),       T(-0.0),          T(3),
-                       T(-2.5),      T(100),       T(1e-3),   T(89),    T(-89),     L::quiet_NaN(),   L::infinity(),
-                       -L::infinity(), L::max(),   L::lowest(), L::min(), L::denorm_min(), T(1e30), T(-1e30),
-                       L::epsilon(), T(0.1),       T(7)};
+    const T table[] = {
+        T(0),        T(1),     T(-1),           T(0.5),  T(2),           T(-0.0),       T(3),           T(-2.5),
+        T(100),      T(1e-3),  T(89),           T(-89),  L::quiet_NaN(), L::infinity(), -L::infinity(), L::max(),
+        L::lowest(), L::min(), L::denorm_min(), T(1e30), T(-1e30),       L::epsilon(),  T(0.1),         T(7)};
     constexpr std::size_t n = sizeof table / sizeof table[0];
     if (c < 2 * n) return table[c % n];
     // Raw bits: any value at all, signalling NaNs and payloads included.
@@ -90,8 +91,20 @@ template <class T> T interesting_value(xf::Bytes& in) {
     std::memcpy(&v, &bits, sizeof v);
     return v;
   } else {
-    const T table[] = {T(0), T(1), T(-1), T(2), T(-2), T(3), T(7), L::max(), L::min(), T(L::max() - 1), T(L::min() + 1),
-                       T(255), static_cast<T>(65536), T(10)};
+    const T table[] = {T(0),
+                       T(1),
+                       T(-1),
+                       T(2),
+                       T(-2),
+                       T(3),
+                       T(7),
+                       L::max(),
+                       L::min(),
+                       T(L::max() - 1),
+                       T(L::min() + 1),
+                       T(255),
+                       static_cast<T>(65536),
+                       T(10)};
     constexpr std::size_t n = sizeof table / sizeof table[0];
     if (c < 2 * n) return table[c % n];
     return static_cast<T>(in.u64());
@@ -198,56 +211,27 @@ class In : public xf::Bytes {
 
   /// Calls f(args...) the way the next byte says: eagerly; eagerly with backward() through the
   /// result (every floating-point input requiring grad); or eagerly and then jitted, checking
-  /// that both refuse or both give the same result.
+  /// that both refuse or both give the same result. f returns one tensor.
   template <class F, class... A> void run(F f, const A&... args) {
-    const std::uint8_t c = u8();
-    const How how = c % 4 == 3 ? How::jit : c % 4 == 2 ? How::backward : How::eager;
-    const auto level = static_cast<xg::JitLevel>((c >> 2) % 3);
-    if (how == How::eager) {
-      check_result(f(args...));
-    } else if (how == How::backward) {
-      auto inputs = std::make_tuple(requiring_grad(args)...);
-      auto out = std::apply(f, inputs);
-      check_result(out);
-      if constexpr (is_float_tensor<decltype(out)>) {
-        if (out.requires_grad()) {
-          out.backward();
-          std::apply([](const auto&... xs) { (check_grad(xs), ...); }, inputs);
-        }
-      }
-    } else {
-      using R = decltype(f(args...));
-      R eager;
-      std::string eager_error;
-      try {
-        eager = f(args...);
-      } catch (const std::invalid_argument& e) {  // xgrad's ValueError, ShapeError
-        eager_error = e.what();
-      }
-      R jitted;
-      std::string jit_error;
-      try {
-        jitted = through_jit(f, level, args...);
-      } catch (const std::invalid_argument& e) {
-        jit_error = e.what();
-      }
-      if (eager_error.empty() != jit_error.empty())
-        xf::finding("eager and jit disagree: one refuses, the other does not",
-                    "eager: " + (eager_error.empty() ? std::string("ok") : eager_error) +
-                        "\n    jit: " + (jit_error.empty() ? std::string("ok") : jit_error));
-      if (!eager_error.empty()) throw xg::ValueError(eager_error);  // a refusal, both ways
-      check_result(eager);
-      check_result(jitted);
-      same_result(eager, jitted);
-    }
+    using R = decltype(f(args...));
+    static_assert(std::is_base_of_v<xg::TensorBase, R>, "run() takes a row function returning one tensor");
+    Pack packed;
+    (pack(packed, args), ...);
+    run_erased(erase(std::move(f), args...), packed, slot<typename R::value_type>);
   }
   /// For rows that change their input in place: eager only.
-  template <class F, class... A> void run_eager(F f, const A&... args) { check_result(f(args...)); }
+  template <class F, class... A> void run_eager(F f, const A&... args) {
+    using R = std::decay_t<decltype(f(args...))>;
+    if constexpr (std::is_base_of_v<xg::TensorBase, R>)
+      check_tensor(f(args...));
+    else
+      (void)f(args...);
+  }
 
  private:
-  // Under jit every call goes through one function type, Erased, so that xg::jit is compiled
-  // once rather than once per row and dtype: the arguments travel as a Pack, one vector of
-  // tensors per dtype, and the row's own function is unpacked from it while tracing.
+  // Every row runs through one function type, Erased: the arguments travel as a Pack, one
+  // vector of tensors per dtype, from which the row's own function is unpacked. So the three
+  // ways to run, and xg::jit, are compiled once rather than once per row and dtype.
   using Pack = std::tuple<Tv<float>, Tv<double>, Tv<I32>, Tv<I64>, Tv<bool>>;
   using Erased = std::function<Pack(const Pack&)>;
   template <class T> static constexpr std::size_t slot = std::is_same_v<T, float>    ? 0
@@ -278,12 +262,9 @@ class In : public xf::Bytes {
     else
       return x.size();
   }
-  template <class F, class... A> static auto through_jit(F f, xg::JitLevel level, const A&... args) {
-    using R = decltype(f(args...));
-    Pack packed;
-    (pack(packed, args), ...);
+  template <class F, class... A> static Erased erase(F f, const A&... args) {
     const std::array<std::size_t, sizeof...(A)> counts{count_of(args)...};
-    Erased erased = [f, counts](const Pack& p) {
+    return [f = std::move(f), counts](const Pack& p) {
       std::array<std::size_t, 5> cursor{};
       std::size_t i = 0;
       std::tuple<A...> xs{unpack<A>(p, cursor, counts[i++])...};  // braced: in order
@@ -293,10 +274,57 @@ class In : public xf::Bytes {
       pack(out, std::apply(f, xs));
       return out;
     };
-    auto out = xg::jit(erased, {.level = level, .strict = true, .poison_freed_buffers = true})(packed);
-    const auto& results = std::get<slot<typename R::value_type>>(out);
-    if (results.size() != 1) xf::finding("jit returned a different number of tensors than the function");
-    return results[0];
+  }
+  /// Calls visit(vector of tensors) for each dtype's vector of p, float first.
+  template <class P, class Visit> static void each_slot(P& p, Visit visit) {
+    std::apply([&](auto&... tensors) { (visit(tensors), ...); }, p);
+  }
+
+  void run_erased(const Erased& f, const Pack& args, std::size_t result_slot) {
+    const std::uint8_t c = u8();
+    const How how = c % 4 == 3 ? How::jit : c % 4 == 2 ? How::backward : How::eager;
+    const auto level = static_cast<xg::JitLevel>((c >> 2) % 3);
+    if (how == How::eager) {
+      check_result(f(args), result_slot, "an op");
+    } else if (how == How::backward) {
+      Pack inputs = args;
+      each_slot(inputs, [](auto& tensors) {
+        for (auto& t : tensors) t = requiring_grad(t);
+      });
+      const Pack out = f(inputs);
+      check_result(out, result_slot, "an op");
+      each_slot(out, [](const auto& tensors) {
+        if constexpr (is_float_tensor<typename std::decay_t<decltype(tensors)>::value_type>)
+          for (auto y : tensors)
+            if (y.requires_grad()) y.backward();
+      });
+      each_slot(inputs, [](const auto& tensors) {
+        for (const auto& t : tensors) check_grad(t);
+      });
+    } else {
+      Pack eager;
+      std::string eager_error;
+      try {
+        eager = f(args);
+      } catch (const std::invalid_argument& e) {  // xgrad's ValueError, ShapeError
+        eager_error = e.what();
+      }
+      Pack jitted;
+      std::string jit_error;
+      try {
+        jitted = xg::jit(f, {.level = level, .strict = true, .poison_freed_buffers = true})(args);
+      } catch (const std::invalid_argument& e) {
+        jit_error = e.what();
+      }
+      if (eager_error.empty() != jit_error.empty())
+        xf::finding("eager and jit disagree: one refuses, the other does not",
+                    "eager: " + (eager_error.empty() ? std::string("ok") : eager_error) +
+                        "\n    jit: " + (jit_error.empty() ? std::string("ok") : jit_error));
+      if (!eager_error.empty()) throw xg::ValueError(eager_error);  // a refusal, both ways
+      check_result(eager, result_slot, "an op");
+      check_result(jitted, result_slot, "jit");
+      same_result(eager, jitted);
+    }
   }
 
   template <class X> static constexpr bool is_float_tensor =
@@ -307,10 +335,6 @@ class In : public xf::Bytes {
       auto y = x.detach();
       y.set_requires_grad(true);
       return y;
-    } else if constexpr (std::is_same_v<X, Tv<float>> || std::is_same_v<X, Tv<double>>) {
-      X out;
-      for (const auto& t : x) out.push_back(requiring_grad(t));
-      return out;
     } else {
       return x;
     }
@@ -322,36 +346,49 @@ class In : public xf::Bytes {
         if (!(g.shape() == x.shape())) xf::finding("a gradient's shape differs from its input's");
         (void)g.to_vector();
       }
-    } else if constexpr (std::is_same_v<X, Tv<float>> || std::is_same_v<X, Tv<double>>) {
-      for (const auto& t : x) check_grad(t);
     }
   }
-  template <class R> static void check_result(const R& r) {
-    if constexpr (std::is_base_of_v<xg::TensorBase, R>) {
-      using T = typename R::value_type;
-      if (!r.defined()) xf::finding("an op returned an undefined tensor");
-      if (r.dtype() != xg::dtype_of<T>()) xf::finding("an op returned a tensor of the wrong dtype");
-      I64 n = 1;
-      for (I64 d : r.shape()) {
-        if (d < 0) xf::finding("an op returned a negative dimension");
-        n = d == 0 || n == 0 ? 0 : n * d;  // the library has checked that this fits
-      }
-      if (r.numel() != n) xf::finding("an op returned a tensor whose numel is not its shape's product");
-      (void)r.to_vector();  // reads every element: ASan sees storage smaller than the shape
-    }
+  /// A call's result: one tensor, of the row's dtype.
+  static void check_result(const Pack& r, std::size_t result_slot, const char* who) {
+    std::size_t count = 0, in_slot = 0, k = 0;
+    each_slot(r, [&](const auto& tensors) {
+      count += tensors.size();
+      if (k++ == result_slot) in_slot = tensors.size();
+      for (const auto& t : tensors) check_tensor(t);
+    });
+    if (count != 1 || in_slot != 1)
+      xf::finding(std::string(who) + " returned " + std::to_string(count) + " tensors, or one of the wrong dtype");
   }
-  template <class R> static void same_result(const R& a, const R& b) {
-    if constexpr (std::is_base_of_v<xg::TensorBase, R>) {
-      if (!(a.shape() == b.shape())) xf::finding("eager and jit give different shapes");
-      const auto x = a.to_vector(), y = b.to_vector();
-      for (std::size_t i = 0; i < x.size(); ++i) {
-        if constexpr (std::is_floating_point_v<typename R::value_type>) {
-          if (std::isnan(x[i]) && std::isnan(y[i])) continue;
-        }
-        const typename R::value_type xi = x[i], yi = y[i];
-        if (std::memcmp(&xi, &yi, sizeof xi) != 0 && !(xi == yi))
-          xf::finding("eager and strict jit give different values", "at flat index " + std::to_string(i));
+  template <class R> static void check_tensor(const R& r) {
+    using T = typename R::value_type;
+    if (!r.defined()) xf::finding("an op returned an undefined tensor");
+    if (r.dtype() != xg::dtype_of<T>()) xf::finding("an op returned a tensor of the wrong dtype");
+    I64 n = 1;
+    for (I64 d : r.shape()) {
+      if (d < 0) xf::finding("an op returned a negative dimension");
+      n = d == 0 || n == 0 ? 0 : n * d;  // the library has checked that this fits
+    }
+    if (r.numel() != n) xf::finding("an op returned a tensor whose numel is not its shape's product");
+    (void)r.to_vector();  // reads every element: ASan sees storage smaller than the shape
+  }
+  /// Eager's and jit's results: the same shapes and bits.
+  static void same_result(const Pack& a, const Pack& b) {
+    [&]<std::size_t... k>(std::index_sequence<k...>) { (same_tensors(std::get<k>(a), std::get<k>(b)), ...); }
+    (std::make_index_sequence<std::tuple_size_v<Pack>>{});
+  }
+  template <class T> static void same_tensors(const Tv<T>& xs, const Tv<T>& ys) {
+    for (std::size_t i = 0; i < xs.size() && i < ys.size(); ++i) same_tensor(xs[i], ys[i]);
+  }
+  template <class R> static void same_tensor(const R& a, const R& b) {
+    if (!(a.shape() == b.shape())) xf::finding("eager and jit give different shapes");
+    const auto x = a.to_vector(), y = b.to_vector();
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      if constexpr (std::is_floating_point_v<typename R::value_type>) {
+        if (std::isnan(x[i]) && std::isnan(y[i])) continue;
       }
+      const typename R::value_type xi = x[i], yi = y[i];
+      if (std::memcmp(&xi, &yi, sizeof xi) != 0 && !(xi == yi))
+        xf::finding("eager and strict jit give different values", "at flat index " + std::to_string(i));
     }
   }
 };
@@ -402,22 +439,29 @@ struct Row {
   void (*run)(In&);
 };
 
-#define ROW(name, mask, ...)                                            \
-  Row {                                                                 \
-    name, [](In& in) {                                                  \
-      with_type<mask>(in, [&](auto tag) {                               \
-        using T = typename decltype(tag)::type;                         \
-        (void)sizeof(T);                                                \
-        __VA_ARGS__;                                                    \
-      });                                                               \
-    }                                                                   \
+#define ROW(name, mask, ...)                    \
+  Row {                                         \
+    name, [](In& in) {                          \
+      with_type<mask>(in, [&](auto tag) {       \
+        using T = typename decltype(tag)::type; \
+        (void)sizeof(T);                        \
+        __VA_ARGS__;                            \
+      });                                       \
+    }                                           \
   }
 #define UNARY(fn, mask) ROW(#fn, mask, in.run([](const Tn<T>& x) { return xg::fn(x); }, in.tensor<T>()))
 #define BINARY(fn, mask) ROW(#fn, mask, binary<T>(in, [](const auto& a, const auto& b) { return xg::fn(a, b); }))
-#define OPERATOR(sym, mask, scalar_left) ROW("operator" #sym, mask, binary<T, scalar_left>(in, [](const auto& a, const auto& b) { return a sym b; }))
-#define INPLACE(sym, mask) ROW("operator" #sym "=", mask, \
-    if (in.flag()) { in.run_eager([](Tn<T> a, const Tn<T>& b) { return a sym## = b; }, in.tensor<T>(), in.tensor<T>()); } \
-    else { const T s = in.value<T>(); in.run_eager([s](Tn<T> a) { return a sym## = s; }, in.tensor<T>()); })
+#define OPERATOR(sym, mask, scalar_left) \
+  ROW("operator" #sym, mask, binary<T, scalar_left>(in, [](const auto& a, const auto& b) { return a sym b; }))
+#define INPLACE(sym, mask)                                                                                 \
+  ROW(                                                                                                     \
+      "operator" #sym "=", mask,                                                                           \
+      if (in.flag()) {                                                                                     \
+        in.run_eager([](Tn<T> a, const Tn<T>& b) { return a sym## = b; }, in.tensor<T>(), in.tensor<T>()); \
+      } else {                                                                                             \
+        const T s = in.value<T>();                                                                         \
+        in.run_eager([s](Tn<T> a) { return a sym## = s; }, in.tensor<T>());                                \
+      })
 
 extern const std::vector<Row> kRowsValues;  // fuzz_ops.cpp: factories, methods, elementwise
 extern const std::vector<Row> kRowsShapes;  // fuzz_ops_shapes.cpp: linalg, shapes, reductions, nn ops
