@@ -63,17 +63,21 @@ else
   echo "Debug consumer with AVX-512: compiled (this CPU has no AVX-512 to run it)"
 fi
 
-# The libFuzzer targets (IDX reader, gzip, checkpoint reader, op calls) under ASan + UBSan with
-# Debian's clang, each for 30 s from its committed seed corpus with a fixed seed, so that a
-# failure here repeats input for input (docs/FUZZING.md). fuzz.sh configures build-sanitize
-# (preset sanitize) and builds the instrumented library the tests below link too.
-step "fuzz targets (preset sanitize)"
+# The sanitizer build (preset sanitize, Debian's clang with ASan + UBSan): the instrumented
+# library, the tests and the libFuzzer targets, in one build so that both cores stay busy.
+step "sanitizer build (preset sanitize)"
+scripts/configure_preset.sh sanitize
+cmake --build build-sanitize -j"$jobs"
+
+# The libFuzzer targets (IDX reader, gzip, checkpoint reader, op calls), each for 30 s from its
+# committed seed corpus with a fixed seed, so that a failure here repeats input for input
+# (docs/FUZZING.md); fuzz.sh finds them built.
+step "fuzzing"
 XGRAD_FUZZ_SEED=1 scripts/fuzz.sh 30
 
 # The tests under the sanitizers, asserts on, Device::thrust serially. They run on one core
 # while the CUDA build below takes the others; their log is printed when both are done.
 step "sanitizer tests"
-cmake --build build-sanitize -j"$jobs"
 (cd build-sanitize && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure) \
   > build-sanitize/ctest.log 2>&1 &
 sanitizer_tests=$!
