@@ -78,10 +78,10 @@ template <class T> T interesting_value(xf::Bytes& in) {
   if constexpr (std::is_same_v<T, bool>) {
     return c & 1;
   } else if constexpr (std::is_floating_point_v<T>) {
-    const T table[] = {
-        T(0),        T(1),     T(-1),           T(0.5),  T(2),           T(-0.0),       T(3),           T(-2.5),
-        T(100),      T(1e-3),  T(89),           T(-89),  L::quiet_NaN(), L::infinity(), -L::infinity(), L::max(),
-        L::lowest(), L::min(), L::denorm_min(), T(1e30), T(-1e30),       L::epsilon(),  T(0.1),         T(7)};
+    const T table[] = {T(0),         T(1),         T(-1),     T(0.5),   T(2),       T(-0.0),          T(3),
+                       T(-2.5),      T(100),       T(1e-3),   T(89),    T(-89),     L::quiet_NaN(),   L::infinity(),
+                       -L::infinity(), L::max(),   L::lowest(), L::min(), L::denorm_min(), T(1e30), T(-1e30),
+                       L::epsilon(), T(0.1),       T(7)};
     constexpr std::size_t n = sizeof table / sizeof table[0];
     if (c < 2 * n) return table[c % n];
     // Raw bits: any value at all, signalling NaNs and payloads included.
@@ -91,20 +91,8 @@ template <class T> T interesting_value(xf::Bytes& in) {
     std::memcpy(&v, &bits, sizeof v);
     return v;
   } else {
-    const T table[] = {T(0),
-                       T(1),
-                       T(-1),
-                       T(2),
-                       T(-2),
-                       T(3),
-                       T(7),
-                       L::max(),
-                       L::min(),
-                       T(L::max() - 1),
-                       T(L::min() + 1),
-                       T(255),
-                       static_cast<T>(65536),
-                       T(10)};
+    const T table[] = {T(0), T(1), T(-1), T(2), T(-2), T(3), T(7), L::max(), L::min(), T(L::max() - 1), T(L::min() + 1),
+                       T(255), static_cast<T>(65536), T(10)};
     constexpr std::size_t n = sizeof table / sizeof table[0];
     if (c < 2 * n) return table[c % n];
     return static_cast<T>(in.u64());
@@ -439,29 +427,22 @@ struct Row {
   void (*run)(In&);
 };
 
-#define ROW(name, mask, ...)                    \
-  Row {                                         \
-    name, [](In& in) {                          \
-      with_type<mask>(in, [&](auto tag) {       \
-        using T = typename decltype(tag)::type; \
-        (void)sizeof(T);                        \
-        __VA_ARGS__;                            \
-      });                                       \
-    }                                           \
+#define ROW(name, mask, ...)                                            \
+  Row {                                                                 \
+    name, [](In& in) {                                                  \
+      with_type<mask>(in, [&](auto tag) {                               \
+        using T = typename decltype(tag)::type;                         \
+        (void)sizeof(T);                                                \
+        __VA_ARGS__;                                                    \
+      });                                                               \
+    }                                                                   \
   }
 #define UNARY(fn, mask) ROW(#fn, mask, in.run([](const Tn<T>& x) { return xg::fn(x); }, in.tensor<T>()))
 #define BINARY(fn, mask) ROW(#fn, mask, binary<T>(in, [](const auto& a, const auto& b) { return xg::fn(a, b); }))
-#define OPERATOR(sym, mask, scalar_left) \
-  ROW("operator" #sym, mask, binary<T, scalar_left>(in, [](const auto& a, const auto& b) { return a sym b; }))
-#define INPLACE(sym, mask)                                                                                 \
-  ROW(                                                                                                     \
-      "operator" #sym "=", mask,                                                                           \
-      if (in.flag()) {                                                                                     \
-        in.run_eager([](Tn<T> a, const Tn<T>& b) { return a sym## = b; }, in.tensor<T>(), in.tensor<T>()); \
-      } else {                                                                                             \
-        const T s = in.value<T>();                                                                         \
-        in.run_eager([s](Tn<T> a) { return a sym## = s; }, in.tensor<T>());                                \
-      })
+#define OPERATOR(sym, mask, scalar_left) ROW("operator" #sym, mask, binary<T, scalar_left>(in, [](const auto& a, const auto& b) { return a sym b; }))
+#define INPLACE(sym, mask) ROW("operator" #sym "=", mask, \
+    if (in.flag()) { in.run_eager([](Tn<T> a, const Tn<T>& b) { return a sym## = b; }, in.tensor<T>(), in.tensor<T>()); } \
+    else { const T s = in.value<T>(); in.run_eager([s](Tn<T> a) { return a sym## = s; }, in.tensor<T>()); })
 
 extern const std::vector<Row> kRowsValues;  // fuzz_ops.cpp: factories, methods, elementwise
 extern const std::vector<Row> kRowsShapes;  // fuzz_ops_shapes.cpp: linalg, shapes, reductions, nn ops
