@@ -4,6 +4,7 @@
 
 #include "xgrad/nn/loss.hpp"
 #include "xgrad/ops/elementwise.hpp"
+#include "xgrad/ops/nn.hpp"
 #include "xgrad/ops/record.hpp"
 #include "xgrad/ops/reduce.hpp"
 
@@ -16,17 +17,6 @@ XGRAD_API Tensor<float> Loss::operator()(const Tensor<float>& output, const Tens
 }
 
 namespace detail {
-inline Tensor<float> reduce(const Tensor<float>& per_element, Reduction reduction, SourceLoc loc) {
-  switch (reduction) {
-    case Reduction::none:
-      return per_element;
-    case Reduction::sum:
-      return sum(per_element, {}, false, loc);
-    case Reduction::mean:
-      break;
-  }
-  return mean(per_element, {}, false, loc);
-}
 inline void check_labels_dtype(const std::string& loss, const TensorBase& labels, DType expected, SourceLoc loc) {
   if (labels.dtype() != expected)
     throw_shape_error(loss, loc, "labels must be ", dtype_name(expected), ", got ", dtype_name(labels.dtype()),
@@ -44,7 +34,7 @@ XGRAD_API Tensor<float> SoftmaxCrossEntropy::forward(const Tensor<float>& logits
   if (labels.shape() != logits.shape())
     throw_shape_error(name(), loc, "dense labels must have the logits' shape ", logits.shape(), ", got ",
                       labels.shape());
-  return detail::reduce(
+  return xgrad::detail::reduce_losses(
       neg(sum(mul(Tensor<float>(labels, loc), log_softmax(logits, -1, loc), loc), {-1}, false, loc), loc),
       m_options.reduction, loc);
 }
@@ -55,7 +45,7 @@ XGRAD_API Tensor<float> MSELoss::forward(const Tensor<float>& output, const Tens
   if (labels.shape() != output.shape())
     throw_shape_error(name(), loc, "labels ", labels.shape(), " must have the output's shape ", output.shape(),
                       "; reshape one of them");
-  return detail::reduce(square(sub(output, Tensor<float>(labels, loc), loc), loc), m_reduction, loc);
+  return xgrad::detail::reduce_losses(square(sub(output, Tensor<float>(labels, loc), loc), loc), m_reduction, loc);
 }
 
 }  // namespace xgrad::nn

@@ -406,6 +406,18 @@ template <FloatingPoint T> Tensor<T> max_pool_put(const Tensor<std::int32_t>& id
   return apply<T>(op::MaxPoolPut{geo}, loc, idx, gy);
 }
 
+template <FloatingPoint T> Tensor<T> reduce_losses(const Tensor<T>& losses, Reduction reduction, SourceLoc loc) {
+  switch (reduction) {
+    case Reduction::none:
+      return losses;
+    case Reduction::sum:
+      return sum(losses, {}, false, loc);
+    case Reduction::mean:
+      break;
+  }
+  return mean(losses, {}, false, loc);
+}
+
 }  // namespace detail
 
 // Runs as MaxPoolTake(x, MaxPoolArgmax(x)): the backward reuses the argmax.
@@ -488,15 +500,7 @@ template <FloatingPoint T> Tensor<T> softmax_cross_entropy(const Tensor<T>& logi
     throw_shape_error("SoftmaxCrossEntropyWithLogits", loc, "logits must be [N, C] and labels [N] (inputs ",
                       detail::describe_inputs({{"logits", &logits}, {"labels", &labels}}), ")");
   auto losses = detail::apply<T>(op::SoftmaxCrossEntropy{logits.shape()[0], logits.shape()[1]}, loc, logits, labels);
-  switch (reduction) {
-    case Reduction::none:
-      return losses;
-    case Reduction::sum:
-      return sum(losses, {}, false, loc);
-    case Reduction::mean:
-      break;
-  }
-  return mean(losses, {}, false, loc);
+  return detail::reduce_losses(losses, reduction, loc);
 }
 
 }  // namespace xgrad

@@ -83,6 +83,8 @@ template <FloatingPoint T> Tensor<T> max_pool_take(const Tensor<T>& v, const Ten
                                                    const cpu::Pool2dGeometry& geo, SourceLoc loc);
 template <FloatingPoint T> Tensor<T> max_pool_put(const Tensor<std::int32_t>& idx, const Tensor<T>& gy,
                                                   const cpu::Pool2dGeometry& geo, SourceLoc loc);
+/// Per-sample losses folded as `reduction` says: softmax_cross_entropy's, and nn's losses'.
+template <FloatingPoint T> Tensor<T> reduce_losses(const Tensor<T>& losses, Reduction reduction, SourceLoc loc);
 }  // namespace detail
 
 // The instances xgrad::compiled holds (core/config.hpp).
@@ -102,7 +104,8 @@ template <FloatingPoint T> Tensor<T> max_pool_put(const Tensor<std::int32_t>& id
   X Tensor<T> detail::max_pool_take<T>(const Tensor<T>&, const Tensor<std::int32_t>&, const cpu::Pool2dGeometry&, \
                                        SourceLoc);                                                                \
   X Tensor<T> detail::max_pool_put<T>(const Tensor<std::int32_t>&, const Tensor<T>&, const cpu::Pool2dGeometry&,  \
-                                      SourceLoc);
+                                      SourceLoc);                                                                 \
+  X Tensor<T> detail::reduce_losses<T>(const Tensor<T>&, Reduction, SourceLoc);
 #define XGRAD_NN_INSTANCES(X) XGRAD_FOR_EACH_FloatingPoint(XGRAD_NN_INSTANCE, X)
 #if defined(XGRAD_COMPILED) && !defined(XGRAD_INSTANTIATE_NN)
 XGRAD_NN_INSTANCES(extern template)
