@@ -232,8 +232,8 @@ inline void keep_this_thread_serial() { detail::t_in_parallel = true; }
 /// kMaxThreads, or more than the system lets start, is a ValueError and keeps the count as it was.
 inline void set_num_threads(int n) {
   if (n > kMaxThreads)
-    throw ValueError(xgrad::detail::concat("set_num_threads: ", n, " threads asked for, at most ", kMaxThreads,
-                                           " are allowed"));
+    throw ValueError(
+        xgrad::detail::concat("set_num_threads: ", n, " threads asked for, at most ", kMaxThreads, " are allowed"));
   if (n <= 0) n = detail::default_num_threads();
   std::shared_ptr<detail::ThreadPool> old;
   {
@@ -256,36 +256,36 @@ inline void set_num_threads(int n) {
 /// [begin, end); chunks run concurrently on the pool and the calling thread. Runs f(begin, end)
 /// inline when the range is at most `grain`, with one thread, or when nested in a region.
 /// The first exception thrown by f is rethrown here after all chunks have stopped.
-template <class F> void parallel_for(int64_t begin, int64_t end, int64_t grain, F&& f) {
+namespace detail {
+/// parallel_for for every loop body alike: `invoke(ctx, lo, hi)` runs the body on one range.
+/// The body reaches it as a function pointer, so that each loop's code is generated once,
+/// not once for every branch here that may run it inline.
+inline void parallel_for_erased(int64_t begin, int64_t end, int64_t grain, void (*invoke)(void*, int64_t, int64_t),
+                                void* ctx) {
   if (end <= begin) return;
   const int64_t n = end - begin;
   if (grain < 1) grain = 1;
-  if (n <= grain || detail::t_in_parallel) {
-    f(begin, end);
-    return;
-  }
-  const int nt = num_threads();
-  const int64_t chunks = std::min<int64_t>(nt, n / grain);
-  if (chunks <= 1) {
-    f(begin, end);
-    return;
-  }
+  const int64_t chunks = n <= grain || t_in_parallel ? 1 : std::min<int64_t>(num_threads(), n / grain);
+  if (chunks <= 1) return invoke(ctx, begin, end);
 
-  using Fn = std::remove_reference_t<F>;
-  detail::Job job;
-  job.m_invoke = [](void* ctx, int64_t lo, int64_t hi) { (*static_cast<Fn*>(ctx))(lo, hi); };
-  job.m_ctx = const_cast<void*>(static_cast<const void*>(std::addressof(f)));
+  Job job;
+  job.m_invoke = invoke;
+  job.m_ctx = ctx;
   job.m_begin = begin;
   job.m_size = n;
   job.m_num_chunks = chunks;
-
-  const std::shared_ptr<detail::ThreadPool> pool = detail::get_pool();
-  if (!pool->try_run(job)) {
-    // Another thread owns the pool: do the work here rather than wait for it.
-    f(begin, end);
-    return;
-  }
+  const std::shared_ptr<ThreadPool> pool = get_pool();
+  // Another thread owns the pool: do the work here rather than wait for it.
+  if (!pool->try_run(job)) return invoke(ctx, begin, end);
   if (job.m_error) std::rethrow_exception(job.m_error);
+}
+}  // namespace detail
+
+template <class F> void parallel_for(int64_t begin, int64_t end, int64_t grain, F&& f) {
+  using Fn = std::remove_reference_t<F>;
+  detail::parallel_for_erased(
+      begin, end, grain, [](void* ctx, int64_t lo, int64_t hi) { (*static_cast<Fn*>(ctx))(lo, hi); },
+      const_cast<void*>(static_cast<const void*>(std::addressof(f))));
 }
 
 }  // namespace xgrad::cpu
