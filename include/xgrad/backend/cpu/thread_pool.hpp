@@ -252,10 +252,6 @@ inline void set_num_threads(int n) {
   // `old` (if last owner) joins its workers here, outside the lock.
 }
 
-/// Calls f(lo, hi) on disjoint chunks, each at least `grain` long, that together cover
-/// [begin, end); chunks run concurrently on the pool and the calling thread. Runs f(begin, end)
-/// inline when the range is at most `grain`, with one thread, or when nested in a region.
-/// The first exception thrown by f is rethrown here after all chunks have stopped.
 namespace detail {
 /// parallel_for for every loop body alike: `invoke(ctx, lo, hi)` runs the body on one range.
 /// The body reaches it as a function pointer, so that each loop's code is generated once,
@@ -281,6 +277,10 @@ inline void parallel_for_erased(int64_t begin, int64_t end, int64_t grain, void 
 }
 }  // namespace detail
 
+/// Calls f(lo, hi) on disjoint chunks, each at least `grain` long, that together cover
+/// [begin, end); chunks run concurrently on the pool and the calling thread. Runs f(begin, end)
+/// inline when the range is at most `grain`, with one thread, or when nested in a region.
+/// The first exception thrown by f is rethrown here after all chunks have stopped.
 template <class F> void parallel_for(int64_t begin, int64_t end, int64_t grain, F&& f) {
   using Fn = std::remove_reference_t<F>;
   detail::parallel_for_erased(
