@@ -17,8 +17,8 @@ import sys
 
 # Lowest first. ir sits below backend because the backend runs graphs (the executor, fused
 # groups); autograd's engine above ops because it sums and adds gradients with ops; the tape
-# node that ops record onto lives in core.
-LAYERS = ["core", "ir", "backend", "ops", "autograd", "passes", "jit", "nn", "data", "models"]
+# node that ops record onto lives in core; distributed's collectives are ops with gradient rules.
+LAYERS = ["core", "ir", "backend", "ops", "autograd", "distributed", "passes", "jit", "nn", "data", "models"]
 
 # What each umbrella header may pull in, all the way down: layers, and system headers it must not.
 EAGER = {"core", "ir", "backend", "ops", "autograd"}
@@ -27,6 +27,7 @@ UMBRELLAS = {
     "xgrad/jit.hpp": (EAGER | {"passes", "jit"}, {"zlib.h"}),
     "xgrad/nn.hpp": (EAGER | {"passes", "jit", "nn"}, set()),
     "xgrad/data.hpp": ({"core", "backend", "data"}, set()),
+    "xgrad/distributed.hpp": (EAGER | {"distributed"}, {"zlib.h"}),
     "xgrad/xgrad.hpp": (set(LAYERS), set()),
 }
 

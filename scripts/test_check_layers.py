@@ -11,6 +11,7 @@ UMBRELLAS = {
     "jit.hpp": '#include "xgrad/core.hpp"\n',
     "nn.hpp": '#include "xgrad/jit.hpp"\n',
     "data.hpp": '#include "xgrad/data/idx.hpp"\n',
+    "distributed.hpp": '#include "xgrad/core.hpp"\n',
     "xgrad.hpp": '#include "xgrad/nn.hpp"\n#include "xgrad/data.hpp"\n',
 }
 

@@ -5,6 +5,7 @@
 #include "xgrad/core.hpp"
 #include "xgrad/core/xtensor_interop.hpp"
 #include "xgrad/data.hpp"
+#include "xgrad/distributed.hpp"
 #include "xgrad/jit.hpp"
 #include "xgrad/models/lenet5.hpp"
 #include "xgrad/nn.hpp"

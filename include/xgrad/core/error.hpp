@@ -42,6 +42,14 @@ class AutogradError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// A process group that cannot go on: MPI missing or failing, ranks that disagree on a
+/// collective (shapes, dtypes, order), a rank that stopped answering. what() names the
+/// collective and the ranks involved.
+class DistributedError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 namespace detail {
 
 template <class... Parts> std::string concat(const Parts&... parts) {

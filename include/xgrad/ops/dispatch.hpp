@@ -76,10 +76,13 @@ TensorBase primitive(const P& def, SourceLoc loc, std::span<const TensorBase> in
                      Compute compute, OpTraits traits = {}) {
   checked_numel(P::name, loc, shape);  // every output shape, traced or not, is one a tensor can have
   if (auto* tracer = tracing::Tracer::active()) [[unlikely]] {
+    // A definition with `static constexpr bool has_effect = true` (a collective) must run
+    // even when nothing reads its output, once per call, in program order.
+    constexpr bool has_effect = requires { requires P::has_effect; };
     return tracer->emit(
         ir::make_primitive(def), loc, inputs, {{dtype, shape}},
-        [compute](std::span<const TensorBase> in, std::span<TensorBase> out) { out[0] = compute(in, out[0]); },
-        traits)[0];
+        [compute](std::span<const TensorBase> in, std::span<TensorBase> out) { out[0] = compute(in, out[0]); }, traits,
+        {}, has_effect)[0];
   }
   check_devices(P::name, loc, inputs);
   return naming_allocations(P::name, loc, [&] { return compute(inputs, TensorBase()); });

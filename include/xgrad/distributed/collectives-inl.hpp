@@ -1,0 +1,194 @@
+// Definitions of distributed/collectives.hpp: included by it when header-only, compiled once
+// into the library (src/distributed.cpp) otherwise.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "xgrad/core/factory.hpp"
+#include "xgrad/distributed/collectives.hpp"
+#include "xgrad/ops/dispatch.hpp"
+#include "xgrad/ops/elementwise.hpp"
+#include "xgrad/ops/manipulation.hpp"
+
+namespace xgrad {
+
+namespace distributed::detail {
+
+/// Runs `body(in, out)` on host pointers to x's and out's elements: theirs on the cpu, else
+/// copies staged through the host (MPI reads and writes host memory).
+template <class T, class Body> void on_host(const Tensor<T>& x, Tensor<T>& out, Body body) {
+  if (x.device() == Device::cpu && out.device() == Device::cpu) {
+    body(x.data(), out.data());
+    return;
+  }
+  const std::size_t in_bytes = static_cast<std::size_t>(x.numel()) * sizeof(T);
+  const std::size_t out_bytes = static_cast<std::size_t>(out.numel()) * sizeof(T);
+  std::vector<std::byte> in(in_bytes), result(out_bytes);
+  xgrad::detail::copy_bytes(in.data(), Device::cpu, x.data(), x.device(), in_bytes);
+  body(reinterpret_cast<const T*>(in.data()), reinterpret_cast<T*>(result.data()));
+  xgrad::detail::copy_bytes(out.data(), out.device(), result.data(), Device::cpu, out_bytes);
+}
+
+inline Signature signature_of(std::string_view op, const TensorBase& x, std::int64_t parameter, SourceLoc loc) {
+  return {.op = op, .dtype = x.dtype(), .shape = x.shape(), .parameter = parameter, .loc = loc};
+}
+
+/// 1 where x holds the result of a max or min over the ranks, else 0, divided by how many ranks
+/// hold it there: the share of the gradient each rank's x gets.
+template <class T> Tensor<T> extreme_share(const Tensor<T>& x, const Tensor<T>& result, SourceLoc loc) {
+  const Tensor<T> holds = cast<T>(equal(x, result, loc), loc);  // none where the result is NaN: a NaN gradient
+  return holds / all_reduce(holds, ReduceOp::sum, loc);
+}
+
+}  // namespace distributed::detail
+
+namespace op {
+
+/// The collectives' nodes: effects (never folded, merged or removed, and run in program order),
+/// since each is a message every rank must send. `loc` is the caller's line, for the errors the
+/// exchange itself finds (ranks that disagree, MPI failing); it is not a parameter.
+struct AllReduce {
+  static constexpr std::string_view name = "AllReduce";
+  static constexpr bool has_effect = true;
+  distributed::ReduceOp reduce = distributed::ReduceOp::sum;
+  std::vector<ir::Attr> attrs() const { return {{"reduce", std::string(distributed::reduce_op_name(reduce))}}; }
+  SourceLoc loc;
+  bool operator==(const AllReduce& o) const { return reduce == o.reduce; }
+  Shape output_shape(const Shape& x) const { return x; }
+  template <class T> void run(Device, const Tensor<T>& x, Tensor<T>& out) const {
+    distributed::detail::on_host(x, out, [&](const T* in, T* result) {
+      if (in != result) std::copy(in, in + x.numel(), result);
+      distributed::detail::all_reduce(
+          result, x.numel(), reduce, distributed::detail::signature_of("all_reduce", x, static_cast<int>(reduce), loc));
+    });
+  }
+  static constexpr Needs<1> differentiable{true}, saved{true};
+  static constexpr bool reads_output = true;
+  template <class T>
+  autograd::Grads grad(const Tensor<T>& g, const Tensor<T>& y, Needs<1>, SourceLoc loc, const Tensor<T>& x) const {
+    using distributed::ReduceOp;
+    if (reduce == ReduceOp::sum || reduce == ReduceOp::mean) return {distributed::all_reduce(g, reduce, loc)};
+    return {distributed::all_reduce(g, ReduceOp::sum, loc) * distributed::detail::extreme_share(x, y, loc)};
+  }
+};
+
+struct AllGather {
+  static constexpr std::string_view name = "AllGather";
+  static constexpr bool has_effect = true;
+  int world = 1;
+  std::vector<ir::Attr> attrs() const { return {{"world", std::to_string(world)}}; }
+  SourceLoc loc;
+  bool operator==(const AllGather& o) const { return world == o.world; }
+  Shape output_shape(const Shape& x) const {
+    Shape out{world};
+    for (std::int64_t d : x) out.push_back(d);
+    return out;
+  }
+  template <class T> void run(Device, const Tensor<T>& x, Tensor<T>& out) const {
+    distributed::detail::on_host(x, out, [&](const T* in, T* result) {
+      distributed::detail::all_gather(in, result, x.numel() * static_cast<std::int64_t>(sizeof(T)),
+                                      distributed::detail::signature_of("all_gather", x, 0, loc));
+    });
+  }
+  static constexpr Needs<1> differentiable{true}, saved{false};
+  template <class T> autograd::Grads grad(const Tensor<T>& g, Needs<1>, SourceLoc loc, const Tensor<T>&) const {
+    return {distributed::reduce_scatter(g, distributed::ReduceOp::sum, loc)};
+  }
+};
+
+struct ReduceScatter {
+  static constexpr std::string_view name = "ReduceScatter";
+  static constexpr bool has_effect = true;
+  distributed::ReduceOp reduce = distributed::ReduceOp::sum;
+  std::vector<ir::Attr> attrs() const { return {{"reduce", std::string(distributed::reduce_op_name(reduce))}}; }
+  SourceLoc loc;
+  bool operator==(const ReduceScatter& o) const { return reduce == o.reduce; }
+  Shape output_shape(const Shape& x) const { return Shape(x.begin() + 1, x.end()); }
+  template <class T> void run(Device, const Tensor<T>& x, Tensor<T>& out) const {
+    distributed::detail::on_host(x, out, [&](const T* in, T* result) {
+      distributed::detail::reduce_scatter(
+          in, result, out.numel(), reduce,
+          distributed::detail::signature_of("reduce_scatter", x, static_cast<int>(reduce), loc));
+    });
+  }
+  static constexpr Needs<1> differentiable{true}, saved{true};
+  static constexpr bool reads_output = true;
+  template <class T>
+  autograd::Grads grad(const Tensor<T>& g, const Tensor<T>& y, Needs<1>, SourceLoc loc, const Tensor<T>& x) const {
+    using distributed::ReduceOp;
+    const Tensor<T> every = distributed::all_gather(g, loc);
+    if (reduce == ReduceOp::sum) return {every};
+    if (reduce == ReduceOp::mean) return {every / static_cast<T>(x.shape()[0])};
+    return {every * distributed::detail::extreme_share(x, distributed::all_gather(y, loc), loc)};
+  }
+};
+
+struct Broadcast {
+  static constexpr std::string_view name = "Broadcast";
+  static constexpr bool has_effect = true;
+  int root = 0;
+  bool is_root = false;  // this process is root: its gradient is the ranks' sum, the others' zero
+  std::vector<ir::Attr> attrs() const { return {{"root", std::to_string(root)}}; }
+  SourceLoc loc;
+  bool operator==(const Broadcast& o) const { return root == o.root && is_root == o.is_root; }
+  Shape output_shape(const Shape& x) const { return x; }
+  template <class T> void run(Device, const Tensor<T>& x, Tensor<T>& out) const {
+    distributed::detail::on_host(x, out, [&](const T* in, T* result) {
+      if (in != result) std::copy(in, in + x.numel(), result);
+      distributed::detail::broadcast(result, x.numel() * static_cast<std::int64_t>(sizeof(T)), root,
+                                     distributed::detail::signature_of("broadcast", x, root, loc));
+    });
+  }
+  static constexpr Needs<1> differentiable{true}, saved{false};
+  template <class T> autograd::Grads grad(const Tensor<T>& g, Needs<1>, SourceLoc loc, const Tensor<T>&) const {
+    const Tensor<T> sum = distributed::all_reduce(g, distributed::ReduceOp::sum, loc);
+    return {is_root ? sum : zeros_like(sum, loc)};
+  }
+};
+
+}  // namespace op
+
+namespace distributed {
+
+template <Numeric T> Tensor<T> all_reduce(const Tensor<T>& x, ReduceOp reduce, SourceLoc loc) {
+  xgrad::detail::OpScope scope("all_reduce", loc, {x});
+  detail::joined_size("all_reduce", loc);
+  if (reduce == ReduceOp::mean && !FloatingPoint<T>)
+    throw_value_error("all_reduce", loc, "mean of an ", dtype_name(x.dtype()),
+                      " tensor would round; reduce with sum and divide in floating point");
+  return xgrad::detail::apply<T>(op::AllReduce{reduce, loc}, loc, x);
+}
+
+template <Element T> Tensor<T> all_gather(const Tensor<T>& x, SourceLoc loc) {
+  xgrad::detail::OpScope scope("all_gather", loc, {x});
+  if (x.ndim() + 1 > kMaxRank)
+    throw_shape_error("all_gather", loc, "x has ", x.ndim(), " axes, and the result adds one: at most ", kMaxRank,
+                      " axes in all (x: ", dtype_name(x.dtype()), x.shape(), ")");
+  return xgrad::detail::apply<T>(op::AllGather{detail::joined_size("all_gather", loc), loc}, loc, x);
+}
+
+template <Numeric T> Tensor<T> reduce_scatter(const Tensor<T>& x, ReduceOp reduce, SourceLoc loc) {
+  xgrad::detail::OpScope scope("reduce_scatter", loc, {x});
+  const int world = detail::joined_size("reduce_scatter", loc);
+  if (x.ndim() == 0 || x.shape()[0] != world)
+    throw_shape_error("reduce_scatter", loc, "x's leading axis must be the world size ", world,
+                      " (one slice per rank), x is ", dtype_name(x.dtype()), x.shape());
+  if (reduce == ReduceOp::mean && !FloatingPoint<T>)
+    throw_value_error("reduce_scatter", loc, "mean of an ", dtype_name(x.dtype()),
+                      " tensor would round; reduce with sum and divide in floating point");
+  return xgrad::detail::apply<T>(op::ReduceScatter{reduce, loc}, loc, x);
+}
+
+template <Element T> Tensor<T> broadcast(const Tensor<T>& x, int root, SourceLoc loc) {
+  xgrad::detail::OpScope scope("broadcast", loc, {x});
+  const int world = detail::joined_size("broadcast", loc);
+  if (root < 0 || root >= world)
+    throw_value_error("broadcast", loc, "root ", root, " is not a rank of this group of ", world);
+  return xgrad::detail::apply<T>(op::Broadcast{root, rank(loc) == root, loc}, loc, x);
+}
+
+}  // namespace distributed
+
+}  // namespace xgrad

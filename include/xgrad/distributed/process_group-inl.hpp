@@ -1,0 +1,316 @@
+// Definitions of distributed/process_group.hpp: included by it when header-only, compiled once
+// into the library (src/distributed.cpp) otherwise.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <climits>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "xgrad/core/error.hpp"
+#include "xgrad/core/shape.hpp"
+#include "xgrad/distributed/process_group.hpp"
+
+#if defined(XGRAD_WITH_MPI)
+#define OMPI_SKIP_MPICXX 1  // xgrad calls MPI's C API; the deprecated C++ bindings only cost parsing
+#define MPICH_SKIP_MPICXX 1
+#include <mpi.h>
+#endif
+
+namespace xgrad::distributed {
+
+XGRAD_API std::string_view reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum:
+      return "sum";
+    case ReduceOp::mean:
+      return "mean";
+    case ReduceOp::max:
+      return "max";
+    case ReduceOp::min:
+      return "min";
+  }
+  return "?";
+}
+
+namespace detail {
+
+struct GroupState {
+  bool initialized = false;
+  bool finalized = false;
+  bool owns_mpi = false;  // init() started MPI, so finalize() ends it
+  int rank = 0;
+  int size = 1;
+#if defined(XGRAD_WITH_MPI)
+  MPI_Comm comm = MPI_COMM_NULL;  // a duplicate of the world's, so xgrad's messages never meet the program's
+  MPI_Op nan_max = MPI_OP_NULL, nan_min = MPI_OP_NULL;
+#endif
+};
+
+XGRAD_API GroupState& group() {
+  static GroupState state;
+  return state;
+}
+
+[[noreturn]] inline void fail(std::string_view op, SourceLoc loc, const std::string& what) {
+  throw DistributedError(xgrad::detail::op_message(op, loc, what));
+}
+
+inline const GroupState& joined(std::string_view op, SourceLoc loc) {
+  const GroupState& g = group();
+  if (!g.initialized)
+    fail(op, loc,
+         g.finalized ? "the process group was finalized"
+                     : "call xg::distributed::init() first (a process started "
+                       "without mpirun is then a group of one)");
+  return g;
+}
+
+XGRAD_API int joined_size(std::string_view op, SourceLoc loc) { return joined(op, loc).size; }
+
+/// The world size mpirun (Open MPI's, MPICH's or a PMIx launcher) gave this process, or 1.
+inline int launched_world_size() {
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"})
+    if (const char* value = std::getenv(name)) return std::max(1, std::atoi(value));
+  return 1;
+}
+
+/// "all_reduce (sum) of Float32[3, 4]": a rank's record in check_signature's message.
+inline std::string describe(const std::int64_t* record) {
+  static constexpr std::string_view kNames[] = {"all_reduce", "all_gather", "reduce_scatter", "broadcast"};
+  const auto code = static_cast<std::size_t>(record[0]);
+  std::string out(code < std::size(kNames) ? kNames[code] : "an unknown collective");
+  if (code == 0 || code == 2) out += xgrad::detail::concat(" (", reduce_op_name(static_cast<ReduceOp>(record[2])), ")");
+  if (code == 3) out += xgrad::detail::concat(" (root ", record[2], ")");
+  return out + xgrad::detail::concat(" of ", dtype_name(static_cast<DType>(record[1])),
+                                     Shape(record + 4, record + 4 + record[3]));
+}
+
+#if defined(XGRAD_WITH_MPI)
+
+inline void check_mpi(int code, std::string_view op, SourceLoc loc) {
+  if (code == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  MPI_Error_string(code, text, &length);
+  fail(op, loc, xgrad::detail::concat("MPI failed on rank ", group().rank, ": ", std::string(text, length)));
+}
+
+inline MPI_Datatype mpi_type(DType dtype) {
+  switch (dtype) {
+    case DType::float32:
+      return MPI_FLOAT;
+    case DType::float64:
+      return MPI_DOUBLE;
+    case DType::int32:
+      return MPI_INT32_T;
+    case DType::int64:
+      return MPI_INT64_T;
+    case DType::boolean:
+      return MPI_C_BOOL;
+  }
+  return MPI_BYTE;
+}
+
+/// max and min as xgrad's maximum and minimum: a NaN wins (MPI_MAX leaves NaN undefined).
+template <bool Max, class T> void nan_extreme(const T* in, T* inout, int n) {
+  for (int i = 0; i < n; ++i)
+    if (std::isnan(in[i]) || (!std::isnan(inout[i]) && (Max ? in[i] > inout[i] : in[i] < inout[i]))) inout[i] = in[i];
+}
+template <bool Max> void nan_extreme_op(void* in, void* inout, int* n, MPI_Datatype* type) {
+  if (*type == MPI_FLOAT)
+    nan_extreme<Max>(static_cast<const float*>(in), static_cast<float*>(inout), *n);
+  else
+    nan_extreme<Max>(static_cast<const double*>(in), static_cast<double*>(inout), *n);
+}
+
+inline MPI_Op mpi_op(ReduceOp reduce, DType dtype) {
+  const bool floating = dtype == DType::float32 || dtype == DType::float64;
+  switch (reduce) {
+    case ReduceOp::max:
+      return floating ? group().nan_max : MPI_MAX;
+    case ReduceOp::min:
+      return floating ? group().nan_min : MPI_MIN;
+    default:
+      return MPI_SUM;  // mean divides the sum
+  }
+}
+
+/// Every rank's (collective, dtype, parameter, rank and extents), gathered; a
+/// DistributedError naming the ranks when they differ, which would otherwise hang MPI or
+/// truncate its messages.
+inline void check_signature(int collective, const Signature& sig) {
+  const GroupState& g = group();
+  constexpr int kWidth = 4 + kMaxRank;
+  std::array<std::int64_t, kWidth> mine{};
+  mine[0] = collective;
+  mine[1] = static_cast<std::int64_t>(sig.dtype);
+  mine[2] = sig.parameter;
+  mine[3] = sig.shape.ndim();
+  std::copy(sig.shape.begin(), sig.shape.end(), mine.begin() + 4);
+  std::vector<std::int64_t> all(static_cast<std::size_t>(kWidth) * g.size);
+  check_mpi(MPI_Allgather(mine.data(), kWidth, MPI_INT64_T, all.data(), kWidth, MPI_INT64_T, g.comm), sig.op, sig.loc);
+  for (int r = 1; r < g.size; ++r) {
+    const std::int64_t* theirs = all.data() + static_cast<std::size_t>(kWidth) * r;
+    if (!std::equal(all.begin(), all.begin() + kWidth, theirs))
+      fail(sig.op, sig.loc,
+           xgrad::detail::concat("the ranks disagree on the collective: rank 0 calls ", describe(all.data()), ", rank ",
+                                 r, " calls ", describe(theirs),
+                                 "; every rank must call the same collectives in the same order, with the same "
+                                 "dtypes, shapes and parameters"));
+  }
+}
+
+/// Element counts of MPI calls are ints: a count past INT_MAX is sent in parts.
+inline int mpi_count(std::int64_t n, const Signature& sig) {
+  if (n > INT_MAX)
+    fail(sig.op, sig.loc,
+         xgrad::detail::concat("a tensor of ", n, " elements per rank is more than MPI sends at once (", INT_MAX, ")"));
+  return static_cast<int>(n);
+}
+
+#endif
+
+template <class T> void divide_by(void* data, std::int64_t count, int n) {
+  T* p = static_cast<T*>(data);
+  for (std::int64_t i = 0; i < count; ++i) p[i] /= static_cast<T>(n);
+}
+
+/// Mean's division of the summed elements (floating point only: the ops reject integer means).
+inline void divide_sum(void* data, std::int64_t count, DType dtype, int n) {
+  if (dtype == DType::float32) divide_by<float>(data, count, n);
+  if (dtype == DType::float64) divide_by<double>(data, count, n);
+}
+
+XGRAD_API void all_reduce(void* data, std::int64_t count, ReduceOp reduce, const Signature& sig) {
+  const GroupState& g = joined(sig.op, sig.loc);
+  if (g.size == 1) return;
+#if defined(XGRAD_WITH_MPI)
+  check_signature(0, sig);
+  // Reduce-scatter, then all-gather: each element is reduced on one rank and copied to the
+  // others, so every rank ends with the same bits (MPI_Allreduce's algorithms may round
+  // differently on different ranks), at a ring all-reduce's cost.
+  const std::size_t element = dtype_size(sig.dtype);
+  std::vector<int> counts(g.size), offsets(g.size);
+  for (int r = 0; r < g.size; ++r) {
+    const std::int64_t begin = count * r / g.size, end = count * (r + 1) / g.size;
+    counts[r] = mpi_count(end - begin, sig);
+    offsets[r] = mpi_count(begin, sig);
+  }
+  std::vector<std::byte> part(static_cast<std::size_t>(counts[g.rank]) * element);
+  const MPI_Datatype type = mpi_type(sig.dtype);
+  check_mpi(MPI_Reduce_scatter(data, part.data(), counts.data(), type, mpi_op(reduce, sig.dtype), g.comm), sig.op,
+            sig.loc);
+  if (reduce == ReduceOp::mean) divide_sum(part.data(), counts[g.rank], sig.dtype, g.size);
+  check_mpi(MPI_Allgatherv(part.data(), counts[g.rank], type, data, counts.data(), offsets.data(), type, g.comm),
+            sig.op, sig.loc);
+#else
+  (void)data, (void)count, (void)reduce;
+#endif
+}
+
+XGRAD_API void all_gather(const void* in, void* out, std::int64_t bytes, const Signature& sig) {
+  const GroupState& g = joined(sig.op, sig.loc);
+  if (g.size == 1) {
+    if (bytes > 0) std::memcpy(out, in, static_cast<std::size_t>(bytes));
+    return;
+  }
+#if defined(XGRAD_WITH_MPI)
+  check_signature(1, sig);
+  const int n = mpi_count(bytes, sig);
+  check_mpi(MPI_Allgather(in, n, MPI_BYTE, out, n, MPI_BYTE, g.comm), sig.op, sig.loc);
+#endif
+}
+
+XGRAD_API void reduce_scatter(const void* in, void* out, std::int64_t count, ReduceOp reduce, const Signature& sig) {
+  const GroupState& g = joined(sig.op, sig.loc);
+  if (g.size == 1) {
+    if (count > 0) std::memcpy(out, in, static_cast<std::size_t>(count) * dtype_size(sig.dtype));
+    return;
+  }
+#if defined(XGRAD_WITH_MPI)
+  check_signature(2, sig);
+  check_mpi(
+      MPI_Reduce_scatter_block(in, out, mpi_count(count, sig), mpi_type(sig.dtype), mpi_op(reduce, sig.dtype), g.comm),
+      sig.op, sig.loc);
+  if (reduce == ReduceOp::mean) divide_sum(out, count, sig.dtype, g.size);
+#else
+  (void)reduce;
+#endif
+}
+
+XGRAD_API void broadcast(void* data, std::int64_t bytes, int root, const Signature& sig) {
+  const GroupState& g = joined(sig.op, sig.loc);
+  if (root < 0 || root >= g.size)
+    fail(sig.op, sig.loc, xgrad::detail::concat("root ", root, " is not a rank of this group of ", g.size));
+  if (g.size == 1) return;
+#if defined(XGRAD_WITH_MPI)
+  check_signature(3, sig);
+  check_mpi(MPI_Bcast(data, mpi_count(bytes, sig), MPI_BYTE, root, g.comm), sig.op, sig.loc);
+#else
+  (void)data, (void)bytes;
+#endif
+}
+
+}  // namespace detail
+
+XGRAD_API void init(SourceLoc loc) {
+  detail::GroupState& g = detail::group();
+  if (g.initialized) return;
+  if (g.finalized) detail::fail("distributed::init", loc, "the process group was finalized; MPI cannot start again");
+#if defined(XGRAD_WITH_MPI)
+  int started = 0;
+  MPI_Initialized(&started);
+  if (!started) {
+    int provided = 0;
+    detail::check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided), "distributed::init", loc);
+    g.owns_mpi = true;
+    std::atexit([] { finalize(); });  // mpirun counts a rank that exits without MPI_Finalize as failed
+  }
+  detail::check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &g.comm), "distributed::init", loc);
+  MPI_Comm_set_errhandler(g.comm, MPI_ERRORS_RETURN);  // errors become DistributedErrors
+  MPI_Comm_rank(g.comm, &g.rank);
+  MPI_Comm_size(g.comm, &g.size);
+  MPI_Op_create(&detail::nan_extreme_op<true>, /*commute=*/1, &g.nan_max);
+  MPI_Op_create(&detail::nan_extreme_op<false>, /*commute=*/1, &g.nan_min);
+#else
+  if (const int launched = detail::launched_world_size(); launched > 1)
+    detail::fail("distributed::init", loc,
+                 xgrad::detail::concat("this process was started by mpirun as one of ", launched,
+                                       " but xgrad was built without MPI: configure with -DXGRAD_MPI=ON "
+                                       "(Debian: apt-get install libopenmpi-dev openmpi-bin)"));
+#endif
+  g.initialized = true;
+}
+
+XGRAD_API bool is_initialized() { return detail::group().initialized; }
+
+XGRAD_API int rank(SourceLoc loc) { return detail::joined("distributed::rank", loc).rank; }
+
+XGRAD_API int world_size(SourceLoc loc) { return detail::joined("distributed::world_size", loc).size; }
+
+XGRAD_API void barrier(SourceLoc loc) {
+  [[maybe_unused]] const detail::GroupState& g = detail::joined("distributed::barrier", loc);
+#if defined(XGRAD_WITH_MPI)
+  if (g.size > 1) detail::check_mpi(MPI_Barrier(g.comm), "distributed::barrier", loc);
+#endif
+}
+
+XGRAD_API void finalize() {
+  detail::GroupState& g = detail::group();
+  if (!g.initialized) return;
+#if defined(XGRAD_WITH_MPI)
+  MPI_Op_free(&g.nan_max);
+  MPI_Op_free(&g.nan_min);
+  MPI_Comm_free(&g.comm);
+  if (g.owns_mpi) MPI_Finalize();
+#endif
+  g = detail::GroupState{};
+  g.finalized = true;
+}
+
+}  // namespace xgrad::distributed

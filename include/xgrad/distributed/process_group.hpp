@@ -1,0 +1,97 @@
+// The process group of data-parallel training: the processes mpirun started (Open MPI), each a
+// rank. A process started without mpirun is a group of one, where every collective is the
+// identity. MPI is opt-in: CMake's XGRAD_MPI=ON links it and defines XGRAD_WITH_MPI; without
+// it the group is always one process, and init() says how to enable MPI when mpirun asked for
+// more. Declarations only: the definitions are in distributed/process_group-inl.hpp.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+#include "xgrad/core/config.hpp"
+#include "xgrad/core/dtype.hpp"
+#include "xgrad/core/shape.hpp"
+#include "xgrad/core/source_loc.hpp"
+
+namespace xgrad::distributed {
+
+/// How a collective combines the ranks' tensors elementwise.
+enum class ReduceOp { sum, mean, max, min };
+
+/// "sum", "mean", "max", "min".
+XGRAD_API std::string_view reduce_op_name(ReduceOp op);
+
+/// Joins the process group: MPI's world when mpirun started this process (MPI_Init_thread,
+/// unless the program initialized MPI itself), else a group of one. A second call does
+/// nothing; a call after finalize() is a DistributedError (MPI cannot start twice).
+XGRAD_API void init(SourceLoc loc = SourceLoc::current());
+
+/// True between init() and finalize().
+XGRAD_API bool is_initialized();
+
+/// This process's rank in [0, world_size()). DistributedError before init().
+XGRAD_API int rank(SourceLoc loc = SourceLoc::current());
+
+/// The number of processes in the group. DistributedError before init().
+XGRAD_API int world_size(SourceLoc loc = SourceLoc::current());
+
+/// Returns when every rank has called it.
+XGRAD_API void barrier(SourceLoc loc = SourceLoc::current());
+
+/// Leaves the group (MPI_Finalize, unless the program initialized MPI itself). Every rank
+/// calls it; nothing after it communicates. A call without init() does nothing; a program
+/// that never calls it gets it when it exits.
+XGRAD_API void finalize();
+
+/// True when this build of xgrad has MPI (XGRAD_WITH_MPI).
+constexpr bool built_with_mpi() {
+#if defined(XGRAD_WITH_MPI)
+  return true;
+#else
+  return false;
+#endif
+}
+
+/// init() for a scope: finalize() when it ends (the program's main, typically).
+class Session {
+ public:
+  explicit Session(SourceLoc loc = SourceLoc::current()) { init(loc); }
+  ~Session() { finalize(); }
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+};
+
+namespace detail {
+
+/// The collectives on raw buffers, which the ops (distributed/collectives.hpp) run. Each first
+/// checks that every rank calls the same collective on the same dtype and shape (a
+/// DistributedError naming the ranks that differ, instead of a hang or a truncated message);
+/// `op` and `loc` name the caller in errors.
+struct Signature {
+  std::string_view op;         // "all_reduce", ...
+  DType dtype;                 // of the tensor this rank passes
+  Shape shape;                 // and its shape
+  std::int64_t parameter = 0;  // what must also agree: the ReduceOp or the root
+  SourceLoc loc;
+};
+
+/// The group's size; a DistributedError naming `op` and `loc` before init().
+XGRAD_API int joined_size(std::string_view op, SourceLoc loc);
+
+/// data[i] = reduce over the ranks of their data[i], in place (count elements).
+XGRAD_API void all_reduce(void* data, std::int64_t count, ReduceOp reduce, const Signature& sig);
+/// out = the ranks' `bytes` bytes of `in`, rank after rank (out holds world_size() * bytes).
+XGRAD_API void all_gather(const void* in, void* out, std::int64_t bytes, const Signature& sig);
+/// out[i] = reduce over the ranks of their in[rank() * count + i] (in holds world_size() *
+/// count elements).
+XGRAD_API void reduce_scatter(const void* in, void* out, std::int64_t count, ReduceOp reduce, const Signature& sig);
+/// data = root's data, `bytes` bytes.
+XGRAD_API void broadcast(void* data, std::int64_t bytes, int root, const Signature& sig);
+
+}  // namespace detail
+
+}  // namespace xgrad::distributed
+
+#if !defined(XGRAD_COMPILED)
+#include "xgrad/distributed/process_group-inl.hpp"
+#endif

@@ -1,0 +1,237 @@
+// The process group and the collectives. The suite runs these cases twice: in the test program
+// as a group of one, and under `mpirun -np 2` (ctest's xgrad_distributed_mpi, with XGRAD_MPI=ON),
+// where each rank checks its result against the definition computed from every rank's input.
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <vector>
+
+#include "test_support.hpp"
+
+namespace xg = xgrad;
+namespace dist = xgrad::distributed;
+using xgrad::testing::contains;
+using xgrad::testing::message_of;
+
+namespace {
+
+/// Rank r's input element i: distinct across ranks and elements (no ties for max and min), and
+/// exact in every dtype.
+template <class T> T value(int r, std::int64_t i) {
+  if constexpr (std::is_same_v<T, bool>)
+    return (i + r) % 3 == 0;
+  else
+    return static_cast<T>(((i * 7 + r * 5) % 23) - 11) * T(2) + static_cast<T>(r);
+}
+
+template <class T> xg::Tensor<T> input(const xg::Shape& shape, int r) {
+  std::vector<T> v(static_cast<std::size_t>(shape.numel()));
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = value<T>(r, static_cast<std::int64_t>(i));
+  return xg::tensor(v, shape);
+}
+
+/// What all_reduce gives at element i.
+template <class T> T reduced(dist::ReduceOp op, int n, std::int64_t i) {
+  T acc = value<T>(0, i);
+  for (int r = 1; r < n; ++r) {
+    const T v = value<T>(r, i);
+    acc = op == dist::ReduceOp::max ? std::max(acc, v) : op == dist::ReduceOp::min ? std::min(acc, v) : acc + v;
+  }
+  if (op == dist::ReduceOp::mean) acc /= static_cast<T>(n);
+  return acc;
+}
+
+const std::vector<xg::Shape> kShapes = {xg::Shape{}, xg::Shape{5}, xg::Shape{3, 4}, xg::Shape{2, 3, 2}};
+
+void join() {
+  dist::init();
+  REQUIRE(dist::is_initialized());
+}
+
+template <class T> void check_all_reduce(bool compiled) {
+  const int n = dist::world_size(), me = dist::rank();
+  std::vector<dist::ReduceOp> ops{dist::ReduceOp::sum, dist::ReduceOp::max, dist::ReduceOp::min};
+  if constexpr (xg::FloatingPoint<T>) ops.push_back(dist::ReduceOp::mean);
+  for (const xg::Shape& shape : kShapes)
+    for (dist::ReduceOp op : ops) {
+      CAPTURE(shape);
+      CAPTURE(dist::reduce_op_name(op));
+      auto f = [op](const xg::Tensor<T>& x) { return dist::all_reduce(x, op); };
+      const xg::Tensor<T> y = compiled ? xg::jit(f)(input<T>(shape, me)) : f(input<T>(shape, me));
+      REQUIRE(y.shape() == shape);
+      const std::vector<T> got = y.to_vector();
+      for (std::int64_t i = 0; i < shape.numel(); ++i) CHECK(got[i] == reduced<T>(op, n, i));
+    }
+}
+
+template <class T> void check_gather_scatter_broadcast(bool compiled) {
+  const int n = dist::world_size(), me = dist::rank();
+  for (const xg::Shape& shape : kShapes) {
+    CAPTURE(shape);
+    auto gather = [](const xg::Tensor<T>& x) { return dist::all_gather(x); };
+    const xg::Tensor<T> g = compiled ? xg::jit(gather)(input<T>(shape, me)) : gather(input<T>(shape, me));
+    xg::Shape stacked{n};
+    for (std::int64_t d : shape) stacked.push_back(d);
+    REQUIRE(g.shape() == stacked);
+    const std::vector<T> all = g.to_vector();
+    for (int r = 0; r < n; ++r)
+      for (std::int64_t i = 0; i < shape.numel(); ++i) CHECK(all[r * shape.numel() + i] == value<T>(r, i));
+
+    for (int root = 0; root < n; ++root) {
+      auto bcast = [root](const xg::Tensor<T>& x) { return dist::broadcast(x, root); };
+      const std::vector<T> b =
+          (compiled ? xg::jit(bcast)(input<T>(shape, me)) : bcast(input<T>(shape, me))).to_vector();
+      for (std::int64_t i = 0; i < shape.numel(); ++i) CHECK(b[i] == value<T>(root, i));
+    }
+
+    if constexpr (!std::is_same_v<T, bool>) {
+      // Rank r passes its inputs stacked n times, slice s scaled by s + 1: slice `me` of the
+      // sum is (me + 1) times the ranks' sum.
+      auto scatter = [n](const xg::Tensor<T>& x) {
+        std::vector<xg::Tensor<T>> slices;
+        for (int s = 0; s < n; ++s) slices.push_back(x * static_cast<T>(s + 1));
+        return dist::reduce_scatter(xg::stack(slices, 0));
+      };
+      const xg::Tensor<T> y = compiled ? xg::jit(scatter)(input<T>(shape, me)) : scatter(input<T>(shape, me));
+      REQUIRE(y.shape() == shape);
+      const std::vector<T> got = y.to_vector();
+      for (std::int64_t i = 0; i < shape.numel(); ++i)
+        CHECK(got[i] == static_cast<T>(me + 1) * reduced<T>(dist::ReduceOp::sum, n, i));
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("distributed: before init(), the group's functions say to call it") {
+  REQUIRE_FALSE(dist::is_initialized());  // the first case of this file: nothing has joined yet
+  const std::string what = message_of<xg::DistributedError>([] { (void)dist::rank(); });
+  CHECK(contains(what, "distributed::rank"));
+  CHECK(contains(what, "init()"));
+  CHECK(contains(message_of<xg::DistributedError>([] { (void)dist::all_reduce(xg::ones<float>({2})); }), "all_reduce"));
+  if constexpr (!dist::built_with_mpi()) {
+    // mpirun's environment, without MPI in this build: init() says how to get it.
+    ::setenv("OMPI_COMM_WORLD_SIZE", "4", 1);
+    const std::string refused = message_of<xg::DistributedError>([] { dist::init(); });
+    ::unsetenv("OMPI_COMM_WORLD_SIZE");
+    CHECK(contains(refused, "-DXGRAD_MPI=ON"));
+    CHECK(contains(refused, "one of 4"));
+    CHECK_FALSE(dist::is_initialized());
+  }
+}
+
+TEST_CASE("distributed: init() joins the group mpirun started, or a group of one") {
+  join();
+  dist::init();  // a second call does nothing
+  const char* launched = std::getenv("OMPI_COMM_WORLD_SIZE");
+  CHECK(dist::world_size() == (launched ? std::atoi(launched) : 1));
+  CHECK(dist::rank() >= 0);
+  CHECK(dist::rank() < dist::world_size());
+  dist::barrier();
+}
+
+TEST_CASE("distributed: all_reduce gives the definition on every rank, eagerly and compiled") {
+  join();
+  for (bool compiled : {false, true}) {
+    CAPTURE(compiled);
+    check_all_reduce<float>(compiled);
+    check_all_reduce<double>(compiled);
+    check_all_reduce<std::int32_t>(compiled);
+    check_all_reduce<std::int64_t>(compiled);
+  }
+}
+
+TEST_CASE("distributed: all_gather, broadcast and reduce_scatter give the definition, eagerly and compiled") {
+  join();
+  for (bool compiled : {false, true}) {
+    CAPTURE(compiled);
+    check_gather_scatter_broadcast<float>(compiled);
+    check_gather_scatter_broadcast<double>(compiled);
+    check_gather_scatter_broadcast<std::int32_t>(compiled);
+    check_gather_scatter_broadcast<std::int64_t>(compiled);
+    check_gather_scatter_broadcast<bool>(compiled);
+  }
+}
+
+TEST_CASE("distributed: the collectives stay in the compiled graph, in order, even when nothing reads them") {
+  join();
+  auto f = [](const xg::Tensor<float>& x) {
+    (void)dist::all_reduce(x * 2.0f);  // unused, but every rank must still send it
+    return dist::all_reduce(x, dist::ReduceOp::max) + dist::all_reduce(x, dist::ReduceOp::max);
+  };
+  const std::string ir = xg::jit(f).lower(xg::ones<float>({3})).ir();
+  CHECK(contains(ir, "AllReduce"));
+  std::size_t count = 0;
+  for (std::size_t at = ir.find("AllReduce"); at != std::string::npos; at = ir.find("AllReduce", at + 1)) ++count;
+  CHECK(count == 3);  // not removed as dead, not merged as common subexpressions
+  const std::vector<float> y = xg::jit(f)(xg::ones<float>({3})).to_vector();
+  CHECK(y == std::vector<float>(3, 2.0f));
+}
+
+TEST_CASE("distributed: gradients through the collectives match central differences of the ranks' total loss") {
+  join();
+  const int n = dist::world_size(), me = dist::rank();
+  using T = xg::Tensor<double>;
+  // Each rank's loss weighs the collective's output by its own weights; the function
+  // differentiated is the sum of the ranks' losses, as data-parallel training's is.
+  const T w = input<double>({2, 3}, me + 3) * 0.25;
+  const std::vector<std::pair<std::string, std::function<T(const T&)>>> cases = {
+      {"all_reduce sum", [](const T& x) { return dist::all_reduce(x); }},
+      {"all_reduce mean", [](const T& x) { return dist::all_reduce(x, dist::ReduceOp::mean); }},
+      {"all_reduce max", [](const T& x) { return dist::all_reduce(x, dist::ReduceOp::max); }},
+      {"all_reduce min", [](const T& x) { return dist::all_reduce(x, dist::ReduceOp::min); }},
+      {"all_gather", [](const T& x) { return xg::sum(dist::all_gather(x), {0}); }},
+      {"broadcast", [](const T& x) { return dist::broadcast(x, 0); }},
+      {"reduce_scatter sum", [n](const T& x) { return dist::reduce_scatter(xg::stack(std::vector<T>(n, x * x), 0)); }},
+      {"reduce_scatter mean",
+       [n](const T& x) { return dist::reduce_scatter(xg::stack(std::vector<T>(n, x * x), 0), dist::ReduceOp::mean); }},
+      {"reduce_scatter max",
+       [n](const T& x) {
+         return dist::reduce_scatter(xg::stack(std::vector<T>(n, x * x * x), 0), dist::ReduceOp::max);
+       }},
+  };
+  for (const auto& named : cases) {
+    const std::string& name = named.first;
+    CAPTURE(name);
+    auto local_loss = [&, collective = named.second](const T& x) { return xg::sum(collective(x) * w); };
+    auto total = [&](const T& x) { return dist::all_reduce(local_loss(x)).item(); };
+    const T x = input<double>({2, 3}, me) * 0.5;
+    for (bool compiled : {false, true}) {
+      CAPTURE(compiled);
+      const T g = compiled ? xg::grad(xg::jit(local_loss))(x) : xg::grad(local_loss)(x);
+      const std::vector<double> analytic = g.to_vector();
+      // Rank s moves its element j; every rank evaluates the total loss in the same order.
+      const double h = 1e-4;
+      for (int s = 0; s < n; ++s)
+        for (std::int64_t j = 0; j < x.numel(); ++j) {
+          auto moved = [&](double by) {
+            std::vector<double> v = x.to_vector();
+            if (s == me) v[j] += by;
+            return xg::tensor(v, x.shape());
+          };
+          const double numeric = (total(moved(h)) - total(moved(-h))) / (2 * h);
+          if (s == me) CHECK(analytic[j] == doctest::Approx(numeric).epsilon(1e-6));
+        }
+    }
+  }
+}
+
+TEST_CASE("distributed: the errors say what is wrong") {
+  join();
+  CHECK(contains(
+      message_of<xg::ValueError>([] { (void)dist::all_reduce(xg::ones<std::int32_t>({2}), dist::ReduceOp::mean); }),
+      "mean of an Int32 tensor"));
+  const std::string scatter = message_of<xg::ShapeError>([] { (void)dist::reduce_scatter(xg::ones<float>({7, 2})); });
+  CHECK(contains(scatter, "reduce_scatter"));
+  CHECK(contains(scatter, "leading axis"));
+  CHECK(contains(message_of<xg::ValueError>([] { (void)dist::broadcast(xg::ones<float>({2}), 99); }), "root 99"));
+  if (dist::world_size() > 1) {
+    // Rank 1 passes another shape: every rank learns who disagrees, instead of hanging.
+    const xg::Shape shape = dist::rank() == 1 ? xg::Shape{3} : xg::Shape{2, 2};
+    const std::string what = message_of<xg::DistributedError>([&] { (void)dist::all_reduce(xg::ones<float>(shape)); });
+    CHECK(contains(what, "the ranks disagree"));
+    CHECK(contains(what, "rank 1 calls all_reduce (sum) of Float32[3]"));
+    CHECK(contains(what, "rank 0 calls all_reduce (sum) of Float32[2, 2]"));
+    CHECK(contains(what, "test_distributed.cpp"));
+  }
+}
