@@ -25,7 +25,7 @@ EAGER = {"core", "ir", "backend", "ops", "autograd"}
 UMBRELLAS = {
     "xgrad/core.hpp": (EAGER, {"zlib.h"}),
     "xgrad/jit.hpp": (EAGER | {"passes", "jit"}, {"zlib.h"}),
-    "xgrad/nn.hpp": (EAGER | {"passes", "jit", "nn"}, set()),
+    "xgrad/nn.hpp": (EAGER | {"distributed", "passes", "jit", "nn"}, set()),
     "xgrad/data.hpp": ({"core", "backend", "data"}, set()),
     "xgrad/distributed.hpp": (EAGER | {"distributed"}, {"zlib.h"}),
     "xgrad/xgrad.hpp": (set(LAYERS), set()),

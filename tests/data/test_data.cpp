@@ -367,6 +367,49 @@ TEST_CASE("data: shuffle is deterministic per seed and epoch, and each epoch is 
       CHECK(b.images.data()[i * 4] == static_cast<float>(b.labels.data()[i]));
 }
 
+TEST_CASE("data: shard splits each epoch into disjoint parts that cover it, the same on every process") {
+  const auto ds = counting_dataset(11).shuffle(3);
+  for (std::int64_t count : {1, 2, 3, 4}) {
+    CAPTURE(count);
+    for (std::int64_t epoch : {0, 1}) {
+      const auto whole = epoch_labels(ds.epoch(epoch));
+      std::vector<std::int32_t> seen;
+      for (std::int64_t index = 0; index < count; ++index) {
+        const auto part = ds.shard(index, count);
+        const auto labels = epoch_labels(part.epoch(epoch));
+        // Every count-th sample of the shuffled order, from `index`: sizes differ by at most one.
+        std::vector<std::int32_t> expected;
+        for (auto i = static_cast<std::size_t>(index); i < whole.size(); i += static_cast<std::size_t>(count))
+          expected.push_back(whole[i]);
+        CHECK(labels == expected);
+        CHECK(part.size() == static_cast<std::int64_t>(expected.size()));
+        CHECK(labels == epoch_labels(counting_dataset(11).shuffle(3).shard(index, count).epoch(epoch)));
+        seen.insert(seen.end(), labels.begin(), labels.end());
+      }
+      std::sort(seen.begin(), seen.end());
+      std::vector<std::int32_t> all(11);
+      std::iota(all.begin(), all.end(), 0);
+      CHECK(seen == all);  // disjoint and covering
+    }
+  }
+  // Two shards batched by 2 hold, batch for batch, the samples of the whole batched by 4.
+  const auto whole = ds.batch(4, true);
+  std::vector<std::vector<std::int32_t>> halves[2];
+  for (int r = 0; r < 2; ++r)
+    for (const auto& b : ds.shard(r, 2).batch(2, true).epoch(0)) halves[r].push_back(b.labels.to_vector());
+  std::size_t k = 0;
+  for (const auto& b : whole.epoch(0)) {
+    auto both = halves[0].at(k);
+    both.insert(both.end(), halves[1].at(k).begin(), halves[1].at(k).end());
+    auto want = b.labels.to_vector();
+    std::sort(both.begin(), both.end());
+    std::sort(want.begin(), want.end());
+    CHECK(both == want);
+    ++k;
+  }
+  CHECK(k == 2);
+}
+
 TEST_CASE("data: batch shapes, drop_remainder, take and size") {
   const auto ds = counting_dataset(10);
   CHECK(ds.size() == 10);
@@ -505,6 +548,12 @@ TEST_CASE("data: bad arguments name the function, the argument, what was expecte
   CHECK(msg([&] { ds.shuffle(1).shuffle(2); }).find("already shuffled") != std::string::npos);
   CHECK(msg([&] { ds.batch(2).shuffle(1); }).find("call shuffle before batch") != std::string::npos);
   CHECK(msg([&] { ds.take(2).shuffle(1); }).find("call shuffle before take") != std::string::npos);
+  CHECK(msg([&] { ds.shard(1, 2).shuffle(1); }).find("call shuffle before shard") != std::string::npos);
+  CHECK(msg([&] { ds.shard(2, 2); }).find("Dataset.shard: index must be in [0, 2), got 2") != std::string::npos);
+  CHECK(msg([&] { ds.shard(0, 0); }).find("count must be >= 1, got 0") != std::string::npos);
+  CHECK(msg([&] { ds.shard(0, 2).shard(1, 2); }).find("already sharded (shard 0 of 2)") != std::string::npos);
+  CHECK(msg([&] { ds.batch(2).shard(0, 2); }).find("call shard before batch") != std::string::npos);
+  CHECK(msg([&] { ds.take(2).shard(0, 2); }).find("call shard before take") != std::string::npos);
   CHECK(msg([&] { ds.batch(2).map(Rescale(2)); }).find("Dataset.map: call map before batch") == 0);
   CHECK(msg([] { Resize(0); }).find("Resize: size must be >= 1, got 0") == 0);
   CHECK(msg([] { Resize(4, -1); }).find("Resize: height and width must be >= 1, got 4 x -1") == 0);

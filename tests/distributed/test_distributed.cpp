@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include "test_support.hpp"
@@ -234,4 +235,97 @@ TEST_CASE("distributed: the errors say what is wrong") {
     CHECK(contains(what, "rank 0 calls all_reduce (sum) of Float32[2, 2]"));
     CHECK(contains(what, "test_distributed.cpp"));
   }
+}
+
+namespace {
+
+/// Every element of the network's parameters, in order, as raw bits.
+std::vector<float> flat_parameters(const xg::nn::Module& net) {
+  std::vector<float> out;
+  for (const auto& p : net.parameters()) {
+    const std::vector<float> v = p.to_vector();
+    out.insert(out.end(), v.begin(), v.end());
+  }
+  return out;
+}
+
+/// True when every rank holds the same bits as this one.
+bool same_on_every_rank(const std::vector<float>& mine) {
+  const std::vector<float> all = dist::all_gather(xg::tensor(mine)).to_vector();
+  for (std::size_t r = 0; r < all.size() / mine.size(); ++r)
+    if (std::memcmp(all.data() + r * mine.size(), mine.data(), mine.size() * sizeof(float)) != 0) return false;
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("distributed: data-parallel LeNet5 on n ranks with batch 32/n follows one process with batch 32") {
+  join();
+  const int n = dist::world_size(), me = dist::rank();
+  REQUIRE(32 % n == 0);
+  const xg::Mode saved_mode = xg::get_mode();
+  // 320 random images, 10 batches of 32 an epoch, shuffled: 100 steps are 10 epochs.
+  const auto images = xg::randn<float>({320, 1, 32, 32}, 5);
+  std::vector<std::int32_t> classes(320);
+  for (std::size_t i = 0; i < classes.size(); ++i) classes[i] = static_cast<std::int32_t>((i * 7 + i / 3) % 10);
+  const auto labels = xg::tensor(classes);
+  const auto data = xg::data::TensorDataset(images, labels).shuffle(8);
+  for (xg::Mode mode : {xg::Mode::graph, xg::Mode::eager}) {
+    CAPTURE(mode == xg::Mode::graph);
+    xg::set_mode(mode);
+    const int steps = mode == xg::Mode::graph ? 100 : 20;
+    xg::init::set_seed(3);
+    xg::models::LeNet5 whole_net, replica;
+    // The replicas start from rank 1's own initialization where there is one: the Model must
+    // replace it with rank 0's.
+    xg::init::set_seed(3 + static_cast<std::uint64_t>(me));
+    xg::models::LeNet5 own_init;
+    {
+      xg::no_grad writing_parameters;
+      for (std::size_t i = 0; i < replica.parameters().size(); ++i)
+        xg::Tensor<float>(replica.parameters()[i]).assign(own_init.parameters()[i]);
+    }
+    xg::nn::SoftmaxCrossEntropy loss({.sparse = true, .reduction = xg::Reduction::mean});
+    xg::optim::Momentum whole_opt(whole_net.parameters(), 0.01f, 0.9f), replica_opt(replica.parameters(), 0.01f, 0.9f);
+    xg::Model whole(whole_net, loss, whole_opt);
+    xg::Model parallel(replica, loss, replica_opt, {}, {.data_parallel = true, .bucket_bytes = 64 << 10});
+    const auto whole_batches = data.batch(32).prefetch(0);
+    const auto my_batches = data.shard(me, n).batch(32 / n).prefetch(0);
+    int step = 0;
+    for (int epoch = 0; step < steps; ++epoch) {
+      auto mine = my_batches.epoch(epoch).begin();
+      for (const auto& batch : whole_batches.epoch(epoch)) {
+        if (step++ == steps) break;
+        const float reference = whole.train_step(batch.images, batch.labels);
+        const float got = parallel.train_step((*mine).images, (*mine).labels);
+        ++mine;
+        CAPTURE(step);
+        CHECK(got == doctest::Approx(reference).epsilon(1e-5));
+        REQUIRE(same_on_every_rank(flat_parameters(replica)));
+      }
+    }
+  }
+  xg::set_mode(saved_mode);
+}
+
+TEST_CASE("distributed: data-parallel training checks that every rank has as many batches") {
+  join();
+  if (dist::world_size() == 1) {
+    CHECK(dist::all_reduce_bucketed(std::vector<xg::Tensor<float>>{xg::ones<float>({2})})[0].to_vector() ==
+          std::vector<float>{1.0f, 1.0f});
+    return;
+  }
+  xg::init::set_seed(3);
+  xg::models::LeNet5 net;
+  xg::nn::SoftmaxCrossEntropy loss({.sparse = true, .reduction = xg::Reduction::mean});
+  xg::optim::Momentum opt(net.parameters(), 0.01f, 0.9f);
+  xg::Model model(net, loss, opt, {}, {.data_parallel = true});
+  // 5 samples in batches of 2: rank 0's shard has 3 (2 batches), rank 1's 2 (1 batch).
+  const auto data = xg::data::TensorDataset(xg::zeros<float>({5, 1, 32, 32}), xg::zeros<std::int32_t>({5}))
+                        .shard(dist::rank(), dist::world_size())
+                        .batch(2);
+  const std::string what = message_of<xg::ValueError>([&] { model.train(1, data); });
+  CHECK(contains(what, "same number of batches per epoch"));
+  CHECK(contains(what, "rank 0 has 2"));
+  CHECK(contains(what, "drop_remainder"));
 }

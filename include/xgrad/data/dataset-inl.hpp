@@ -28,7 +28,7 @@ XGRAD_API void SampleSource::read(std::int64_t i, Image& out) const {
 }
 
 XGRAD_API std::int64_t Pipeline::samples() const {
-  const std::int64_t n = source->count();
+  const std::int64_t n = (source->count() - shard_index + shard_count - 1) / shard_count;
   return take_samples < 0 ? n : std::min(n, take_samples);
 }
 
@@ -45,7 +45,11 @@ XGRAD_API std::vector<std::int64_t> Pipeline::order(std::int64_t epoch) const {
     std::mt19937_64 gen(*seed + static_cast<std::uint64_t>(epoch));
     for (std::size_t i = idx.size(); i > 1; --i) std::swap(idx[i - 1], idx[gen() % i]);
   }
-  return idx;
+  if (shard_count == 1) return idx;
+  std::vector<std::int64_t> part;
+  for (auto i = static_cast<std::size_t>(shard_index); i < idx.size(); i += static_cast<std::size_t>(shard_count))
+    part.push_back(idx[i]);
+  return part;
 }
 
 XGRAD_API Batch Pipeline::element(const std::vector<std::int64_t>& order, std::int64_t k) const {
@@ -164,8 +168,24 @@ XGRAD_API Dataset Dataset::shuffle(std::uint64_t seed, SourceLoc loc) const {
   if (m_pipeline.seed) throw_value_error("Dataset.shuffle", loc, "the dataset is already shuffled");
   if (m_pipeline.batch) throw_value_error("Dataset.shuffle", loc, "call shuffle before batch");
   if (m_pipeline.take_samples >= 0) throw_value_error("Dataset.shuffle", loc, "call shuffle before take");
+  if (m_pipeline.shard_count > 1) throw_value_error("Dataset.shuffle", loc, "call shuffle before shard");
   Dataset out = *this;
   out.m_pipeline.seed = seed;
+  return out;
+}
+
+XGRAD_API Dataset Dataset::shard(std::int64_t index, std::int64_t count, SourceLoc loc) const {
+  if (count < 1) throw_value_error("Dataset.shard", loc, "count must be >= 1, got ", count);
+  if (index < 0 || index >= count)
+    throw_value_error("Dataset.shard", loc, "index must be in [0, ", count, "), got ", index);
+  if (m_pipeline.shard_count > 1)
+    throw_value_error("Dataset.shard", loc, "the dataset is already sharded (shard ", m_pipeline.shard_index, " of ",
+                      m_pipeline.shard_count, ")");
+  if (m_pipeline.batch) throw_value_error("Dataset.shard", loc, "call shard before batch");
+  if (m_pipeline.take_samples >= 0) throw_value_error("Dataset.shard", loc, "call shard before take");
+  Dataset out = *this;
+  out.m_pipeline.shard_index = index;
+  out.m_pipeline.shard_count = count;
   return out;
 }
 

@@ -44,7 +44,8 @@ struct SampleSource {
 struct Pipeline {
   std::shared_ptr<const SampleSource> source;
   std::optional<std::uint64_t> seed;
-  std::int64_t take_samples = -1;  // take() before batch(): a sample count, -1 for all
+  std::int64_t shard_index = 0, shard_count = 1;  // shard(): every shard_count-th sample from shard_index
+  std::int64_t take_samples = -1;                 // take() before batch(): a sample count, -1 for all
   std::vector<std::shared_ptr<const Transform>> transforms;
   ImageSpec spec;          // the images the transforms produce
   std::int64_t batch = 0;  // 0: not batched
@@ -57,7 +58,7 @@ struct Pipeline {
 
   /// The sample order of one epoch: 0..count-1, shuffled by a generator seeded with
   /// seed + epoch (Fisher-Yates over mt19937_64, whose output the standard fixes, so the
-  /// order is the same on every platform).
+  /// order is the same on every platform), then this shard's part of it.
   XGRAD_API std::vector<std::int64_t> order(std::int64_t epoch) const;
 
   /// Element k of an epoch whose sample order is `order`.
@@ -110,7 +111,7 @@ class Epoch {
 ///   for (const auto& batch : ds) { batch.images; batch.labels; }   // the next epoch
 ///   for (const auto& batch : ds.epoch(3)) ...                       // epoch 3
 ///
-/// The stages run in the order shuffle -> take (samples) -> map -> batch -> take (batches)
+/// The stages run in the order shuffle -> shard -> take (samples) -> map -> batch -> take (batches)
 /// whatever order they were chained in, and each method checks its call fits that order.
 /// Every method returns a new Dataset and leaves this one alone; copies share the samples,
 /// so copying is cheap. Images are float32, labels int32.
@@ -120,6 +121,13 @@ class Dataset {
 
   /// Samples in a new random order each epoch, from a generator seeded with seed + epoch.
   XGRAD_API Dataset shuffle(std::uint64_t seed, SourceLoc loc = SourceLoc::current()) const;
+
+  /// Shard `index` of `count` (a rank's part in data-parallel training: shard(rank(),
+  /// world_size())): of each epoch's order, after shuffle, the samples at positions index,
+  /// index + count, index + 2 count, ... The shards of one dataset are disjoint and together
+  /// cover it, in the same order on every process (the shuffle seed is shared); their sizes
+  /// differ by at most one sample. Comes before take and batch.
+  XGRAD_API Dataset shard(std::int64_t index, std::int64_t count, SourceLoc loc = SourceLoc::current()) const;
 
   /// Applies the transforms, in order, to every image. Each is checked against the images it
   /// will get now, so a transform that cannot take them throws ValueError here.

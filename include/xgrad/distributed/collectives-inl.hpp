@@ -189,6 +189,46 @@ template <Element T> Tensor<T> broadcast(const Tensor<T>& x, int root, SourceLoc
   return xgrad::detail::apply<T>(op::Broadcast{root, rank(loc) == root, loc}, loc, x);
 }
 
+XGRAD_API void broadcast_into(const TensorBase& t, int root, SourceLoc loc) {
+  if (tracing::Tracer::active())
+    throw_value_error("broadcast_into", loc, "writes a tensor in place now: call it outside jit (broadcast is the op)");
+  const int world = detail::joined_size("broadcast_into", loc);
+  if (root < 0 || root >= world)
+    throw_value_error("broadcast_into", loc, "root ", root, " is not a rank of this group of ", world);
+  const std::size_t bytes = static_cast<std::size_t>(t.numel()) * dtype_size(t.dtype());
+  void* data = t.impl()->storage->data();
+  std::vector<std::byte> host;
+  if (t.device() != Device::cpu) {
+    host.resize(bytes);
+    xgrad::detail::copy_bytes(host.data(), Device::cpu, data, t.device(), bytes);
+  }
+  detail::broadcast(host.empty() ? data : host.data(), static_cast<std::int64_t>(bytes), root,
+                    detail::signature_of("broadcast_into", t, root, loc));
+  if (!host.empty()) xgrad::detail::copy_bytes(data, t.device(), host.data(), Device::cpu, bytes);
+}
+
+template <FloatingPoint T> std::vector<Tensor<T>> all_reduce_bucketed(const std::vector<Tensor<T>>& xs, ReduceOp reduce,
+                                                                      std::int64_t bucket_bytes, SourceLoc loc) {
+  if (bucket_bytes < 1) throw_value_error("all_reduce_bucketed", loc, "bucket_bytes must be >= 1, got ", bucket_bytes);
+  auto bytes_of = [](const Tensor<T>& x) { return x.numel() * static_cast<std::int64_t>(sizeof(T)); };
+  std::vector<Tensor<T>> out(xs.size());
+  for (std::size_t end = xs.size(); end > 0;) {
+    std::size_t begin = end - 1;  // the bucket is xs[begin, end), packed last first
+    for (std::int64_t bytes = bytes_of(xs[begin]); begin > 0 && bytes + bytes_of(xs[begin - 1]) <= bucket_bytes;)
+      bytes += bytes_of(xs[--begin]);
+    std::vector<Tensor<T>> flat;
+    for (std::size_t i = end; i-- > begin;) flat.push_back(reshape(xs[i], {-1}, loc));
+    const Tensor<T> reduced = all_reduce(flat.size() == 1 ? flat[0] : concat(flat, 0, loc), reduce, loc);
+    std::int64_t at = 0;
+    for (std::size_t i = end; i-- > begin;) {
+      out[i] = reshape(slice(reduced, {at}, {xs[i].numel()}, loc), xs[i].shape().to_vector(), loc);
+      at += xs[i].numel();
+    }
+    end = begin;
+  }
+  return out;
+}
+
 }  // namespace distributed
 
 }  // namespace xgrad

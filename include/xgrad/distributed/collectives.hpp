@@ -5,6 +5,9 @@
 // distributed/collectives-inl.hpp.
 #pragma once
 
+#include <cstdint>
+#include <vector>
+
 #include "xgrad/core/dtype.hpp"
 #include "xgrad/core/source_loc.hpp"
 #include "xgrad/core/tensor.hpp"
@@ -32,6 +35,20 @@ Tensor<T> reduce_scatter(const Tensor<T>& x, ReduceOp reduce = ReduceOp::sum, So
 /// The gradient reaches root's x only: the sum of the ranks' gradients.
 template <Element T> Tensor<T> broadcast(const Tensor<T>& x, int root = 0, SourceLoc loc = SourceLoc::current());
 
+/// all_reduce of many tensors (a model's gradients) in few messages: they are packed, from the
+/// last to the first, into flat buckets of at most `bucket_bytes` (a tensor larger than that is
+/// a bucket of its own), one all_reduce per bucket. The last tensors go first because a
+/// backward pass makes the last layers' gradients first. Every rank must pass the same shapes.
+template <FloatingPoint T>
+std::vector<Tensor<T>> all_reduce_bucketed(const std::vector<Tensor<T>>& xs, ReduceOp reduce = ReduceOp::sum,
+                                           std::int64_t bucket_bytes = std::int64_t{25} << 20,
+                                           SourceLoc loc = SourceLoc::current());
+
+/// Writes rank `root`'s elements into every rank's `t`, in place, any dtype and device: not an
+/// op (no gradient; not inside jit), for state such as a model's parameters when data-parallel
+/// training starts.
+XGRAD_API void broadcast_into(const TensorBase& t, int root = 0, SourceLoc loc = SourceLoc::current());
+
 // The instances xgrad::compiled holds (core/config.hpp).
 #define XGRAD_COLLECTIVES_NUMERIC_INSTANCE(T, X)                    \
   X Tensor<T> all_reduce<T>(const Tensor<T>&, ReduceOp, SourceLoc); \
@@ -39,9 +56,11 @@ template <Element T> Tensor<T> broadcast(const Tensor<T>& x, int root = 0, Sourc
 #define XGRAD_COLLECTIVES_ELEMENT_INSTANCE(T, X)          \
   X Tensor<T> all_gather<T>(const Tensor<T>&, SourceLoc); \
   X Tensor<T> broadcast<T>(const Tensor<T>&, int, SourceLoc);
-#define XGRAD_COLLECTIVES_INSTANCES(X)                          \
-  XGRAD_FOR_EACH_Numeric(XGRAD_COLLECTIVES_NUMERIC_INSTANCE, X) \
-      XGRAD_FOR_EACH_Element(XGRAD_COLLECTIVES_ELEMENT_INSTANCE, X)
+#define XGRAD_COLLECTIVES_FLOAT_INSTANCE(T, X) \
+  X std::vector<Tensor<T>> all_reduce_bucketed<T>(const std::vector<Tensor<T>>&, ReduceOp, std::int64_t, SourceLoc);
+#define XGRAD_COLLECTIVES_INSTANCES(X)                                                  \
+  XGRAD_FOR_EACH_Numeric(XGRAD_COLLECTIVES_NUMERIC_INSTANCE, X) XGRAD_FOR_EACH_Element( \
+      XGRAD_COLLECTIVES_ELEMENT_INSTANCE, X) XGRAD_FOR_EACH_FloatingPoint(XGRAD_COLLECTIVES_FLOAT_INSTANCE, X)
 #if defined(XGRAD_COMPILED) && !defined(XGRAD_INSTANTIATE_COLLECTIVES)
 XGRAD_COLLECTIVES_INSTANCES(extern template)
 #endif

@@ -10,6 +10,7 @@
 
 #include "xgrad/autograd/functional.hpp"
 #include "xgrad/core/config.hpp"
+#include "xgrad/distributed/collectives.hpp"
 #include "xgrad/jit/jit.hpp"
 #include "xgrad/nn/callbacks.hpp"
 #include "xgrad/nn/loss.hpp"
@@ -22,10 +23,24 @@ namespace xgrad {
 
 using Metrics = std::map<std::string, std::shared_ptr<metrics::Metric>>;
 
+/// How a Model trains, besides its parts.
+struct ModelOptions {
+  /// Data-parallel training over the process group (distributed::init() first; each rank
+  /// iterates its own part of the data, Dataset::shard): the network's parameters and buffers
+  /// start as rank 0's, and every step averages the ranks' gradients before the update
+  /// (all_reduce_bucketed), so the parameters stay the same, bit for bit, on every rank; the
+  /// step's loss is the ranks' mean. In both modes (graph mode compiles the averaging into the
+  /// train step).
+  bool data_parallel = false;
+  /// The gradient buckets' size in bytes.
+  std::int64_t bucket_bytes = std::int64_t{25} << 20;
+};
+
 class Model {
  public:
-  Model(nn::Module& network, const nn::Loss& loss, optim::Optimizer& optimizer, Metrics metrics = {})
-      : m_network(network), m_loss(loss), m_optimizer(optimizer), m_metrics(std::move(metrics)) {}
+  Model(nn::Module& network, const nn::Loss& loss, optim::Optimizer& optimizer, Metrics metrics = {},
+        ModelOptions options = {})
+      : m_network(network), m_loss(loss), m_optimizer(optimizer), m_metrics(std::move(metrics)), m_options(options) {}
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
 
@@ -35,6 +50,7 @@ class Model {
   float train_step(const Tensor<float>& images, const Labels& labels, SourceLoc loc = SourceLoc::current()) {
     m_caller = loc;
     m_network.set_train(true);
+    if (m_options.data_parallel && !m_replicas_synced) sync_replicas(loc);
     if (get_mode() == Mode::eager) return step(images, labels).item();
     return compiled_step()(images, labels).item();
   }
@@ -99,6 +115,10 @@ class Model {
       return m_loss(m_network(x, m_caller), y, m_caller);
     };
     auto [loss, grads] = value_and_grad(loss_of, m_optimizer.parameters())(images, labels);
+    if (m_options.data_parallel) {
+      grads = distributed::all_reduce_bucketed(grads, distributed::ReduceOp::mean, m_options.bucket_bytes, m_caller);
+      loss = distributed::all_reduce(loss, distributed::ReduceOp::mean, m_caller);
+    }
     m_optimizer.step(grads);
     return loss;
   }
@@ -109,11 +129,17 @@ class Model {
     }
   };
   XGRAD_API Jitted<Step>& compiled_step();
+  /// Data-parallel training's start: rank 0's parameters and buffers on every rank.
+  XGRAD_API void sync_replicas(SourceLoc loc);
+  /// Data-parallel training's check that every rank has `steps` batches per epoch (else the
+  /// ranks' collectives would not pair up).
+  XGRAD_API void check_same_steps(std::int64_t steps, SourceLoc loc) const;
 
   template <class Dataset, class Valid>
   void run(int epochs, const Dataset& dataset, const Valid* valid, callbacks::Callbacks& callbacks, SourceLoc loc) {
     if (epochs <= 0)
       throw ValueError(xgrad::detail::op_message("Model::train", loc, "epochs must be > 0, got ", epochs));
+    if (m_options.data_parallel) check_same_steps(static_cast<std::int64_t>(dataset.size()), loc);
     callbacks::RunContext ctx;
     ctx.epochs = epochs;
     ctx.steps_per_epoch = static_cast<std::int64_t>(dataset.size());
@@ -150,6 +176,8 @@ class Model {
   SourceLoc m_caller;  // the line of the public call running now, for errors
   optim::Optimizer& m_optimizer;
   Metrics m_metrics;
+  ModelOptions m_options;
+  bool m_replicas_synced = false;
   JitConfig m_jit_config{.name = "train_step"};
   std::unique_ptr<Jitted<Step>> m_compiled_step;
 };
