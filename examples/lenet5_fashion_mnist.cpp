@@ -2,9 +2,13 @@
 // epochs with the whole train step compiled (graph mode), printing what MindSpore prints, then
 // each model's test accuracy and the eager / graph step-time ratio. It also writes the loss
 // curves of both runs as an SVG chart and the compiled train step's graph as Graphviz dot.
+// With --distributed, under mpirun, it trains data-parallel: each rank takes its shard of the
+// data and batch / world_size samples a step, so the global batch stays --batch; rank 0
+// prints and writes (docs/DISTRIBUTED.md).
 //
 //   lenet5_fashion_mnist [--data DIR] [--epochs N] [--batch N] [--mode eager|graph|both]
-//                        [--threads N] [--seed N] [--out DIR]
+//                        [--threads N] [--seed N] [--out DIR] [--distributed]
+//   mpirun -np 2 lenet5_fashion_mnist --distributed
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
@@ -15,6 +19,7 @@
 #include <iomanip>
 #include <iostream>
 #include <map>
+#include <sstream>
 #include <string>
 #include <vector>
 #include <xgrad/backend/cpu/thread_pool.hpp>
@@ -38,14 +43,15 @@ struct Options {
   int threads = 0;         // 0: the library's default
   std::uint64_t seed = 1;  // of the initial weights and the shuffle
   std::string out = ".";
+  bool distributed = false;
 };
 
 Options parse(int argc, char** argv) {
   const xg::examples::Flags flags("lenet5_fashion_mnist",
                                   "[--data DIR] [--epochs N] [--batch N] [--mode eager|graph|both] [--threads N] "
-                                  "[--seed N] [--out DIR]");
+                                  "[--seed N] [--out DIR] [--distributed]");
   Options o;
-  flags.parse(argc, argv, [&](const std::string& flag, const std::string& value) {
+  auto handle = [&](const std::string& flag, const std::string& value) {
     if (flag == "--data")
       o.data = value;
     else if (flag == "--epochs")
@@ -58,13 +64,16 @@ Options parse(int argc, char** argv) {
       o.seed = static_cast<std::uint64_t>(flags.positive(flag, value));
     else if (flag == "--out")
       o.out = value;
+    else if (flag == "--distributed")
+      o.distributed = true;
     else if (flag == "--mode") {
       if (value != "eager" && value != "graph" && value != "both") flags.fail("--mode is eager, graph or both");
       o.mode = value;
     } else
       return false;
     return true;
-  });
+  };
+  flags.parse(argc, argv, handle, {"--distributed"});
   return o;
 }
 
@@ -98,15 +107,15 @@ struct RunResult {
 
 /// Trains and evaluates one model. The datasets come by value: each run starts at their epoch 0,
 /// so both modes see the same batches.
-RunResult run(xg::Mode mode, const Options& o, xg::data::Dataset train, xg::data::Dataset test) {
+RunResult run(xg::Mode mode, const Options& o, xg::data::Dataset train, xg::data::Dataset test, std::ostream& out) {
   xg::set_mode(mode);
   xg::init::set_seed(o.seed);
   const std::string name = mode == xg::Mode::eager ? "eager" : "graph";
-  std::cout << "\n=== " << name << " mode ===\n";
+  out << "\n=== " << name << " mode ===\n";
   xg::models::LeNet5 net;
   xg::nn::SoftmaxCrossEntropy loss({.sparse = true, .reduction = xg::Reduction::mean});
   xg::optim::Momentum opt(net.parameters(), 0.01f, 0.9f);
-  xg::Model model(net, loss, opt, {{"Accuracy", xg::metrics::accuracy()}});
+  xg::Model model(net, loss, opt, {{"Accuracy", xg::metrics::accuracy()}}, {.data_parallel = o.distributed});
   Recorder recorder;
   const std::int64_t steps = train.size();
   model.train(o.epochs, train,
@@ -114,14 +123,14 @@ RunResult run(xg::Mode mode, const Options& o, xg::data::Dataset train, xg::data
                                               {.save_steps = steps, .keep_max = 10}),
                xg::callbacks::LossMonitor(steps), xg::callbacks::TimeMonitor(steps), xg::callbacks::ProgressBar(),
                std::ref(recorder)});
-  if (mode == xg::Mode::graph) {
+  if (mode == xg::Mode::graph && (!o.distributed || xg::distributed::rank() == 0)) {
     const auto first = *train.epoch(0).begin();
     const fs::path dot = fs::path(o.out) / "lenet5_train_step.dot";
     std::ofstream(dot) << model.lower_train_step(first.images, first.labels).dot();
-    std::cout << "compiled train step's graph: " << dot.string() << "\n";
+    out << "compiled train step's graph: " << dot.string() << "\n";
   }
-  const auto metrics = model.eval(test);
-  std::cout << "\nEvaluation (" << name << "): {'Accuracy': " << metrics.at("Accuracy") << "}\n";
+  const auto metrics = model.eval(test);  // over every rank's shard when distributed
+  out << "\nEvaluation (" << name << "): {'Accuracy': " << metrics.at("Accuracy") << "}\n";
   return {name, recorder.losses, recorder.ms_per_step(), metrics.at("Accuracy")};
 }
 
@@ -179,15 +188,31 @@ void write_loss_svg(const fs::path& path, const std::vector<RunResult>& runs) {
 int main(int argc, char** argv) {
   const Options o = parse(argc, argv);
   if (o.threads > 0) xg::cpu::set_num_threads(o.threads);
-  fs::create_directories(o.out);
-  const auto train = xg::examples::fashion_mnist(o.data, xg::data::Split::train, o.batch, o.seed);
-  const auto test = xg::examples::fashion_mnist(o.data, xg::data::Split::test, o.batch, o.seed);
-  std::cout << "Fashion-MNIST from " << o.data << ": " << train.size() << " train batches, " << test.size()
-            << " test batches of " << o.batch << "\n";
+  int rank = 0, world = 1;
+  if (o.distributed) {
+    xg::distributed::init();
+    rank = xg::distributed::rank(), world = xg::distributed::world_size();
+    if (o.batch % world != 0) {
+      std::cerr << "lenet5_fashion_mnist: --batch " << o.batch << " does not split over " << world << " ranks\n";
+      return 2;
+    }
+  }
+  // Rank 0 alone prints and writes files; the others' lines would repeat its own.
+  std::ostringstream quiet;
+  std::ostream& out = rank == 0 ? std::cout : quiet;
+  if (rank == 0) fs::create_directories(o.out);
+  const std::int64_t batch = o.batch / world;
+  const auto train = xg::examples::fashion_mnist(o.data, xg::data::Split::train, batch, o.seed, rank, world);
+  const auto test = xg::examples::fashion_mnist(o.data, xg::data::Split::test, batch, o.seed, rank, world);
+  out << "Fashion-MNIST from " << o.data << ": " << train.size() << " train batches, " << test.size()
+      << " test batches of " << batch;
+  if (o.distributed) out << " on each of " << world << " ranks (" << o.batch << " a step in all)";
+  out << "\n";
 
   std::vector<RunResult> runs;
-  if (o.mode != "graph") runs.push_back(run(xg::Mode::eager, o, train, test));
-  if (o.mode != "eager") runs.push_back(run(xg::Mode::graph, o, train, test));
+  if (o.mode != "graph") runs.push_back(run(xg::Mode::eager, o, train, test, out));
+  if (o.mode != "eager") runs.push_back(run(xg::Mode::graph, o, train, test, out));
+  if (rank != 0) return 0;
 
   std::cout << "\nSummary\n";
   for (const auto& r : runs)

@@ -5,6 +5,9 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <sstream>
+#include <string>
 #include <vector>
 
 #include "test_support.hpp"
@@ -328,4 +331,46 @@ TEST_CASE("distributed: data-parallel training checks that every rank has as man
   CHECK(contains(what, "same number of batches per epoch"));
   CHECK(contains(what, "rank 0 has 2"));
   CHECK(contains(what, "drop_remainder"));
+}
+
+namespace {
+
+/// Counts the steps it sees, and asks to stop after `stop_after` on rank `rank` (-1: never).
+struct StopAt : xg::callbacks::Callback {
+  StopAt(int rank, std::int64_t stop_after) : rank(rank), stop_after(stop_after) {}
+  int rank;
+  std::int64_t stop_after, steps = 0;
+  void on_step_end(const xg::callbacks::RunContext& ctx) override {
+    ++steps;
+    if (dist::rank() == rank && ctx.step == stop_after) ctx.stop_training = true;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("distributed: data-parallel Model: rank 0 prints, a stop on any rank stops all, metrics count every rank") {
+  join();
+  const int n = dist::world_size(), me = dist::rank();
+  const xg::Mode saved_mode = xg::get_mode();
+  xg::set_mode(xg::Mode::eager);
+  const auto images = xg::randn<float>({64, 1, 32, 32}, 9);
+  std::vector<std::int32_t> classes(64);
+  for (std::size_t i = 0; i < classes.size(); ++i) classes[i] = static_cast<std::int32_t>(i % 10);
+  const auto data = xg::data::TensorDataset(images, xg::tensor(classes)).prefetch(0);
+  xg::init::set_seed(3);
+  xg::models::LeNet5 net;
+  xg::nn::SoftmaxCrossEntropy loss({.sparse = true, .reduction = xg::Reduction::mean});
+  xg::optim::Momentum opt(net.parameters(), 0.01f, 0.9f);
+  xg::Model model(net, loss, opt, {{"Accuracy", xg::metrics::accuracy()}}, {.data_parallel = true});
+  std::ostringstream printed;
+  xg::callbacks::LossMonitor monitor(1, printed);
+  StopAt stop(n - 1, 3);
+  model.train(2, data.shard(me, n).batch(16 / n, true), {std::ref(monitor), std::ref(stop)});
+  CHECK(stop.steps == 3);  // the last rank asked; every rank stopped there
+  CHECK(printed.str().empty() == (me != 0));
+  // Accuracy over the ranks' shards is accuracy over the whole set, as one process sees it.
+  const double sharded = model.eval(data.shard(me, n).batch(8))["Accuracy"];
+  xg::Model local(net, loss, opt, {{"Accuracy", xg::metrics::accuracy()}});
+  CHECK(sharded == local.eval(data.batch(8))["Accuracy"]);
+  xg::set_mode(saved_mode);
 }

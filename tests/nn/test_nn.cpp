@@ -517,9 +517,7 @@ TEST_CASE("Model: a callback can stop training; CSVLogger writes a row per step"
   xg::optim::SGD opt(net.parameters(), 0.01f);
   xg::Model model(net, loss, opt);
   struct StopAfter : xg::callbacks::Callback {
-    void on_step_end(const xg::callbacks::RunContext& ctx) override {
-      const_cast<xg::callbacks::RunContext&>(ctx).stop_training = ctx.step == 6;
-    }
+    void on_step_end(const xg::callbacks::RunContext& ctx) override { ctx.stop_training = ctx.step == 6; }
   };
   const auto csv = (std::filesystem::temp_directory_path() / "xgrad_test_log.csv").string();
   model.train(3, data, {StopAfter{}, xg::callbacks::CSVLogger(csv)});

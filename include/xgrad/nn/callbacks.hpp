@@ -29,12 +29,12 @@ struct RunContext {
   std::int64_t step = 0;                  // 1-based, counted over the whole call
   std::int64_t step_in_epoch = 0;         // 1-based
   std::int64_t steps_per_epoch = 0;       // the data set's batches
-  std::int64_t batch_size = 0;            // samples in the last batch
+  std::int64_t batch_size = 0;            // samples in the last batch (data parallel: all ranks')
   float loss = 0.0f;                      // the last step's loss
   std::map<std::string, double> metrics;  // the last evaluation's results (fit), else empty
   nn::Module* network = nullptr;
   optim::Optimizer* optimizer = nullptr;
-  bool stop_training = false;  // a hook may set it: the run ends after the current step
+  mutable bool stop_training = false;  // a hook may set it (ctx is const): the run ends after the current step
 };
 
 class Callback {
@@ -48,6 +48,10 @@ class Callback {
   virtual void on_step_end(const RunContext&) {}
   /// After fit's evaluation at the end of an epoch; ctx.metrics holds the results.
   virtual void on_eval_end(const RunContext&) {}
+  /// True for a callback that prints or writes files: in data-parallel training only rank 0
+  /// runs it (the others would repeat its lines or race for its files). The rest run on every
+  /// rank, and a stop_training set on any rank stops them all.
+  virtual bool lead_rank_only() const { return false; }
 };
 
 /// One callback given to train or fit: moved in (owned by the run) or std::ref(cb) (the caller
@@ -76,6 +80,7 @@ using Clock = std::chrono::steady_clock;
 /// and fit's "Eval result: epoch 1, metrics: {'Accuracy': 0.98...}".
 class LossMonitor : public Callback {
  public:
+  bool lead_rank_only() const override { return true; }
   XGRAD_API explicit LossMonitor(std::int64_t per_print_steps = 1, std::ostream& out = std::cout);
   XGRAD_API void on_step_end(const RunContext& ctx) override;
   XGRAD_API void on_eval_end(const RunContext& ctx) override;
@@ -89,6 +94,7 @@ class LossMonitor : public Callback {
 /// `data_size`: the steps to divide by (0: the steps the epoch ran).
 class TimeMonitor : public Callback {
  public:
+  bool lead_rank_only() const override { return true; }
   explicit TimeMonitor(std::int64_t data_size = 0, std::ostream& out = std::cout) : m_size(data_size), m_out(&out) {}
   void on_epoch_begin(const RunContext&) override { m_start = detail::Clock::now(); }
   XGRAD_API void on_epoch_end(const RunContext& ctx) override;
@@ -112,6 +118,7 @@ struct CheckpointConfig {
 /// instead, so an earlier run's checkpoints are never overwritten.
 class ModelCheckpoint : public Callback {
  public:
+  bool lead_rank_only() const override { return true; }
   XGRAD_API ModelCheckpoint(std::string prefix = "CKP", std::string directory = ".", CheckpointConfig config = {});
 
   XGRAD_API void on_train_begin(const RunContext& ctx) override;
@@ -133,6 +140,7 @@ class ModelCheckpoint : public Callback {
 /// a terminal (a log file, CI), a plain line every tenth of an epoch instead.
 class ProgressBar : public Callback {
  public:
+  bool lead_rank_only() const override { return true; }
   XGRAD_API explicit ProgressBar(std::FILE* out = stdout);
   XGRAD_API void on_epoch_begin(const RunContext& ctx) override;
   XGRAD_API void on_step_end(const RunContext& ctx) override;
@@ -148,6 +156,7 @@ class ProgressBar : public Callback {
 /// file at the path is replaced when training begins.
 class CSVLogger : public Callback {
  public:
+  bool lead_rank_only() const override { return true; }
   explicit CSVLogger(std::string path) : m_path(std::move(path)) {}
   CSVLogger(const CSVLogger& other) : m_path(other.m_path) {}
 

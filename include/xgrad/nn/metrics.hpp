@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <utility>
 
 #include "xgrad/core/config.hpp"
 #include "xgrad/core/tensor.hpp"
@@ -16,6 +17,9 @@ class Metric {
   /// Adds one batch: the network's output, the labels and the batch's loss.
   virtual void update(const Tensor<float>& output, const TensorBase& labels, float loss) = 0;
   virtual double value() const = 0;
+  /// value() as a sum over samples and their count, which data-parallel evaluation adds over
+  /// the ranks before dividing. The default, {value(), 1}, averages the ranks' values.
+  virtual std::pair<double, double> totals() const { return {value(), 1.0}; }
 };
 
 /// The fraction of samples whose highest output is their label (int32 class indices [N]) or,
@@ -26,6 +30,9 @@ class Accuracy : public Metric {
   XGRAD_API void update(const Tensor<float>& output, const TensorBase& labels, float loss) override;
   double value() const override {
     return m_total ? static_cast<double>(m_correct) / static_cast<double>(m_total) : 0.0;
+  }
+  std::pair<double, double> totals() const override {
+    return {static_cast<double>(m_correct), static_cast<double>(m_total)};
   }
 
  private:
@@ -38,6 +45,7 @@ class MeanLoss : public Metric {
   void reset() override { m_sum = 0, m_batches = 0; }
   XGRAD_API void update(const Tensor<float>& output, const TensorBase& labels, float loss) override;
   double value() const override { return m_batches ? m_sum / static_cast<double>(m_batches) : 0.0; }
+  std::pair<double, double> totals() const override { return {m_sum, static_cast<double>(m_batches)}; }
 
  private:
   double m_sum = 0;

@@ -18,6 +18,25 @@ XGRAD_API Jitted<Model::Step>& Model::compiled_step() {
   return *m_compiled_step;
 }
 
+XGRAD_API std::map<std::string, double> Model::metric_values(SourceLoc loc) const {
+  std::map<std::string, double> out;
+  for (const auto& [name, metric] : m_metrics) {
+    if (!m_options.data_parallel) {
+      out[name] = metric->value();
+      continue;
+    }
+    const auto [sum, count] = metric->totals();
+    const std::vector<double> all =
+        distributed::all_reduce(tensor<double>({sum, count}), distributed::ReduceOp::sum, loc).to_vector();
+    out[name] = all[1] > 0 ? all[0] / all[1] : 0.0;
+  }
+  return out;
+}
+
+XGRAD_API bool Model::any_rank_stops(bool stop, SourceLoc loc) const {
+  return distributed::all_reduce(tensor<std::int32_t>({stop ? 1 : 0}), distributed::ReduceOp::max, loc).item() != 0;
+}
+
 XGRAD_API void Model::sync_replicas(SourceLoc loc) {
   for (const auto& [name, t] : m_network.named_state()) distributed::broadcast_into(t, 0, loc);
   m_replicas_synced = true;

@@ -94,9 +94,7 @@ class Model {
       for (auto& [name, metric] : m_metrics) metric->update(output, batch.labels, loss);
     }
     m_network.set_train(true);
-    std::map<std::string, double> out;
-    for (const auto& [name, metric] : m_metrics) out[name] = metric->value();
-    return out;
+    return metric_values(loc);
   }
 
   /// How graph mode compiles the train step (level, name, ...; default: O2, "train_step").
@@ -129,6 +127,10 @@ class Model {
     }
   };
   XGRAD_API Jitted<Step>& compiled_step();
+  /// The metrics' values; in data-parallel training, over every rank's samples.
+  XGRAD_API std::map<std::string, double> metric_values(SourceLoc loc) const;
+  /// True on every rank when a callback on any rank asked to stop.
+  XGRAD_API bool any_rank_stops(bool stop, SourceLoc loc) const;
   /// Data-parallel training's start: rank 0's parameters and buffers on every rank.
   XGRAD_API void sync_replicas(SourceLoc loc);
   /// Data-parallel training's check that every rank has `steps` batches per epoch (else the
@@ -145,8 +147,10 @@ class Model {
     ctx.steps_per_epoch = static_cast<std::int64_t>(dataset.size());
     ctx.network = &m_network;
     ctx.optimizer = &m_optimizer;
+    const bool lead = !m_options.data_parallel || distributed::rank(loc) == 0;
     auto each = [&](auto hook) {
-      for (auto& cb : callbacks) hook(*cb);
+      for (auto& cb : callbacks)
+        if (lead || !(*cb).lead_rank_only()) hook(*cb);
     };
     each([&](callbacks::Callback& cb) { cb.on_train_begin(ctx); });
     for (int epoch = 1; epoch <= epochs && !ctx.stop_training; ++epoch) {
@@ -156,10 +160,11 @@ class Model {
       for (const auto& batch : dataset) {
         ++ctx.step;
         ++ctx.step_in_epoch;
-        ctx.batch_size = batch.images.shape()[0];
+        ctx.batch_size = batch.images.shape()[0] * (m_options.data_parallel ? distributed::world_size(loc) : 1);
         each([&](callbacks::Callback& cb) { cb.on_step_begin(ctx); });
         ctx.loss = train_step(batch.images, batch.labels, loc);
         each([&](callbacks::Callback& cb) { cb.on_step_end(ctx); });
+        if (m_options.data_parallel) ctx.stop_training = any_rank_stops(ctx.stop_training, loc);
         if (ctx.stop_training) break;
       }
       each([&](callbacks::Callback& cb) { cb.on_epoch_end(ctx); });
@@ -169,6 +174,8 @@ class Model {
       }
     }
     each([&](callbacks::Callback& cb) { cb.on_train_end(ctx); });
+    // What rank 0's callbacks wrote (checkpoints, logs) is complete when train() returns on any rank.
+    if (m_options.data_parallel) distributed::barrier(loc);
   }
 
   nn::Module& m_network;
