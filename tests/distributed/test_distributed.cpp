@@ -1,6 +1,7 @@
 // The process group and the collectives. The suite runs these cases twice: in the test program
 // as a group of one, and under `mpirun -np 2` (ctest's xgrad_distributed_mpi, with XGRAD_MPI=ON),
 // where each rank checks its result against the definition computed from every rank's input.
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -113,6 +114,14 @@ TEST_CASE("distributed: before init(), the group's functions say to call it") {
   CHECK(contains(what, "distributed::rank"));
   CHECK(contains(what, "init()"));
   CHECK(contains(message_of<xg::DistributedError>([] { (void)dist::all_reduce(xg::ones<float>({2})); }), "all_reduce"));
+  // A timeout that is no duration is refused before anything starts.
+  CHECK(contains(message_of<xg::DistributedError>([] { dist::init({.timeout = std::chrono::milliseconds(0)}); }),
+                 "timeout must be positive, got 0 ms"));
+  ::setenv("XGRAD_DISTRIBUTED_TIMEOUT", "soon", 1);
+  const std::string bad_env = message_of<xg::DistributedError>([] { dist::init(); });
+  ::unsetenv("XGRAD_DISTRIBUTED_TIMEOUT");
+  CHECK(contains(bad_env, "XGRAD_DISTRIBUTED_TIMEOUT must be a positive number of seconds, got 'soon'"));
+  CHECK_FALSE(dist::is_initialized());
   if constexpr (!dist::built_with_mpi()) {
     // mpirun's environment, without MPI in this build: init() says how to get it.
     ::setenv("OMPI_COMM_WORLD_SIZE", "4", 1);
@@ -234,8 +243,10 @@ TEST_CASE("distributed: the errors say what is wrong") {
     const xg::Shape shape = dist::rank() == 1 ? xg::Shape{3} : xg::Shape{2, 2};
     const std::string what = message_of<xg::DistributedError>([&] { (void)dist::all_reduce(xg::ones<float>(shape)); });
     CHECK(contains(what, "the ranks disagree"));
-    CHECK(contains(what, "rank 1 calls all_reduce (sum) of Float32[3]"));
-    CHECK(contains(what, "rank 0 calls all_reduce (sum) of Float32[2, 2]"));
+    CHECK(contains(what, "all_reduce (sum) of Float32[3]"));
+    CHECK(contains(what, "all_reduce (sum) of Float32[2, 2]"));
+    CHECK(contains(what, "rank 0 calls collective #"));
+    CHECK(contains(what, "rank 1 calls collective #"));
     CHECK(contains(what, "test_distributed.cpp"));
   }
 }

@@ -4,11 +4,13 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <climits>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "xgrad/core/error.hpp"
@@ -45,6 +47,9 @@ struct GroupState {
   bool owns_mpi = false;  // init() started MPI, so finalize() ends it
   int rank = 0;
   int size = 1;
+  std::chrono::milliseconds timeout{0};
+  std::uint64_t collectives = 0;  // called so far: errors number them
+  bool broken = false;            // a collective timed out: finalize() ends the job instead
 #if defined(XGRAD_WITH_MPI)
   MPI_Comm comm = MPI_COMM_NULL;  // a duplicate of the world's, so xgrad's messages never meet the program's
   MPI_Op nan_max = MPI_OP_NULL, nan_min = MPI_OP_NULL;
@@ -79,11 +84,17 @@ inline int launched_world_size() {
   return 1;
 }
 
-/// "all_reduce (sum) of Float32[3, 4]": a rank's record in check_signature's message.
+/// The collectives as records number them: all_reduce is 0, ...
+inline constexpr std::string_view kCollectives[] = {"all_reduce", "all_gather", "reduce_scatter", "broadcast",
+                                                    "barrier"};
+enum Collective : int { kAllReduce, kAllGather, kReduceScatter, kBroadcast, kBarrier };
+
+/// "collective #3 all_reduce (sum) of Float32[3, 4]": a rank's record in the messages of check_signature.
 inline std::string describe(const std::int64_t* record) {
-  static constexpr std::string_view kNames[] = {"all_reduce", "all_gather", "reduce_scatter", "broadcast"};
   const auto code = static_cast<std::size_t>(record[0]);
-  std::string out(code < std::size(kNames) ? kNames[code] : "an unknown collective");
+  std::string out = xgrad::detail::concat("collective #", record[4 + kMaxRank], " ",
+                                          code < std::size(kCollectives) ? kCollectives[code] : "(unknown)");
+  if (code == 4) return out;
   if (code == 0 || code == 2) out += xgrad::detail::concat(" (", reduce_op_name(static_cast<ReduceOp>(record[2])), ")");
   if (code == 3) out += xgrad::detail::concat(" (root ", record[2], ")");
   return out + xgrad::detail::concat(" of ", dtype_name(static_cast<DType>(record[1])),
@@ -140,29 +151,104 @@ inline MPI_Op mpi_op(ReduceOp reduce, DType dtype) {
   }
 }
 
-/// Every rank's (collective, dtype, parameter, rank and extents), gathered; a
-/// DistributedError naming the ranks when they differ, which would otherwise hang MPI or
-/// truncate its messages.
-inline void check_signature(int collective, const Signature& sig) {
-  const GroupState& g = group();
-  constexpr int kWidth = 4 + kMaxRank;
-  std::array<std::int64_t, kWidth> mine{};
+using Clock = std::chrono::steady_clock;
+
+/// Waits until `done()` (which tests the pending MPI requests) or the group's timeout, then a
+/// DistributedError saying which collective of which caller did not finish and `missing()`:
+/// the ranks that did not come, where known. After a timeout the group cannot go on.
+template <class Done, class Missing>
+void await(Done done, Missing missing, std::uint64_t number, const Signature& sig) {
+  GroupState& g = group();
+  const Clock::time_point start = Clock::now();
+  // Spin first (a collective of small messages finishes in microseconds), then back off to 1 ms.
+  std::chrono::microseconds pause{0};
+  for (int polls = 0; !done(); ++polls) {
+    if (Clock::now() - start > g.timeout) {
+      g.broken = true;
+      fail(sig.op, sig.loc,
+           xgrad::detail::concat(
+               "collective #", number, " (", sig.op, "): ", missing(), " within the timeout of ",
+               std::chrono::duration<double>(g.timeout).count(),
+               " s (distributed::InitOptions::timeout, XGRAD_DISTRIBUTED_TIMEOUT): a rank stopped, hangs, or runs "
+               "other collectives; the group cannot go on, and this process ends the job when it exits"));
+    }
+    if (polls > 256) {
+      std::this_thread::sleep_for(pause);
+      pause = std::min<std::chrono::microseconds>(
+          std::max<std::chrono::microseconds>(pause * 2, std::chrono::microseconds{8}), std::chrono::milliseconds{1});
+    }
+  }
+}
+
+/// Waits for MPI requests (a collective's data) as await() does.
+inline void await_requests(std::vector<MPI_Request>& requests, std::uint64_t number, const Signature& sig) {
+  await(
+      [&] {
+        int done = 0;
+        check_mpi(MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE), sig.op,
+                  sig.loc);
+        return done != 0;
+      },
+      [] { return std::string("the ranks did not finish exchanging its data"); }, number, sig);
+}
+
+/// Every rank's record of this collective (its kind, dtype, parameter, rank, extents and
+/// number), exchanged with each other rank, before any data moves: a DistributedError naming
+/// the ranks that differ (which would otherwise hang MPI or truncate its messages), or, after
+/// the timeout, the ranks that never sent theirs. Returns the collective's number.
+inline std::uint64_t check_signature(int collective, const Signature& sig) {
+  GroupState& g = group();
+  const std::uint64_t number = ++g.collectives;
+  constexpr int kWidth = 5 + kMaxRank;
+  std::vector<std::int64_t> all(static_cast<std::size_t>(kWidth) * g.size);
+  std::int64_t* mine = all.data() + static_cast<std::size_t>(kWidth) * g.rank;
   mine[0] = collective;
   mine[1] = static_cast<std::int64_t>(sig.dtype);
   mine[2] = sig.parameter;
   mine[3] = sig.shape.ndim();
-  std::copy(sig.shape.begin(), sig.shape.end(), mine.begin() + 4);
-  std::vector<std::int64_t> all(static_cast<std::size_t>(kWidth) * g.size);
-  check_mpi(MPI_Allgather(mine.data(), kWidth, MPI_INT64_T, all.data(), kWidth, MPI_INT64_T, g.comm), sig.op, sig.loc);
+  std::copy(sig.shape.begin(), sig.shape.end(), mine + 4);
+  mine[4 + kMaxRank] = static_cast<std::int64_t>(number);
+  std::vector<MPI_Request> received(g.size, MPI_REQUEST_NULL), sent(g.size, MPI_REQUEST_NULL);
+  for (int r = 0; r < g.size; ++r) {
+    if (r == g.rank) continue;
+    check_mpi(
+        MPI_Irecv(all.data() + static_cast<std::size_t>(kWidth) * r, kWidth, MPI_INT64_T, r, 0, g.comm, &received[r]),
+        sig.op, sig.loc);
+    check_mpi(MPI_Isend(mine, kWidth, MPI_INT64_T, r, 0, g.comm, &sent[r]), sig.op, sig.loc);
+  }
+  std::vector<bool> arrived(g.size, false);
+  arrived[g.rank] = true;
+  auto done = [&] {
+    bool all_done = true;
+    for (int r = 0; r < g.size; ++r) {
+      if (!arrived[r]) {
+        int flag = 0;
+        check_mpi(MPI_Test(&received[r], &flag, MPI_STATUS_IGNORE), sig.op, sig.loc);
+        arrived[r] = flag != 0;
+      }
+      all_done = all_done && arrived[r];
+    }
+    return all_done;
+  };
+  auto missing = [&] {
+    std::string ranks;
+    for (int r = 0; r < g.size; ++r)
+      if (!arrived[r]) ranks += xgrad::detail::concat(ranks.empty() ? "" : ", ", r);
+    return xgrad::detail::concat("rank ", ranks, " did not reach it");
+  };
+  await(done, missing, number, sig);
+  await_requests(sent, number, sig);
+  const std::int64_t* first = all.data();
   for (int r = 1; r < g.size; ++r) {
     const std::int64_t* theirs = all.data() + static_cast<std::size_t>(kWidth) * r;
-    if (!std::equal(all.begin(), all.begin() + kWidth, theirs))
+    if (!std::equal(first, first + kWidth, theirs))
       fail(sig.op, sig.loc,
-           xgrad::detail::concat("the ranks disagree on the collective: rank 0 calls ", describe(all.data()), ", rank ",
-                                 r, " calls ", describe(theirs),
+           xgrad::detail::concat("the ranks disagree on the collective: rank 0 calls ", describe(first), ", rank ", r,
+                                 " calls ", describe(theirs),
                                  "; every rank must call the same collectives in the same order, with the same "
                                  "dtypes, shapes and parameters"));
   }
+  return number;
 }
 
 /// Element counts of MPI calls are ints: a count past INT_MAX is sent in parts.
@@ -190,7 +276,7 @@ XGRAD_API void all_reduce(void* data, std::int64_t count, ReduceOp reduce, const
   const GroupState& g = joined(sig.op, sig.loc);
   if (g.size == 1) return;
 #if defined(XGRAD_WITH_MPI)
-  check_signature(0, sig);
+  const std::uint64_t number = check_signature(kAllReduce, sig);
   // Reduce-scatter, then all-gather: each element is reduced on one rank and copied to the
   // others, so every rank ends with the same bits (MPI_Allreduce's algorithms may round
   // differently on different ranks), at a ring all-reduce's cost.
@@ -203,11 +289,15 @@ XGRAD_API void all_reduce(void* data, std::int64_t count, ReduceOp reduce, const
   }
   std::vector<std::byte> part(static_cast<std::size_t>(counts[g.rank]) * element);
   const MPI_Datatype type = mpi_type(sig.dtype);
-  check_mpi(MPI_Reduce_scatter(data, part.data(), counts.data(), type, mpi_op(reduce, sig.dtype), g.comm), sig.op,
-            sig.loc);
-  if (reduce == ReduceOp::mean) divide_sum(part.data(), counts[g.rank], sig.dtype, g.size);
-  check_mpi(MPI_Allgatherv(part.data(), counts[g.rank], type, data, counts.data(), offsets.data(), type, g.comm),
+  std::vector<MPI_Request> request(1);
+  check_mpi(MPI_Ireduce_scatter(data, part.data(), counts.data(), type, mpi_op(reduce, sig.dtype), g.comm, &request[0]),
             sig.op, sig.loc);
+  await_requests(request, number, sig);
+  if (reduce == ReduceOp::mean) divide_sum(part.data(), counts[g.rank], sig.dtype, g.size);
+  check_mpi(MPI_Iallgatherv(part.data(), counts[g.rank], type, data, counts.data(), offsets.data(), type, g.comm,
+                            &request[0]),
+            sig.op, sig.loc);
+  await_requests(request, number, sig);
 #else
   (void)data, (void)count, (void)reduce;
 #endif
@@ -220,9 +310,11 @@ XGRAD_API void all_gather(const void* in, void* out, std::int64_t bytes, const S
     return;
   }
 #if defined(XGRAD_WITH_MPI)
-  check_signature(1, sig);
+  const std::uint64_t number = check_signature(kAllGather, sig);
   const int n = mpi_count(bytes, sig);
-  check_mpi(MPI_Allgather(in, n, MPI_BYTE, out, n, MPI_BYTE, g.comm), sig.op, sig.loc);
+  std::vector<MPI_Request> request(1);
+  check_mpi(MPI_Iallgather(in, n, MPI_BYTE, out, n, MPI_BYTE, g.comm, &request[0]), sig.op, sig.loc);
+  await_requests(request, number, sig);
 #endif
 }
 
@@ -233,10 +325,12 @@ XGRAD_API void reduce_scatter(const void* in, void* out, std::int64_t count, Red
     return;
   }
 #if defined(XGRAD_WITH_MPI)
-  check_signature(2, sig);
-  check_mpi(
-      MPI_Reduce_scatter_block(in, out, mpi_count(count, sig), mpi_type(sig.dtype), mpi_op(reduce, sig.dtype), g.comm),
-      sig.op, sig.loc);
+  const std::uint64_t number = check_signature(kReduceScatter, sig);
+  std::vector<MPI_Request> request(1);
+  check_mpi(MPI_Ireduce_scatter_block(in, out, mpi_count(count, sig), mpi_type(sig.dtype), mpi_op(reduce, sig.dtype),
+                                      g.comm, &request[0]),
+            sig.op, sig.loc);
+  await_requests(request, number, sig);
   if (reduce == ReduceOp::mean) divide_sum(out, count, sig.dtype, g.size);
 #else
   (void)reduce;
@@ -249,8 +343,10 @@ XGRAD_API void broadcast(void* data, std::int64_t bytes, int root, const Signatu
     fail(sig.op, sig.loc, xgrad::detail::concat("root ", root, " is not a rank of this group of ", g.size));
   if (g.size == 1) return;
 #if defined(XGRAD_WITH_MPI)
-  check_signature(3, sig);
-  check_mpi(MPI_Bcast(data, mpi_count(bytes, sig), MPI_BYTE, root, g.comm), sig.op, sig.loc);
+  const std::uint64_t number = check_signature(kBroadcast, sig);
+  std::vector<MPI_Request> request(1);
+  check_mpi(MPI_Ibcast(data, mpi_count(bytes, sig), MPI_BYTE, root, g.comm, &request[0]), sig.op, sig.loc);
+  await_requests(request, number, sig);
 #else
   (void)data, (void)bytes;
 #endif
@@ -258,10 +354,23 @@ XGRAD_API void broadcast(void* data, std::int64_t bytes, int root, const Signatu
 
 }  // namespace detail
 
-XGRAD_API void init(SourceLoc loc) {
+XGRAD_API void init(InitOptions options, SourceLoc loc) {
   detail::GroupState& g = detail::group();
   if (g.initialized) return;
   if (g.finalized) detail::fail("distributed::init", loc, "the process group was finalized; MPI cannot start again");
+  if (const char* seconds = std::getenv("XGRAD_DISTRIBUTED_TIMEOUT")) {
+    char* end = nullptr;
+    const double value = std::strtod(seconds, &end);
+    if (end == seconds || *end != '\0' || !(value > 0) || value > 1e9)
+      detail::fail(
+          "distributed::init", loc,
+          xgrad::detail::concat("XGRAD_DISTRIBUTED_TIMEOUT must be a positive number of seconds, got '", seconds, "'"));
+    options.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(value * 1000));
+  }
+  if (options.timeout.count() <= 0)
+    detail::fail("distributed::init", loc,
+                 xgrad::detail::concat("timeout must be positive, got ", options.timeout.count(), " ms"));
+  g.timeout = options.timeout;
 #if defined(XGRAD_WITH_MPI)
   int started = 0;
   MPI_Initialized(&started);
@@ -296,7 +405,9 @@ XGRAD_API int world_size(SourceLoc loc) { return detail::joined("distributed::wo
 XGRAD_API void barrier(SourceLoc loc) {
   [[maybe_unused]] const detail::GroupState& g = detail::joined("distributed::barrier", loc);
 #if defined(XGRAD_WITH_MPI)
-  if (g.size > 1) detail::check_mpi(MPI_Barrier(g.comm), "distributed::barrier", loc);
+  // Every rank's record reaching every other is a barrier, one that names a rank that never comes.
+  if (g.size > 1)
+    detail::check_signature(detail::kBarrier, {.op = "distributed::barrier", .dtype = DType::float32, .loc = loc});
 #endif
 }
 
@@ -304,6 +415,7 @@ XGRAD_API void finalize() {
   detail::GroupState& g = detail::group();
   if (!g.initialized) return;
 #if defined(XGRAD_WITH_MPI)
+  if (g.broken) MPI_Abort(g.comm, 1);  // the others may wait in a collective forever
   MPI_Op_free(&g.nan_max);
   MPI_Op_free(&g.nan_min);
   MPI_Comm_free(&g.comm);

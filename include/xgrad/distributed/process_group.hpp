@@ -5,6 +5,7 @@
 // more. Declarations only: the definitions are in distributed/process_group-inl.hpp.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <string_view>
 
@@ -21,10 +22,20 @@ enum class ReduceOp { sum, mean, max, min };
 /// "sum", "mean", "max", "min".
 XGRAD_API std::string_view reduce_op_name(ReduceOp op);
 
+/// How the process group behaves.
+struct InitOptions {
+  /// How long a collective waits for the other ranks before it gives up with a DistributedError
+  /// naming the ranks that did not come (one that died, hangs or runs other collectives).
+  /// After that the group cannot go on: the error ends this process, and its end (an uncaught
+  /// exception, or finalize() at exit, which then calls MPI_Abort) ends every rank. The
+  /// environment's XGRAD_DISTRIBUTED_TIMEOUT, in seconds, overrides it.
+  std::chrono::milliseconds timeout = std::chrono::minutes(10);
+};
+
 /// Joins the process group: MPI's world when mpirun started this process (MPI_Init_thread,
 /// unless the program initialized MPI itself), else a group of one. A second call does
 /// nothing; a call after finalize() is a DistributedError (MPI cannot start twice).
-XGRAD_API void init(SourceLoc loc = SourceLoc::current());
+XGRAD_API void init(InitOptions options = {}, SourceLoc loc = SourceLoc::current());
 
 /// True between init() and finalize().
 XGRAD_API bool is_initialized();
@@ -40,7 +51,8 @@ XGRAD_API void barrier(SourceLoc loc = SourceLoc::current());
 
 /// Leaves the group (MPI_Finalize, unless the program initialized MPI itself). Every rank
 /// calls it; nothing after it communicates. A call without init() does nothing; a program
-/// that never calls it gets it when it exits.
+/// that never calls it gets it when it exits. After a collective timed out, it ends the whole
+/// job instead (MPI_Abort): the other ranks may be waiting in a collective that never ends.
 XGRAD_API void finalize();
 
 /// True when this build of xgrad has MPI (XGRAD_WITH_MPI).
@@ -55,7 +67,7 @@ constexpr bool built_with_mpi() {
 /// init() for a scope: finalize() when it ends (the program's main, typically).
 class Session {
  public:
-  explicit Session(SourceLoc loc = SourceLoc::current()) { init(loc); }
+  explicit Session(InitOptions options = {}, SourceLoc loc = SourceLoc::current()) { init(options, loc); }
   ~Session() { finalize(); }
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
