@@ -27,6 +27,8 @@ SIDES = [
     ("xgrad-thrust:jit_O0", "xgrad thrust jit O0", None),
     ("xgrad-thrust:jit_O1", "xgrad thrust jit O1", None),
     ("xgrad-thrust:jit_O2", "xgrad thrust jit O2", "#5d8aa8"),
+    ("xgrad:dp_1x2", "xgrad 1 process x 2 threads", "#1f5fa8"),
+    ("xgrad:dp_2x1", "xgrad 2 processes x 1 thread", "#7fb2e5"),
     ("ref:hand", "hand loop", "#9a9a9a"),
     ("ref:openblas", "OpenBLAS", "#9a9a9a"),
     ("libtorch", "LibTorch", "#e8743b"),
@@ -40,8 +42,11 @@ SIDES = [
 LABEL = {side: label for side, label, _ in SIDES}
 XGRAD = [s for s, _, _ in SIDES if s.startswith("xgrad")]
 PEERS = [s for s, _, _ in SIDES if not s.startswith(("xgrad", "ref:"))]
-# The tables leave out the Thrust device's O0 and O1 (results.json has them).
-TABLE_SIDES = [s for s, _, _ in SIDES if not (s.startswith("xgrad-thrust:") and s.endswith(("O0", "O1")))]
+# The tables leave out the Thrust device's O0 and O1 (results.json has them) and the data_parallel
+# suite's sides, which that suite alone has (and only they: its comparison is xgrad's two launches).
+TABLE_SIDES = [s for s, _, _ in SIDES
+               if not (s.startswith("xgrad-thrust:") and s.endswith(("O0", "O1"))) and not s.startswith("xgrad:dp_")]
+OWN_SIDES = {"data_parallel": ["xgrad:dp_1x2", "xgrad:dp_2x1"]}
 
 
 def side_of(impl, device):
@@ -161,6 +166,8 @@ def markdown(results, chart_dir_name):
               "PyNative or GRAPH). Below 1, xgrad takes less time.", "",
               "| workload | xgrad's fastest | fastest peer | xgrad / peer time | verdict |", "|---|---|---|---|---|"]
     for key, entry in results["workloads"].items():
+        if entry["suite"] in OWN_SIDES:
+            continue
         mine, theirs, ratio, words = verdict(entry)
         lines.append("| " + " | ".join([
             f"`{key}`",
@@ -174,12 +181,15 @@ def markdown(results, chart_dir_name):
         entries = {k: e for k, e in results["workloads"].items() if e["suite"] == suite}
         if not entries:
             continue
-        sides = [s for s in TABLE_SIDES if any(absent(results, s, e) != "n/a" for e in entries.values())]
+        sides = [s for s in OWN_SIDES.get(suite, TABLE_SIDES) if any(absent(results, s, e) != "n/a" for e in entries.values())]
         lines += [f"## {suite}", "", description + ".", "", f"![{suite}]({chart_dir_name}/{suite}.svg)", ""]
         lines += ["| workload | " + " | ".join(LABEL[s] for s in sides) + " |", "|---" * (len(sides) + 1) + "|"]
         for key, entry in entries.items():
             name = f"`{key.split('/')[1]}`<br><sub>{html.escape(entry['what'])}</sub>"
             lines.append("| " + " | ".join([name] + [time_cell(results, s, entry) for s in sides]) + " |")
+        if suite in OWN_SIDES:
+            lines += [""] + data_parallel_summary(entries)
+            continue
         lines += ["", "allocs / call · peak MiB:", ""]
         lines += ["| workload | " + " | ".join(LABEL[s] for s in sides) + " |", "|---" * (len(sides) + 1) + "|"]
         for key, entry in entries.items():
@@ -194,6 +204,22 @@ def markdown(results, chart_dir_name):
             lines.append("| " + " | ".join([f"`{key.split('/')[1]}`"] + cells) + " |")
         lines.append("")
     return "\n".join(lines)
+
+
+def data_parallel_summary(entries):
+    """Per workload: 2 processes' step time over 1 process's, and each side's comm share."""
+    lines = ["2 processes x 1 thread against 1 process x 2 threads (same global batch), and the part of the step",
+             "a rank spends in collectives (comm share, waiting included):", "",
+             "| workload | 2x1 / 1x2 time | comm share, 1x2 | comm share, 2x1 |", "|---|---|---|---|"]
+    for key, entry in entries.items():
+        one, two = entry["sides"].get("xgrad:dp_1x2", {}), entry["sides"].get("xgrad:dp_2x1", {})
+        ratio = f"{two['median_ns'] / one['median_ns']:.2f}" if "median_ns" in one and "median_ns" in two else "–"
+
+        def share(side):
+            value = side.get("comm_share")
+            return "–" if value is None else f"{100 * value:.0f}%"
+        lines.append(f"| `{key.split('/')[1]}` | {ratio} | {share(one)} | {share(two)} |")
+    return lines + [""]
 
 
 # The seed notebook's question, asked of every framework: how much faster is the LeNet5 train step
@@ -234,6 +260,8 @@ def chart(results, suite):
         mine = fastest(entry, XGRAD)
         bars = []
         for side, label, colour in CHART_SIDES:
+            if (side in OWN_SIDES.get(suite, [])) != (suite in OWN_SIDES):
+                continue
             why = absent(results, side, entry)
             if why == "n/a":
                 continue

@@ -23,6 +23,7 @@ import datetime
 import json
 import os
 import queue
+import shutil
 import subprocess
 import sys
 import threading
@@ -106,14 +107,31 @@ class Peer:
             self.process.kill()
 
 
-def run_xgrad_bench(bench, suite, min_time, device, out_dir):
+# Open MPI's permissions for the data_parallel suite's mpirun: as root (CI), more ranks than cores.
+MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+           "OMPI_MCA_rmaps_base_oversubscribe": "1"}
+
+
+def bench_has_mpi(bench):
+    """True when xgrad_bench was built with MPI (`--has-mpi` says yes) and mpiexec is installed."""
+    probe = subprocess.run([bench, "--has-mpi"], capture_output=True, text=True)
+    return probe.stdout.strip() == "yes" and shutil.which("mpiexec") is not None
+
+
+def run_xgrad_bench(bench, suite, min_time, device, out_dir, processes=None):
     """One pass over a suite's rows in xgrad_bench on a device (on thrust only xgrad's own rows):
-    ({(key, side): answer}, [problems])."""
-    out = os.path.join(out_dir, f"xgrad_{suite}_{device}.json")
+    ({(key, side): answer}, [problems]). The data_parallel suite runs alone (its side "dp_1x2")
+    or, with `processes`, under mpirun (side "dp_<processes>x1")."""
+    launch = f"_mpi{processes}" if processes else ""
+    out = os.path.join(out_dir, f"xgrad_{suite}_{device}{launch}.json")
     rows = f"^{suite}/" if device == "cpu" else f"^{suite}/[^/]+/(eager|jit_)"
     command = [bench, f"--benchmark_filter={rows}", f"--benchmark_min_time={min_time}",
                f"--benchmark_out={out}", "--benchmark_out_format=json", f"--device={device}"]
-    result = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    env = None
+    if processes:
+        command = ["mpiexec", "-n", str(processes)] + command
+        env = dict(os.environ, **MPI_ENV)
+    result = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
     if result.returncode != 0 or not os.path.exists(out):
         return {}, [f"xgrad_bench failed on suite {suite} (exit {result.returncode}): {result.stderr[-2000:]}"]
     with open(out) as file:
@@ -124,6 +142,8 @@ def run_xgrad_bench(bench, suite, min_time, device, out_dir):
         parts = row["name"].split("/")
         key, impl = "/".join(parts[:2]), parts[2]
         side = report.side_of(impl, device)
+        if suite == "data_parallel":
+            side = f"xgrad:dp_{processes}x1" if processes else "xgrad:dp_1x2"
         if row.get("error_occurred"):
             answers[(key, side)] = {"error": row.get("error_message", "error")}
             problems.append(f"{key}/{impl} on {device}: {row.get('error_message', 'error')}")
@@ -134,6 +154,7 @@ def run_xgrad_bench(bench, suite, min_time, device, out_dir):
             "allocs": row.get("allocs/call"),
             "buffers": row.get("buffers/call"),
             "peak_MiB": row.get("peak_MiB"),
+            "comm_share": row.get("comm_share"),
         }
     return answers, problems
 
@@ -193,7 +214,7 @@ def summarize(samples):
 
     return {"median_ns": median(times), "min_ns": times[0], "max_ns": times[-1], "rounds": len(times),
             "allocs": counter("allocs", median), "buffers": counter("buffers", median),
-            "peak_MiB": counter("peak_MiB", max)}
+            "peak_MiB": counter("peak_MiB", max), "comm_share": counter("comm_share", median)}
 
 
 def main():
@@ -237,8 +258,9 @@ def main():
     preload = build_heap_counter(args.out) if use_peers else None
     peers = {}
     workloads = [w for w in WORKLOADS if w.suite in suites]
+    has_mpi = "data_parallel" in suites and bench_has_mpi(args.bench)
     for name in PEER_MODES:
-        for threads in sorted({w.threads for w in workloads}):
+        for threads in sorted({w.threads for w in workloads if w.peers}):
             if not use_peers:
                 peers[(name, threads)] = None
                 continue
@@ -250,12 +272,19 @@ def main():
     for round_index in range(rounds):
         for suite in suites:
             log(f"run_suite: round {round_index + 1}/{rounds}, {suite}")
-            for device in devices:
-                answers, found = run_xgrad_bench(args.bench, suite, min_time, device, args.out)
+            # data_parallel: alone on the cpu, then as 2 processes under mpirun (when built with MPI).
+            launches = [(d, None) for d in devices] if suite != "data_parallel" else \
+                [("cpu", None)] + ([("cpu", 2)] if has_mpi else [])
+            for device, processes in launches:
+                answers, found = run_xgrad_bench(args.bench, suite, min_time, device, args.out, processes)
                 problems += [p for p in found if p not in problems]
                 for key_side, answer in answers.items():
                     samples.setdefault(key_side, []).append(answer)
-            for workload in (w for w in workloads if w.suite == suite):
+            if suite == "data_parallel" and not has_mpi:
+                for workload in (w for w in workloads if w.suite == suite):
+                    samples.setdefault((workload.key, "xgrad:dp_2x1"), []).append(
+                        {"missing": "xgrad_bench without MPI (-DXGRAD_MPI=ON) or no mpiexec"})
+            for workload in (w for w in workloads if w.suite == suite and w.peers):
                 for name, modes in PEER_MODES.items():
                     peer = peers[(name, workload.threads)]
                     if peer is None:

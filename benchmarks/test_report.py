@@ -51,6 +51,20 @@ class ReportTest(unittest.TestCase):
         self.assertEqual(row.count("not installed"), 7)  # LibTorch and the six Python peer modes
         self.assertEqual(row.count("not built"), 2)  # the Thrust device's eager and jit O2
 
+    def test_data_parallel_compares_its_two_launches_only(self):
+        results = results_with({"xgrad:eager": 1000.0})
+        entry = {"suite": "data_parallel", "what": "LeNet5", "threads": 2, "sides": {
+            "xgrad:dp_1x2": {"median_ns": 600e3, "min_ns": 590e3, "max_ns": 610e3, "rounds": 3, "comm_share": 0.0},
+            "xgrad:dp_2x1": {"median_ns": 690e3, "min_ns": 680e3, "max_ns": 700e3, "rounds": 3, "comm_share": 0.13}}}
+        results["workloads"]["data_parallel/lenet5_b32"] = entry
+        text = report.markdown(results, "bench")
+        self.assertIn("| workload | xgrad 1 process x 2 threads | xgrad 2 processes x 1 thread |", text)
+        self.assertIn("| `lenet5_b32` | 1.15 | 0% | 13% |", text)
+        self.assertNotIn("`data_parallel/lenet5_b32` |", text)  # no peer to be ahead of or behind
+        root = ElementTree.fromstring(report.chart(results, "data_parallel"))
+        titles = [e.text for e in root.iter("{http://www.w3.org/2000/svg}title")]
+        self.assertEqual(len(titles), 2)
+
     def test_chart_is_svg_with_a_bar_per_measured_side(self):
         sides = {"xgrad:eager": 1000.0, "xgrad:jit_O2": 800.0, "jax:jit": 400.0, "jax:eager": 0}
         svg = report.chart(results_with(sides), "gemm")

@@ -17,6 +17,7 @@ class Workload:
     threads: int = 1
     eager: bool = True  # has an eager implementation (the compile suite has none)
     reference: str = ""  # an in-executable reference impl besides the peers: "hand" or "openblas"
+    peers: bool = True  # the Python peers implement it (data_parallel: xgrad's two launches only)
 
     @property
     def key(self):
@@ -33,6 +34,9 @@ SUITES = {
     "mlp_step": "an MLP train step: relu hidden layers, softmax cross-entropy, backward, momentum SGD (lr 0.01, 0.9)",
     "lenet5_step": "the seed's LeNet5 train step: forward, softmax cross-entropy, backward, momentum SGD (lr 0.01, 0.9)",
     "compile": "trace and compile a train step (first-call cost), no run",
+    "data_parallel": "a data-parallel train step in graph mode (Model's data_parallel, the global batch split over "
+                     "the ranks), 1 process x 2 threads against 2 processes x 1 thread under mpirun; comm share: "
+                     "the part of the step a rank spends in collectives, waiting included",
 }
 
 WORKLOADS = [
@@ -62,6 +66,10 @@ WORKLOADS = [
     Workload("lenet5_step", "b32_t2", "LeNet5, batch 32 of f32[1, 32, 32], 2 threads", threads=2),
     Workload("compile", "mlp_784-256-256-10_b64", "the MLP 784-256-256-10 train step (batch 64)", eager=False),
     Workload("compile", "lenet5_step_b32", "the LeNet5 train step (batch 32)", eager=False),
+    Workload("data_parallel", "lenet5_b32", "LeNet5, global batch 32, 100 steps", threads=2, eager=False,
+             peers=False),
+    Workload("data_parallel", "mlp_784-256-256-10_b64", "MLP 784-256-256-10, global batch 64, 100 steps", threads=2,
+             eager=False, peers=False),
 ]
 
 BY_KEY = {w.key: w for w in WORKLOADS}

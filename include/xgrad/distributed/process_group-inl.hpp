@@ -49,6 +49,8 @@ struct GroupState {
   int size = 1;
   std::chrono::milliseconds timeout{0};
   std::uint64_t collectives = 0;  // called so far: errors number them
+  std::int64_t bytes = 0;         // passed to them
+  double seconds = 0;             // spent in them
   bool broken = false;            // a collective timed out: finalize() ends the job instead
 #if defined(XGRAD_WITH_MPI)
   MPI_Comm comm = MPI_COMM_NULL;  // a duplicate of the world's, so xgrad's messages never meet the program's
@@ -153,6 +155,18 @@ inline MPI_Op mpi_op(ReduceOp reduce, DType dtype) {
 
 using Clock = std::chrono::steady_clock;
 
+/// Adds a collective's bytes and time to the group's stats().
+class Counted {
+ public:
+  explicit Counted(std::int64_t bytes) : m_start(Clock::now()) { group().bytes += bytes; }
+  ~Counted() { group().seconds += std::chrono::duration<double>(Clock::now() - m_start).count(); }
+  Counted(const Counted&) = delete;
+  Counted& operator=(const Counted&) = delete;
+
+ private:
+  Clock::time_point m_start;
+};
+
 /// Waits until `done()` (which tests the pending MPI requests) or the group's timeout, then a
 /// DistributedError saying which collective of which caller did not finish and `missing()`:
 /// the ranks that did not come, where known. After a timeout the group cannot go on.
@@ -160,10 +174,13 @@ template <class Done, class Missing>
 void await(Done done, Missing missing, std::uint64_t number, const Signature& sig) {
   GroupState& g = group();
   const Clock::time_point start = Clock::now();
-  // Spin first (a collective of small messages finishes in microseconds), then back off to 1 ms.
-  std::chrono::microseconds pause{0};
-  for (int polls = 0; !done(); ++polls) {
-    if (Clock::now() - start > g.timeout) {
+  // Poll without pause while a collective may still be quick (MPI progresses it only inside
+  // MPI_Test, so a sleeping rank delays both), then, for a rank that waits long (a slow peer),
+  // with pauses of 50 us.
+  constexpr auto kBusy = std::chrono::milliseconds(20);
+  while (!done()) {
+    const auto waited = Clock::now() - start;
+    if (waited > g.timeout) {
       g.broken = true;
       fail(sig.op, sig.loc,
            xgrad::detail::concat(
@@ -172,11 +189,7 @@ void await(Done done, Missing missing, std::uint64_t number, const Signature& si
                " s (distributed::InitOptions::timeout, XGRAD_DISTRIBUTED_TIMEOUT): a rank stopped, hangs, or runs "
                "other collectives; the group cannot go on, and this process ends the job when it exits"));
     }
-    if (polls > 256) {
-      std::this_thread::sleep_for(pause);
-      pause = std::min<std::chrono::microseconds>(
-          std::max<std::chrono::microseconds>(pause * 2, std::chrono::microseconds{8}), std::chrono::milliseconds{1});
-    }
+    if (waited > kBusy) std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
 }
 
@@ -276,6 +289,7 @@ XGRAD_API void all_reduce(void* data, std::int64_t count, ReduceOp reduce, const
   const GroupState& g = joined(sig.op, sig.loc);
   if (g.size == 1) return;
 #if defined(XGRAD_WITH_MPI)
+  const Counted counted(count * static_cast<std::int64_t>(dtype_size(sig.dtype)));
   const std::uint64_t number = check_signature(kAllReduce, sig);
   // Reduce-scatter, then all-gather: each element is reduced on one rank and copied to the
   // others, so every rank ends with the same bits (MPI_Allreduce's algorithms may round
@@ -310,6 +324,7 @@ XGRAD_API void all_gather(const void* in, void* out, std::int64_t bytes, const S
     return;
   }
 #if defined(XGRAD_WITH_MPI)
+  const Counted counted(bytes);
   const std::uint64_t number = check_signature(kAllGather, sig);
   const int n = mpi_count(bytes, sig);
   std::vector<MPI_Request> request(1);
@@ -325,6 +340,7 @@ XGRAD_API void reduce_scatter(const void* in, void* out, std::int64_t count, Red
     return;
   }
 #if defined(XGRAD_WITH_MPI)
+  const Counted counted(count * g.size * static_cast<std::int64_t>(dtype_size(sig.dtype)));
   const std::uint64_t number = check_signature(kReduceScatter, sig);
   std::vector<MPI_Request> request(1);
   check_mpi(MPI_Ireduce_scatter_block(in, out, mpi_count(count, sig), mpi_type(sig.dtype), mpi_op(reduce, sig.dtype),
@@ -343,6 +359,7 @@ XGRAD_API void broadcast(void* data, std::int64_t bytes, int root, const Signatu
     fail(sig.op, sig.loc, xgrad::detail::concat("root ", root, " is not a rank of this group of ", g.size));
   if (g.size == 1) return;
 #if defined(XGRAD_WITH_MPI)
+  const Counted counted(bytes);
   const std::uint64_t number = check_signature(kBroadcast, sig);
   std::vector<MPI_Request> request(1);
   check_mpi(MPI_Ibcast(data, mpi_count(bytes, sig), MPI_BYTE, root, g.comm, &request[0]), sig.op, sig.loc);
@@ -397,6 +414,11 @@ XGRAD_API void init(InitOptions options, SourceLoc loc) {
 }
 
 XGRAD_API bool is_initialized() { return detail::group().initialized; }
+
+XGRAD_API Stats stats() {
+  const detail::GroupState& g = detail::group();
+  return {.collectives = g.collectives, .bytes = g.bytes, .seconds = g.seconds};
+}
 
 XGRAD_API int rank(SourceLoc loc) { return detail::joined("distributed::rank", loc).rank; }
 

@@ -55,6 +55,16 @@ XGRAD_API void barrier(SourceLoc loc = SourceLoc::current());
 /// job instead (MPI_Abort): the other ranks may be waiting in a collective that never ends.
 XGRAD_API void finalize();
 
+/// What this process has spent on collectives since init(): how many ran with more than one
+/// rank, the bytes each rank passed in, and the wall time inside them (waiting for the other
+/// ranks included). The data_parallel benchmark reads the share of a train step it takes.
+struct Stats {
+  std::uint64_t collectives = 0;
+  std::int64_t bytes = 0;
+  double seconds = 0;
+};
+XGRAD_API Stats stats();
+
 /// True when this build of xgrad has MPI (XGRAD_WITH_MPI).
 constexpr bool built_with_mpi() {
 #if defined(XGRAD_WITH_MPI)
