@@ -232,6 +232,42 @@ TEST_CASE("autograd: grad: w.r.t. an argument the function does not use gives ze
   CHECK(g_only.to_vector() == std::vector<float>(4, 0.0f));
 }
 
+TEST_CASE("autograd: value_and_grad tells each gradient as soon as the backward pass has finished it") {
+  // loss = sum((w2 @ mark(tanh(x @ w1)))^2): w2's gradient is final once the last matmul's rule
+  // ran, before mark's rule (which counts) and long before w1's. w2 is the matmul's first input,
+  // so the pass reaches w2's own entry only at its end: telling early is what this checks.
+  xg::Parameter<float> w1(xg::tensor<float>({{1, 2}, {3, 4}}), "w1");
+  xg::Parameter<float> w2(xg::tensor<float>({{0.5, -1}, {2, 1}}), "w2");
+  xg::Parameter<float> unused(xg::tensor<float>({7}), "unused");
+  std::vector<xg::Parameter<float>> params{w1, w2, unused};
+  const auto x = xg::tensor<float>({{1, -1}, {2, 0.5}});
+  std::int64_t marks_run = 0;
+  auto mark =
+      xg::custom_vjp([](const xg::Tensor<float>& a) { return a * 1.0f; },
+                     [&marks_run](const xg::Tensor<float>&, const xg::Tensor<float>&, const xg::Tensor<float>& g) {
+                       ++marks_run;
+                       return g;
+                     });
+  auto loss_fn = [&](const xg::Tensor<float>& in) {
+    return xg::sum(xg::square(xg::matmul(w2, mark(xg::tanh(xg::matmul(in, w1))))));
+  };
+  std::vector<std::size_t> order;
+  std::vector<std::vector<float>> told(3);
+  std::vector<std::int64_t> marks_at_tell(3, -1);
+  auto on_gradient = [&](std::size_t i, const xg::TensorBase& g) {
+    order.push_back(i);
+    told[i] = xg::Tensor<float>(g).to_vector();
+    marks_at_tell[i] = marks_run;
+  };
+  auto [value, grads] = xg::value_and_grad(loss_fn, params, on_gradient)(x);
+  CHECK(order == std::vector<std::size_t>{1, 0, 2});  // w2, w1, then the one no gradient reaches
+  for (std::size_t i = 0; i < 3; ++i) CHECK(told[i] == grads[i].to_vector());
+  CHECK(told[2] == std::vector<float>{0.0f});
+  CHECK(marks_at_tell[1] == 0);  // w2: before mark's rule ran
+  CHECK(marks_at_tell[0] == 1);  // w1: after it
+  CHECK(value.item() == xg::value_and_grad(loss_fn, params)(x).first.item());
+}
+
 TEST_CASE("autograd: value_and_grad: one gradient per Parameter, in order") {
   xg::Parameter<float> w(xg::tensor<float>({{1, 2}, {3, 4}}), "w");
   xg::Parameter<float> b(xg::tensor<float>({0.5, -0.5}), "b");

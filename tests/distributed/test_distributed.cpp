@@ -385,3 +385,57 @@ TEST_CASE("distributed: data-parallel Model: rank 0 prints, a stop on any rank s
   CHECK(sharded == local.eval(data.batch(8))["Accuracy"]);
   xg::set_mode(saved_mode);
 }
+
+TEST_CASE("distributed: all_reduce_start and all_reduce_wait give all_reduce's result, with work in between") {
+  join();
+  const int n = dist::world_size(), me = dist::rank();
+  const xg::Shape shape{3, 5};
+  auto split = [](const xg::Tensor<double>& x) {
+    const auto started = dist::all_reduce_start(x, dist::ReduceOp::mean);
+    const auto meanwhile = xg::sum(xg::exp(x));  // runs while the exchange does
+    return dist::all_reduce_wait(started) + meanwhile * 0.0;
+  };
+  for (bool compiled : {false, true}) {
+    CAPTURE(compiled);
+    const auto x = input<double>(shape, me);
+    const std::vector<double> got = (compiled ? xg::jit(split)(x) : split(x)).to_vector();
+    for (std::int64_t i = 0; i < shape.numel(); ++i) CHECK(got[i] == reduced<double>(dist::ReduceOp::mean, n, i));
+  }
+  const std::string ir = xg::jit(split).lower(input<double>(shape, me)).ir();
+  const auto start = ir.find("AllReduceStart"), wait = ir.find("AllReduceWait"), exp = ir.find("Exp");
+  REQUIRE(start != std::string::npos);
+  REQUIRE(wait != std::string::npos);
+  CHECK(start < wait);
+  CHECK((exp > start && exp < wait));  // the work in between stays in between
+  CHECK(contains(message_of<xg::DistributedError>([] { (void)dist::all_reduce_wait(xg::ones<float>({2})); }),
+                 "no all_reduce_start is in flight on this tensor"));
+}
+
+TEST_CASE("distributed: a data-parallel step starts reducing its first gradients before its backward pass ends") {
+  join();
+  const xg::Mode saved_mode = xg::get_mode();
+  xg::set_mode(xg::Mode::graph);
+  xg::init::set_seed(3);
+  xg::models::LeNet5 net;
+  xg::nn::SoftmaxCrossEntropy loss({.sparse = true, .reduction = xg::Reduction::mean});
+  xg::optim::Momentum opt(net.parameters(), 0.01f, 0.9f);
+  xg::Model model(net, loss, opt, {}, {.data_parallel = true, .bucket_bytes = 64 << 10});
+  const auto images = xg::randn<float>({4, 1, 32, 32}, 1);
+  const auto labels = xg::tensor<std::int32_t>({1, 2, 3, 4});
+  const std::string ir = model.lower_train_step(images, labels).ir();
+  // LeNet5's 247 KB of gradients in buckets of at most 64 KiB, packed from the last parameter:
+  // fc3, fc2 and fc1's bias (44.5 KB); fc1's weight alone (192 KB, larger than a bucket); the
+  // convolutions' weights (10.2 KB).
+  std::vector<std::size_t> starts, waits;
+  for (auto at = ir.find("AllReduceStart"); at != std::string::npos; at = ir.find("AllReduceStart", at + 1))
+    starts.push_back(at);
+  for (auto at = ir.find("AllReduceWait"); at != std::string::npos; at = ir.find("AllReduceWait", at + 1))
+    waits.push_back(at);
+  CHECK(starts.size() == 3);
+  CHECK(waits.size() == 3);
+  REQUIRE_FALSE(starts.empty());
+  // The first bucket (fc3, the last layer) starts while conv1's and conv2's gradients are still
+  // to come: a convolution's backward follows it in the graph.
+  CHECK(ir.find("Conv2D", starts.front()) < waits.front());
+  xg::set_mode(saved_mode);
+}

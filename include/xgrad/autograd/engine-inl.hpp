@@ -66,7 +66,7 @@ class FirstOrderScope {
 XGRAD_API std::vector<TensorBase> run_backward(const std::vector<TensorBase>& roots,
                                                const std::vector<TensorBase>& seeds,
                                                const std::vector<std::shared_ptr<AutogradMeta>>& targets,
-                                               bool create_graph) {
+                                               bool create_graph, const GradientReady& ready) {
   std::unordered_map<const AutogradMeta*, std::size_t> target_index;
   for (std::size_t i = 0; i < targets.size(); ++i) target_index.emplace(targets[i].get(), i);
 
@@ -98,6 +98,23 @@ XGRAD_API std::vector<TensorBase> run_backward(const std::vector<TensorBase>& ro
 
   std::vector<TensorBase> results(targets.size());
   std::unordered_map<const AutogradMeta*, TensorBase> grads;
+  // For `ready`: the contributions each target still waits for (one per edge from a node the
+  // pass runs), and whether it has been told.
+  std::unordered_map<const AutogradMeta*, std::size_t> pending;
+  std::vector<bool> told(targets.size(), false);
+  if (ready) {
+    for (const auto& meta : order)
+      if (const Node* node = meta->grad_fn.get())
+        for (const auto& in : node->inputs)
+          if (in.meta && useful[in.meta.get()] && target_index.count(in.meta.get())) ++pending[in.meta.get()];
+  }
+  auto tell = [&](const AutogradMeta* meta) {
+    const std::size_t t = target_index.at(meta);
+    if (told[t]) return;
+    told[t] = true;
+    const auto found = grads.find(meta);
+    ready(t, found == grads.end() ? TensorBase() : found->second);
+  };
   for (std::size_t i = 0; i < roots.size(); ++i) {
     const auto& meta = roots[i].impl()->autograd;
     if (!meta || !meta->requires_grad) continue;
@@ -143,24 +160,37 @@ XGRAD_API std::vector<TensorBase> run_backward(const std::vector<TensorBase>& ro
     Grads input_grads = node->rule(out, g);
     for (std::size_t i = 0; i < node->inputs.size(); ++i) {
       const auto& in = node->inputs[i];
-      if (!in.meta || i >= input_grads.size() || !input_grads[i].defined() || !useful[in.meta.get()]) continue;
-      TensorBase gi = detail::fit_grad(input_grads[i], in.shape);
-      auto [slot, fresh] = grads.try_emplace(in.meta.get(), gi);
-      if (!fresh) slot->second = detail::add_grads(slot->second, gi);
+      if (!in.meta || !useful[in.meta.get()]) continue;
+      if (i < input_grads.size() && input_grads[i].defined()) {
+        TensorBase gi = detail::fit_grad(input_grads[i], in.shape);
+        auto [slot, fresh] = grads.try_emplace(in.meta.get(), gi);
+        if (!fresh) slot->second = detail::add_grads(slot->second, gi);
+      }
+      if (ready) {
+        const auto left = pending.find(in.meta.get());
+        if (left != pending.end() && --left->second == 0) tell(in.meta.get());
+      }
     }
   }
+  // Targets no node's rule reached (a root, or behind a node no gradient reached), last.
+  if (ready)
+    for (std::size_t t = 0; t < targets.size(); ++t)
+      if (!told[t]) {
+        told[t] = true;
+        ready(t, results[t]);
+      }
   return results;
 }
 
 XGRAD_API std::vector<TensorBase> run_backward(const TensorBase& root, const TensorBase& seed,
                                                const std::vector<std::shared_ptr<AutogradMeta>>& targets,
-                                               bool create_graph, SourceLoc loc) {
+                                               bool create_graph, SourceLoc loc, const GradientReady& ready) {
   if (!root.requires_grad())
     throw AutogradError(xgrad::detail::concat("backward: the output (", dtype_name(root.dtype()), root.shape(), ", at ",
                                               loc.str(),
                                               ") does not depend on any tensor that requires grad; call "
                                               "set_requires_grad(true) on an input or use a Parameter"));
-  return run_backward(std::vector<TensorBase>{root}, std::vector<TensorBase>{seed}, targets, create_graph);
+  return run_backward(std::vector<TensorBase>{root}, std::vector<TensorBase>{seed}, targets, create_graph, ready);
 }
 
 }  // namespace xgrad::autograd

@@ -85,10 +85,13 @@ template <class F, std::size_t... I> auto grad(F f, Argnums<I...>, SourceLoc loc
 /// f's gradient with respect to its first argument.
 template <class F> auto grad(F f, SourceLoc loc = SourceLoc::current()) { return grad(f, argnums<0>, loc); }
 
-/// A function returning f's value together with its gradients with respect to `params`
-/// (one per parameter, in order): auto [loss, grads] = value_and_grad(loss_fn, params)(x, y).
-template <class F, class Params> auto value_and_grad(F f, Params params, SourceLoc loc = SourceLoc::current()) {
-  return [f, params, loc](auto&&... args) {
+/// value_and_grad below that also calls on_gradient(i, g) as soon as parameter i's gradient g
+/// is final, during the backward pass: work on it (data-parallel training starts reducing a
+/// bucket of gradients there) overlaps the rest of the pass. A parameter no gradient reaches
+/// gets zeros, told at the end.
+template <class F, class Params>
+auto value_and_grad(F f, Params params, autograd::GradientReady on_gradient, SourceLoc loc = SourceLoc::current()) {
+  return [f, params, on_gradient, loc](auto&&... args) {
     detail::TransformScope scope;
     enable_grad on;
     auto out = f(args...);
@@ -98,6 +101,8 @@ template <class F, class Params> auto value_and_grad(F f, Params params, SourceL
     std::vector<Tensor<T>> grads;
     if (!out.requires_grad()) {
       for (const auto& p : params) grads.push_back(zeros_like(Tensor<T>(p)));
+      if (on_gradient)
+        for (std::size_t i = 0; i < grads.size(); ++i) on_gradient(i, grads[i]);
       return std::pair{out, grads};
     }
     std::vector<std::shared_ptr<AutogradMeta>> targets;
@@ -107,7 +112,13 @@ template <class F, class Params> auto value_and_grad(F f, Params params, SourceL
             detail::concat("value_and_grad: parameter '", p.name(), "' does not require grad (at ", loc.str(), ")"));
       targets.push_back(p.impl()->autograd);
     }
-    auto results = autograd::run_backward(out, ones_like(out), targets, scope.nested(), loc);
+    const std::vector<Tensor<T>> param_list(std::begin(params), std::end(params));
+    autograd::GradientReady ready;
+    if (on_gradient)
+      ready = [&](std::size_t i, const TensorBase& g) {
+        on_gradient(i, g.defined() ? Tensor<T>(g) : zeros_like(param_list[i]));
+      };
+    auto results = autograd::run_backward(out, ones_like(out), targets, scope.nested(), loc, ready);
     std::size_t i = 0;
     for (const auto& p : params) {
       const TensorBase& r = results[i++];
@@ -115,6 +126,12 @@ template <class F, class Params> auto value_and_grad(F f, Params params, SourceL
     }
     return std::pair{scope.nested() ? out : out.detach(), grads};
   };
+}
+
+/// A function returning f's value together with its gradients with respect to `params`
+/// (one per parameter, in order): auto [loss, grads] = value_and_grad(loss_fn, params)(x, y).
+template <class F, class Params> auto value_and_grad(F f, Params params, SourceLoc loc = SourceLoc::current()) {
+  return value_and_grad(f, params, autograd::GradientReady{}, loc);
 }
 
 namespace detail {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -148,9 +149,64 @@ struct Broadcast {
   }
 };
 
+/// all_reduce_start's node: the exchange runs on the worker from here to the AllReduceWait that
+/// reads this node's output, whose buffer it writes meanwhile.
+struct AllReduceStart {
+  static constexpr std::string_view name = "AllReduceStart";
+  static constexpr bool has_effect = true;
+  distributed::ReduceOp reduce = distributed::ReduceOp::sum;
+  SourceLoc loc;
+  std::vector<ir::Attr> attrs() const { return {{"reduce", std::string(distributed::reduce_op_name(reduce))}}; }
+  bool operator==(const AllReduceStart& o) const { return reduce == o.reduce; }
+  Shape output_shape(const Shape& x) const { return x; }
+  template <class T> void run(Device, const Tensor<T>& x, Tensor<T>& out) const {
+    const auto sig = distributed::detail::signature_of("all_reduce_start", x, static_cast<int>(reduce), loc);
+    if (x.device() != Device::cpu || out.device() != Device::cpu) {
+      distributed::detail::on_host(x, out, [&](const T* in, T* result) {
+        std::copy(in, in + x.numel(), result);
+        distributed::detail::all_reduce(result, x.numel(), reduce, sig);
+      });
+      distributed::detail::finished_all_reduce(out.data());
+      return;
+    }
+    if (x.data() != out.data()) std::copy(x.data(), x.data() + x.numel(), out.data());
+    distributed::detail::start_all_reduce(out.data(), x.numel(), reduce, sig, out.impl()->storage);
+  }
+};
+
+/// all_reduce_wait's node: its output is the buffer AllReduceStart's exchange wrote (a view of
+/// it when the graph's memory plan holds it, so nothing is copied).
+struct AllReduceWait {
+  static constexpr std::string_view name = "AllReduceWait";
+  static constexpr bool has_effect = true;
+  SourceLoc loc;
+  std::vector<ir::Attr> attrs() const { return {}; }
+  bool operator==(const AllReduceWait&) const { return true; }
+  template <class R> static OpTraits traits() { return {.view = true}; }
+  Shape output_shape(const Shape& x) const { return x; }
+  template <class T> void run(Device, const Tensor<T>& x, Tensor<T>& out) const {
+    distributed::detail::wait_all_reduce(const_cast<T*>(x.data()), "all_reduce_wait", loc);
+    if (out.data() != x.data())
+      xgrad::detail::copy_bytes(out.data(), out.device(), x.data(), x.device(),
+                                static_cast<std::size_t>(x.numel()) * sizeof(T));
+  }
+};
+
 }  // namespace op
 
 namespace distributed {
+
+template <FloatingPoint T> Tensor<T> all_reduce_start(const Tensor<T>& x, ReduceOp reduce, SourceLoc loc) {
+  xgrad::detail::OpScope scope("all_reduce_start", loc, {x});
+  detail::joined_size("all_reduce_start", loc);
+  return xgrad::detail::apply<T>(op::AllReduceStart{reduce, loc}, loc, x);
+}
+
+template <FloatingPoint T> Tensor<T> all_reduce_wait(const Tensor<T>& started, SourceLoc loc) {
+  xgrad::detail::OpScope scope("all_reduce_wait", loc, {started});
+  detail::joined_size("all_reduce_wait", loc);
+  return xgrad::detail::apply<T>(op::AllReduceWait{loc}, loc, started);
+}
 
 template <Numeric T> Tensor<T> all_reduce(const Tensor<T>& x, ReduceOp reduce, SourceLoc loc) {
   xgrad::detail::OpScope scope("all_reduce", loc, {x});
@@ -207,25 +263,88 @@ XGRAD_API void broadcast_into(const TensorBase& t, int root, SourceLoc loc) {
   if (!host.empty()) xgrad::detail::copy_bytes(data, t.device(), host.data(), Device::cpu, bytes);
 }
 
+XGRAD_API std::vector<std::pair<std::size_t, std::size_t>> detail::bucket_ranges(const std::vector<std::int64_t>& bytes,
+                                                                                 std::int64_t bucket_bytes) {
+  std::vector<std::pair<std::size_t, std::size_t>> out;
+  for (std::size_t end = bytes.size(); end > 0;) {
+    std::size_t begin = end - 1;
+    for (std::int64_t size = bytes[begin]; begin > 0 && size + bytes[begin - 1] <= bucket_bytes;)
+      size += bytes[--begin];
+    out.emplace_back(begin, end);
+    end = begin;
+  }
+  return out;
+}
+
+namespace detail {
+/// The tensors xs[begin, end) flattened and joined, the last first: a bucket's message.
+template <class T> Tensor<T> pack(const std::vector<Tensor<T>>& xs, std::size_t begin, std::size_t end, SourceLoc loc) {
+  std::vector<Tensor<T>> flat;
+  for (std::size_t i = end; i-- > begin;) flat.push_back(reshape(xs[i], {-1}, loc));
+  return flat.size() == 1 ? flat[0] : concat(flat, 0, loc);
+}
+/// pack's inverse: out[i] for i in [begin, end), shaped like shapes[i].
+template <class T> void unpack(const Tensor<T>& packed, const std::vector<Shape>& shapes, std::size_t begin,
+                               std::size_t end, std::vector<Tensor<T>>& out, SourceLoc loc) {
+  std::int64_t at = 0;
+  for (std::size_t i = end; i-- > begin;) {
+    out[i] = reshape(slice(packed, {at}, {shapes[i].numel()}, loc), shapes[i].to_vector(), loc);
+    at += shapes[i].numel();
+  }
+}
+}  // namespace detail
+
 template <FloatingPoint T> std::vector<Tensor<T>> all_reduce_bucketed(const std::vector<Tensor<T>>& xs, ReduceOp reduce,
                                                                       std::int64_t bucket_bytes, SourceLoc loc) {
   if (bucket_bytes < 1) throw_value_error("all_reduce_bucketed", loc, "bucket_bytes must be >= 1, got ", bucket_bytes);
-  auto bytes_of = [](const Tensor<T>& x) { return x.numel() * static_cast<std::int64_t>(sizeof(T)); };
-  std::vector<Tensor<T>> out(xs.size());
-  for (std::size_t end = xs.size(); end > 0;) {
-    std::size_t begin = end - 1;  // the bucket is xs[begin, end), packed last first
-    for (std::int64_t bytes = bytes_of(xs[begin]); begin > 0 && bytes + bytes_of(xs[begin - 1]) <= bucket_bytes;)
-      bytes += bytes_of(xs[--begin]);
-    std::vector<Tensor<T>> flat;
-    for (std::size_t i = end; i-- > begin;) flat.push_back(reshape(xs[i], {-1}, loc));
-    const Tensor<T> reduced = all_reduce(flat.size() == 1 ? flat[0] : concat(flat, 0, loc), reduce, loc);
-    std::int64_t at = 0;
-    for (std::size_t i = end; i-- > begin;) {
-      out[i] = reshape(slice(reduced, {at}, {xs[i].numel()}, loc), xs[i].shape().to_vector(), loc);
-      at += xs[i].numel();
-    }
-    end = begin;
+  std::vector<std::int64_t> bytes;
+  std::vector<Shape> shapes;
+  for (const auto& x : xs) {
+    bytes.push_back(x.numel() * static_cast<std::int64_t>(sizeof(T)));
+    shapes.push_back(x.shape());
   }
+  std::vector<Tensor<T>> out(xs.size());
+  for (const auto& [begin, end] : detail::bucket_ranges(bytes, bucket_bytes))
+    detail::unpack(all_reduce(detail::pack(xs, begin, end, loc), reduce, loc), shapes, begin, end, out, loc);
+  return out;
+}
+
+XGRAD_API GradientMean::GradientMean(const std::vector<Shape>& shapes, std::int64_t bucket_bytes, SourceLoc loc)
+    : m_shapes(shapes), m_grads(shapes.size()), m_loc(loc) {
+  if (bucket_bytes < 1) throw_value_error("GradientMean", loc, "bucket_bytes must be >= 1, got ", bucket_bytes);
+  std::vector<std::int64_t> bytes;
+  for (const Shape& s : shapes) bytes.push_back(s.numel() * static_cast<std::int64_t>(sizeof(float)));
+  m_buckets = detail::bucket_ranges(bytes, bucket_bytes);
+  m_bucket_of.resize(shapes.size());
+  for (std::size_t k = 0; k < m_buckets.size(); ++k) {
+    m_missing.push_back(m_buckets[k].second - m_buckets[k].first);
+    for (std::size_t i = m_buckets[k].first; i < m_buckets[k].second; ++i) m_bucket_of[i] = k;
+  }
+  m_started.resize(m_buckets.size());
+}
+
+XGRAD_API void GradientMean::ready(std::size_t i, const Tensor<float>& grad) {
+  if (i >= m_grads.size() || m_grads[i].defined())
+    throw std::logic_error("xgrad internal error: GradientMean told of a gradient twice or out of range");
+  m_grads[i] = grad;
+  --m_missing[m_bucket_of[i]];
+  start_complete_buckets();
+}
+
+XGRAD_API void GradientMean::start_complete_buckets() {
+  // In bucket order, so that every rank starts the same exchanges in the same order.
+  for (; m_next < m_buckets.size() && m_missing[m_next] == 0; ++m_next) {
+    const auto [begin, end] = m_buckets[m_next];
+    m_started[m_next] = all_reduce_start(detail::pack(m_grads, begin, end, m_loc), ReduceOp::mean, m_loc);
+  }
+}
+
+XGRAD_API std::vector<Tensor<float>> GradientMean::finish() {
+  if (m_next < m_buckets.size())
+    throw std::logic_error("xgrad internal error: GradientMean finished before every gradient was ready");
+  std::vector<Tensor<float>> out(m_grads.size());
+  for (std::size_t k = 0; k < m_buckets.size(); ++k)
+    detail::unpack(all_reduce_wait(m_started[k], m_loc), m_shapes, m_buckets[k].first, m_buckets[k].second, out, m_loc);
   return out;
 }
 

@@ -5,7 +5,9 @@
 // distributed/collectives-inl.hpp.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "xgrad/core/dtype.hpp"
@@ -35,6 +37,16 @@ Tensor<T> reduce_scatter(const Tensor<T>& x, ReduceOp reduce = ReduceOp::sum, So
 /// The gradient reaches root's x only: the sum of the ranks' gradients.
 template <Element T> Tensor<T> broadcast(const Tensor<T>& x, int root = 0, SourceLoc loc = SourceLoc::current());
 
+/// all_reduce in two halves, so that work between them overlaps the exchange (data-parallel
+/// training starts each gradient bucket's as the backward pass finishes it). all_reduce_start
+/// sends a copy of x and returns the tensor the result is being written into: pass it, untouched,
+/// to all_reduce_wait, which returns the result once it is there. Every start is waited for;
+/// collectives issued in between run after it, in order. On Device::thrust the exchange happens
+/// at the start. Neither is differentiable.
+template <FloatingPoint T>
+Tensor<T> all_reduce_start(const Tensor<T>& x, ReduceOp reduce = ReduceOp::sum, SourceLoc loc = SourceLoc::current());
+template <FloatingPoint T> Tensor<T> all_reduce_wait(const Tensor<T>& started, SourceLoc loc = SourceLoc::current());
+
 /// all_reduce of many tensors (a model's gradients) in few messages: they are packed, from the
 /// last to the first, into flat buckets of at most `bucket_bytes` (a tensor larger than that is
 /// a bucket of its own), one all_reduce per bucket. The last tensors go first because a
@@ -49,6 +61,37 @@ std::vector<Tensor<T>> all_reduce_bucketed(const std::vector<Tensor<T>>& xs, Red
 /// training starts.
 XGRAD_API void broadcast_into(const TensorBase& t, int root = 0, SourceLoc loc = SourceLoc::current());
 
+/// The mean over the ranks of a model's gradients, reduced while the backward pass runs
+/// (ModelOptions::data_parallel): ready(i, g) takes parameter i's gradient as the pass finishes
+/// it (value_and_grad's on_gradient); when a bucket of all_reduce_bucketed's is complete and the
+/// buckets before it have started, its all_reduce starts (all_reduce_start) and runs beside the
+/// rest of the pass. finish() waits for every bucket and returns the means, one per parameter.
+class GradientMean {
+ public:
+  XGRAD_API GradientMean(const std::vector<Shape>& shapes, std::int64_t bucket_bytes, SourceLoc loc);
+  XGRAD_API void ready(std::size_t i, const Tensor<float>& grad);
+  XGRAD_API std::vector<Tensor<float>> finish();
+
+ private:
+  XGRAD_API void start_complete_buckets();
+
+  std::vector<Shape> m_shapes;
+  std::vector<std::pair<std::size_t, std::size_t>> m_buckets;  // [begin, end) of the parameters, last first
+  std::vector<std::size_t> m_bucket_of;                        // per parameter
+  std::vector<std::size_t> m_missing;                          // per bucket: gradients not yet ready
+  std::vector<Tensor<float>> m_grads, m_started;
+  std::size_t m_next = 0;  // the first bucket not started
+  SourceLoc m_loc;
+};
+
+namespace detail {
+/// all_reduce_bucketed's buckets for tensors of these sizes in bytes: [begin, end) ranges,
+/// packed from the last tensor to the first, at most `bucket_bytes` each unless one tensor is
+/// larger.
+XGRAD_API std::vector<std::pair<std::size_t, std::size_t>> bucket_ranges(const std::vector<std::int64_t>& bytes,
+                                                                         std::int64_t bucket_bytes);
+}  // namespace detail
+
 // The instances xgrad::compiled holds (core/config.hpp).
 #define XGRAD_COLLECTIVES_NUMERIC_INSTANCE(T, X)                    \
   X Tensor<T> all_reduce<T>(const Tensor<T>&, ReduceOp, SourceLoc); \
@@ -56,8 +99,10 @@ XGRAD_API void broadcast_into(const TensorBase& t, int root = 0, SourceLoc loc =
 #define XGRAD_COLLECTIVES_ELEMENT_INSTANCE(T, X)          \
   X Tensor<T> all_gather<T>(const Tensor<T>&, SourceLoc); \
   X Tensor<T> broadcast<T>(const Tensor<T>&, int, SourceLoc);
-#define XGRAD_COLLECTIVES_FLOAT_INSTANCE(T, X) \
-  X std::vector<Tensor<T>> all_reduce_bucketed<T>(const std::vector<Tensor<T>>&, ReduceOp, std::int64_t, SourceLoc);
+#define XGRAD_COLLECTIVES_FLOAT_INSTANCE(T, X)                                                                       \
+  X std::vector<Tensor<T>> all_reduce_bucketed<T>(const std::vector<Tensor<T>>&, ReduceOp, std::int64_t, SourceLoc); \
+  X Tensor<T> all_reduce_start<T>(const Tensor<T>&, ReduceOp, SourceLoc);                                            \
+  X Tensor<T> all_reduce_wait<T>(const Tensor<T>&, SourceLoc);
 #define XGRAD_COLLECTIVES_INSTANCES(X)                                                  \
   XGRAD_FOR_EACH_Numeric(XGRAD_COLLECTIVES_NUMERIC_INSTANCE, X) XGRAD_FOR_EACH_Element( \
       XGRAD_COLLECTIVES_ELEMENT_INSTANCE, X) XGRAD_FOR_EACH_FloatingPoint(XGRAD_COLLECTIVES_FLOAT_INSTANCE, X)

@@ -4,13 +4,21 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <climits>
 #include <cmath>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
+#include <functional>
+#include <future>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "xgrad/core/error.hpp"
@@ -48,15 +56,70 @@ struct GroupState {
   int rank = 0;
   int size = 1;
   std::chrono::milliseconds timeout{0};
-  std::uint64_t collectives = 0;  // called so far: errors number them
-  std::int64_t bytes = 0;         // passed to them
-  double seconds = 0;             // spent in them
-  bool broken = false;            // a collective timed out: finalize() ends the job instead
+  std::uint64_t collectives = 0;    // called so far: errors number them
+  std::int64_t bytes = 0;           // passed to them
+  double seconds = 0;               // spent in them
+  std::atomic<bool> broken{false};  // a collective timed out (on the worker): finalize() ends the job instead
+  std::unordered_map<const void*, std::shared_future<void>> in_flight;  // start_all_reduce's buffers
 #if defined(XGRAD_WITH_MPI)
   MPI_Comm comm = MPI_COMM_NULL;  // a duplicate of the world's, so xgrad's messages never meet the program's
   MPI_Op nan_max = MPI_OP_NULL, nan_min = MPI_OP_NULL;
+  std::unique_ptr<class Worker> worker;
 #endif
 };
+
+#if defined(XGRAD_WITH_MPI)
+/// The thread that makes xgrad's MPI calls, one collective after another in the order they were
+/// issued: a collective started with start_all_reduce runs while the caller computes, and the
+/// calls keep the same order on every rank.
+class Worker {
+ public:
+  Worker() : m_thread([this] { loop(); }) {}
+  ~Worker() {
+    {
+      const std::lock_guard<std::mutex> lock(m_mutex);
+      m_stop = true;
+    }
+    m_ready.notify_one();
+    m_thread.join();
+  }
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
+
+  /// Queues `work`; the future holds what it threw.
+  std::shared_future<void> submit(std::function<void()> work) {
+    std::packaged_task<void()> task(std::move(work));
+    std::shared_future<void> done = task.get_future().share();
+    {
+      const std::lock_guard<std::mutex> lock(m_mutex);
+      m_tasks.push_back(std::move(task));
+    }
+    m_ready.notify_one();
+    return done;
+  }
+
+ private:
+  void loop() {
+    for (;;) {
+      std::packaged_task<void()> task;
+      {
+        std::unique_lock<std::mutex> lock(m_mutex);
+        m_ready.wait(lock, [this] { return m_stop || !m_tasks.empty(); });
+        if (m_tasks.empty()) return;
+        task = std::move(m_tasks.front());
+        m_tasks.pop_front();
+      }
+      task();
+    }
+  }
+
+  std::mutex m_mutex;
+  std::condition_variable m_ready;
+  std::deque<std::packaged_task<void()>> m_tasks;
+  bool m_stop = false;
+  std::thread m_thread;  // last: it starts once the members it uses exist
+};
+#endif
 
 XGRAD_API GroupState& group() {
   static GroupState state;
@@ -208,10 +271,9 @@ inline void await_requests(std::vector<MPI_Request>& requests, std::uint64_t num
 /// Every rank's record of this collective (its kind, dtype, parameter, rank, extents and
 /// number), exchanged with each other rank, before any data moves: a DistributedError naming
 /// the ranks that differ (which would otherwise hang MPI or truncate its messages), or, after
-/// the timeout, the ranks that never sent theirs. Returns the collective's number.
-inline std::uint64_t check_signature(int collective, const Signature& sig) {
-  GroupState& g = group();
-  const std::uint64_t number = ++g.collectives;
+/// the timeout, the ranks that never sent theirs. `number` counts the collectives issued.
+inline void check_signature(int collective, std::uint64_t number, const Signature& sig) {
+  const GroupState& g = group();
   constexpr int kWidth = 5 + kMaxRank;
   std::vector<std::int64_t> all(static_cast<std::size_t>(kWidth) * g.size);
   std::int64_t* mine = all.data() + static_cast<std::size_t>(kWidth) * g.rank;
@@ -261,7 +323,6 @@ inline std::uint64_t check_signature(int collective, const Signature& sig) {
                                  "; every rank must call the same collectives in the same order, with the same "
                                  "dtypes, shapes and parameters"));
   }
-  return number;
 }
 
 /// Element counts of MPI calls are ints: a count past INT_MAX is sent in parts.
@@ -285,15 +346,15 @@ inline void divide_sum(void* data, std::int64_t count, DType dtype, int n) {
   if (dtype == DType::float64) divide_by<double>(data, count, n);
 }
 
-XGRAD_API void all_reduce(void* data, std::int64_t count, ReduceOp reduce, const Signature& sig) {
-  const GroupState& g = joined(sig.op, sig.loc);
-  if (g.size == 1) return;
 #if defined(XGRAD_WITH_MPI)
-  const Counted counted(count * static_cast<std::int64_t>(dtype_size(sig.dtype)));
-  const std::uint64_t number = check_signature(kAllReduce, sig);
-  // Reduce-scatter, then all-gather: each element is reduced on one rank and copied to the
-  // others, so every rank ends with the same bits (MPI_Allreduce's algorithms may round
-  // differently on different ranks), at a ring all-reduce's cost.
+/// all_reduce's exchange, on the worker: reduce-scatter, then all-gather. Each element is reduced
+/// on one rank and copied to the others, so every rank ends with the same bits
+/// (MPI_Allreduce's algorithms may round differently on different ranks), at a ring
+/// all-reduce's cost.
+inline void exchange_all_reduce(void* data, std::int64_t count, ReduceOp reduce, std::uint64_t number,
+                                const Signature& sig) {
+  const GroupState& g = group();
+  check_signature(kAllReduce, number, sig);
   const std::size_t element = dtype_size(sig.dtype);
   std::vector<int> counts(g.size), offsets(g.size);
   for (int r = 0; r < g.size; ++r) {
@@ -312,9 +373,69 @@ XGRAD_API void all_reduce(void* data, std::int64_t count, ReduceOp reduce, const
                             &request[0]),
             sig.op, sig.loc);
   await_requests(request, number, sig);
+}
+
+/// Runs exchange(number) on the worker after the collectives issued before it, and waits for it.
+template <class Exchange> void in_order(std::int64_t bytes, Exchange exchange) {
+  const Counted counted(bytes);
+  GroupState& g = group();
+  const std::uint64_t number = ++g.collectives;
+  g.worker->submit([&exchange, number] { exchange(number); }).get();
+}
+#endif
+
+XGRAD_API void all_reduce(void* data, std::int64_t count, ReduceOp reduce, const Signature& sig) {
+  const GroupState& g = joined(sig.op, sig.loc);
+  if (g.size == 1) return;
+#if defined(XGRAD_WITH_MPI)
+  in_order(count * static_cast<std::int64_t>(dtype_size(sig.dtype)),
+           [&](std::uint64_t number) { exchange_all_reduce(data, count, reduce, number, sig); });
 #else
   (void)data, (void)count, (void)reduce;
 #endif
+}
+
+XGRAD_API void start_all_reduce(void* data, std::int64_t count, ReduceOp reduce, const Signature& sig,
+                                std::shared_ptr<const void> owner) {
+  GroupState& g = group();
+  joined(sig.op, sig.loc);
+  if (g.in_flight.count(data))
+    fail(sig.op, sig.loc, "xgrad internal error: a buffer already in flight was started again");
+  std::promise<void> done;
+  std::shared_future<void> result = done.get_future().share();
+#if defined(XGRAD_WITH_MPI)
+  if (g.size > 1) {
+    g.bytes += count * static_cast<std::int64_t>(dtype_size(sig.dtype));
+    const std::uint64_t number = ++g.collectives;
+    result = g.worker->submit([data, count, reduce, number, sig, owner = std::move(owner)] {
+      exchange_all_reduce(data, count, reduce, number, sig);
+    });
+  } else {
+    done.set_value();
+  }
+#else
+  (void)count, (void)reduce, (void)owner;
+  done.set_value();
+#endif
+  g.in_flight.emplace(data, std::move(result));
+}
+
+XGRAD_API void finished_all_reduce(void* data) {
+  std::promise<void> done;
+  done.set_value();
+  group().in_flight.emplace(data, done.get_future().share());
+}
+
+XGRAD_API void wait_all_reduce(void* data, std::string_view op, SourceLoc loc) {
+  GroupState& g = group();
+  const auto found = g.in_flight.find(data);
+  if (found == g.in_flight.end()) fail(op, loc, "no all_reduce_start is in flight on this tensor");
+  const std::shared_future<void> result = found->second;
+  g.in_flight.erase(found);
+#if defined(XGRAD_WITH_MPI)
+  const Counted counted(0);  // the wait is what the caller spends
+#endif
+  result.get();
 }
 
 XGRAD_API void all_gather(const void* in, void* out, std::int64_t bytes, const Signature& sig) {
@@ -324,12 +445,13 @@ XGRAD_API void all_gather(const void* in, void* out, std::int64_t bytes, const S
     return;
   }
 #if defined(XGRAD_WITH_MPI)
-  const Counted counted(bytes);
-  const std::uint64_t number = check_signature(kAllGather, sig);
-  const int n = mpi_count(bytes, sig);
-  std::vector<MPI_Request> request(1);
-  check_mpi(MPI_Iallgather(in, n, MPI_BYTE, out, n, MPI_BYTE, g.comm, &request[0]), sig.op, sig.loc);
-  await_requests(request, number, sig);
+  in_order(bytes, [&](std::uint64_t number) {
+    check_signature(kAllGather, number, sig);
+    const int n = mpi_count(bytes, sig);
+    std::vector<MPI_Request> request(1);
+    check_mpi(MPI_Iallgather(in, n, MPI_BYTE, out, n, MPI_BYTE, g.comm, &request[0]), sig.op, sig.loc);
+    await_requests(request, number, sig);
+  });
 #endif
 }
 
@@ -340,14 +462,15 @@ XGRAD_API void reduce_scatter(const void* in, void* out, std::int64_t count, Red
     return;
   }
 #if defined(XGRAD_WITH_MPI)
-  const Counted counted(count * g.size * static_cast<std::int64_t>(dtype_size(sig.dtype)));
-  const std::uint64_t number = check_signature(kReduceScatter, sig);
-  std::vector<MPI_Request> request(1);
-  check_mpi(MPI_Ireduce_scatter_block(in, out, mpi_count(count, sig), mpi_type(sig.dtype), mpi_op(reduce, sig.dtype),
-                                      g.comm, &request[0]),
-            sig.op, sig.loc);
-  await_requests(request, number, sig);
-  if (reduce == ReduceOp::mean) divide_sum(out, count, sig.dtype, g.size);
+  in_order(count * g.size * static_cast<std::int64_t>(dtype_size(sig.dtype)), [&](std::uint64_t number) {
+    check_signature(kReduceScatter, number, sig);
+    std::vector<MPI_Request> request(1);
+    check_mpi(MPI_Ireduce_scatter_block(in, out, mpi_count(count, sig), mpi_type(sig.dtype), mpi_op(reduce, sig.dtype),
+                                        g.comm, &request[0]),
+              sig.op, sig.loc);
+    await_requests(request, number, sig);
+    if (reduce == ReduceOp::mean) divide_sum(out, count, sig.dtype, g.size);
+  });
 #else
   (void)reduce;
 #endif
@@ -359,11 +482,12 @@ XGRAD_API void broadcast(void* data, std::int64_t bytes, int root, const Signatu
     fail(sig.op, sig.loc, xgrad::detail::concat("root ", root, " is not a rank of this group of ", g.size));
   if (g.size == 1) return;
 #if defined(XGRAD_WITH_MPI)
-  const Counted counted(bytes);
-  const std::uint64_t number = check_signature(kBroadcast, sig);
-  std::vector<MPI_Request> request(1);
-  check_mpi(MPI_Ibcast(data, mpi_count(bytes, sig), MPI_BYTE, root, g.comm, &request[0]), sig.op, sig.loc);
-  await_requests(request, number, sig);
+  in_order(bytes, [&](std::uint64_t number) {
+    check_signature(kBroadcast, number, sig);
+    std::vector<MPI_Request> request(1);
+    check_mpi(MPI_Ibcast(data, mpi_count(bytes, sig), MPI_BYTE, root, g.comm, &request[0]), sig.op, sig.loc);
+    await_requests(request, number, sig);
+  });
 #else
   (void)data, (void)bytes;
 #endif
@@ -394,6 +518,8 @@ XGRAD_API void init(InitOptions options, SourceLoc loc) {
   if (!started) {
     int provided = 0;
     detail::check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided), "distributed::init", loc);
+    if (provided < MPI_THREAD_SERIALIZED)  // xgrad's worker thread calls MPI, not the main thread
+      detail::fail("distributed::init", loc, "this MPI library supports no calls from threads other than the main one");
     g.owns_mpi = true;
     std::atexit([] { finalize(); });  // mpirun counts a rank that exits without MPI_Finalize as failed
   }
@@ -403,6 +529,7 @@ XGRAD_API void init(InitOptions options, SourceLoc loc) {
   MPI_Comm_size(g.comm, &g.size);
   MPI_Op_create(&detail::nan_extreme_op<true>, /*commute=*/1, &g.nan_max);
   MPI_Op_create(&detail::nan_extreme_op<false>, /*commute=*/1, &g.nan_min);
+  if (g.size > 1) g.worker = std::make_unique<detail::Worker>();
 #else
   if (const int launched = detail::launched_world_size(); launched > 1)
     detail::fail("distributed::init", loc,
@@ -429,7 +556,10 @@ XGRAD_API void barrier(SourceLoc loc) {
 #if defined(XGRAD_WITH_MPI)
   // Every rank's record reaching every other is a barrier, one that names a rank that never comes.
   if (g.size > 1)
-    detail::check_signature(detail::kBarrier, {.op = "distributed::barrier", .dtype = DType::float32, .loc = loc});
+    detail::in_order(0, [&](std::uint64_t number) {
+      detail::check_signature(detail::kBarrier, number,
+                              {.op = "distributed::barrier", .dtype = DType::float32, .loc = loc});
+    });
 #endif
 }
 
@@ -438,12 +568,14 @@ XGRAD_API void finalize() {
   if (!g.initialized) return;
 #if defined(XGRAD_WITH_MPI)
   if (g.broken) MPI_Abort(g.comm, 1);  // the others may wait in a collective forever
+  g.worker.reset();
   MPI_Op_free(&g.nan_max);
   MPI_Op_free(&g.nan_min);
   MPI_Comm_free(&g.comm);
   if (g.owns_mpi) MPI_Finalize();
 #endif
-  g = detail::GroupState{};
+  g.in_flight.clear();
+  g.initialized = false;
   g.finalized = true;
 }
 

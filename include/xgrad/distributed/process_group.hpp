@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string_view>
 
 #include "xgrad/core/config.hpp"
@@ -109,6 +110,16 @@ XGRAD_API void all_gather(const void* in, void* out, std::int64_t bytes, const S
 XGRAD_API void reduce_scatter(const void* in, void* out, std::int64_t count, ReduceOp reduce, const Signature& sig);
 /// data = root's data, `bytes` bytes.
 XGRAD_API void broadcast(void* data, std::int64_t bytes, int root, const Signature& sig);
+/// all_reduce of `data` in place, started after the collectives issued before it; it runs while
+/// the caller goes on, until wait_all_reduce(data). Nothing may touch `data` in between; `owner`
+/// (its storage) is kept alive until the exchange is done.
+XGRAD_API void start_all_reduce(void* data, std::int64_t count, ReduceOp reduce, const Signature& sig,
+                                std::shared_ptr<const void> owner);
+/// Registers `data` as started and already reduced (a device tensor's, reduced through the host
+/// at once), for wait_all_reduce.
+XGRAD_API void finished_all_reduce(void* data);
+/// Returns when the all_reduce started on `data` has finished (or throws what it threw).
+XGRAD_API void wait_all_reduce(void* data, std::string_view op, SourceLoc loc);
 
 }  // namespace detail
 

@@ -28,9 +28,9 @@ struct ModelOptions {
   /// Data-parallel training over the process group (distributed::init() first; each rank
   /// iterates its own part of the data, Dataset::shard): the network's parameters and buffers
   /// start as rank 0's, and every step averages the ranks' gradients before the update
-  /// (all_reduce_bucketed), so the parameters stay the same, bit for bit, on every rank; the
-  /// step's loss is the ranks' mean. In both modes (graph mode compiles the averaging into the
-  /// train step).
+  /// (distributed::GradientMean: all_reduce_bucketed's buckets, each reduced while the backward
+  /// pass goes on), so the parameters stay the same, bit for bit, on every rank; the step's loss
+  /// is the ranks' mean. In both modes (graph mode compiles the averaging into the train step).
   bool data_parallel = false;
   /// The gradient buckets' size in bytes.
   std::int64_t bucket_bytes = std::int64_t{25} << 20;
@@ -112,13 +112,20 @@ class Model {
     auto loss_of = [this](const Tensor<float>& x, const Labels& y) {
       return m_loss(m_network(x, m_caller), y, m_caller);
     };
-    auto [loss, grads] = value_and_grad(loss_of, m_optimizer.parameters())(images, labels);
-    if (m_options.data_parallel) {
-      grads = distributed::all_reduce_bucketed(grads, distributed::ReduceOp::mean, m_options.bucket_bytes, m_caller);
-      loss = distributed::all_reduce(loss, distributed::ReduceOp::mean, m_caller);
+    if (!m_options.data_parallel) {
+      auto [loss, grads] = value_and_grad(loss_of, m_optimizer.parameters())(images, labels);
+      m_optimizer.step(grads);
+      return loss;
     }
-    m_optimizer.step(grads);
-    return loss;
+    // Each bucket's reduction starts when the backward pass has made its gradients (traced into
+    // the graph there, in graph mode) and runs beside the rest of the pass.
+    std::vector<Shape> shapes;
+    for (const auto& p : m_optimizer.parameters()) shapes.push_back(p.shape());
+    distributed::GradientMean mean(shapes, m_options.bucket_bytes, m_caller);
+    auto on_gradient = [&mean](std::size_t i, const TensorBase& g) { mean.ready(i, Tensor<float>(g)); };
+    const Tensor<float> loss = value_and_grad(loss_of, m_optimizer.parameters(), on_gradient)(images, labels).first;
+    m_optimizer.step(mean.finish());
+    return distributed::all_reduce(loss, distributed::ReduceOp::mean, m_caller);
   }
   struct Step {
     Model* self;
