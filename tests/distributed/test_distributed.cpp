@@ -166,6 +166,23 @@ TEST_CASE("distributed: all_gather, broadcast and reduce_scatter give the defini
   }
 }
 
+TEST_CASE("distributed: stats() counts the collectives, their bytes and the time spent on them") {
+  join();
+  const dist::Stats before = dist::stats();
+  (void)dist::all_reduce(xg::ones<float>({256}));
+  (void)dist::all_gather(xg::ones<double>({8}));
+  dist::barrier();
+  const dist::Stats after = dist::stats();
+  if (dist::world_size() == 1) {
+    CHECK(after.collectives == before.collectives);  // a group of one sends nothing
+    CHECK(after.bytes == before.bytes);
+  } else {
+    CHECK(after.collectives == before.collectives + 3);
+    CHECK(after.bytes == before.bytes + 256 * 4 + 8 * 8);
+    CHECK(after.seconds > before.seconds);
+  }
+}
+
 TEST_CASE("distributed: the collectives stay in the compiled graph, in order, even when nothing reads them") {
   join();
   auto f = [](const xg::Tensor<float>& x) {

@@ -56,9 +56,10 @@ XGRAD_API void barrier(SourceLoc loc = SourceLoc::current());
 /// job instead (MPI_Abort): the other ranks may be waiting in a collective that never ends.
 XGRAD_API void finalize();
 
-/// What this process has spent on collectives since init(): how many ran with more than one
-/// rank, the bytes each rank passed in, and the wall time inside them (waiting for the other
-/// ranks included). The data_parallel benchmark reads the share of a train step it takes.
+/// What this process has spent on collectives since init(): how many it issued with more than
+/// one rank (barriers included), the bytes it passed in, and the wall time its callers spent
+/// in them or waiting for started ones (the other ranks' lateness included). The data_parallel
+/// benchmark reads the share of a train step spent waiting on communication.
 struct Stats {
   std::uint64_t collectives = 0;
   std::int64_t bytes = 0;
