@@ -403,14 +403,14 @@ TEST_CASE("distributed: data-parallel Model: rank 0 prints, a stop on any rank s
   xg::set_mode(saved_mode);
 }
 
-TEST_CASE("distributed: all_reduce_start and all_reduce_wait give all_reduce's result, with work in between") {
+TEST_CASE("distributed: all_reduce_start and wait give all_reduce's result, with work in between") {
   join();
   const int n = dist::world_size(), me = dist::rank();
   const xg::Shape shape{3, 5};
   auto split = [](const xg::Tensor<double>& x) {
     const auto started = dist::all_reduce_start(x, dist::ReduceOp::mean);
     const auto meanwhile = xg::sum(xg::exp(x));  // runs while the exchange does
-    return dist::all_reduce_wait(started) + meanwhile * 0.0;
+    return dist::wait(started) + meanwhile * 0.0;
   };
   for (bool compiled : {false, true}) {
     CAPTURE(compiled);
@@ -419,13 +419,13 @@ TEST_CASE("distributed: all_reduce_start and all_reduce_wait give all_reduce's r
     for (std::int64_t i = 0; i < shape.numel(); ++i) CHECK(got[i] == reduced<double>(dist::ReduceOp::mean, n, i));
   }
   const std::string ir = xg::jit(split).lower(input<double>(shape, me)).ir();
-  const auto start = ir.find("AllReduceStart"), wait = ir.find("AllReduceWait"), exp = ir.find("Exp");
+  const auto start = ir.find("AllReduceStart"), wait = ir.find("CollectiveWait"), exp = ir.find("Exp");
   REQUIRE(start != std::string::npos);
   REQUIRE(wait != std::string::npos);
   CHECK(start < wait);
   CHECK((exp > start && exp < wait));  // the work in between stays in between
-  CHECK(contains(message_of<xg::DistributedError>([] { (void)dist::all_reduce_wait(xg::ones<float>({2})); }),
-                 "no all_reduce_start is in flight on this tensor"));
+  CHECK(contains(message_of<xg::DistributedError>([] { (void)dist::wait(xg::ones<float>({2})); }),
+                 "no started collective is in flight on this tensor"));
 }
 
 TEST_CASE("distributed: a data-parallel step starts reducing its first gradients before its backward pass ends") {
@@ -446,7 +446,7 @@ TEST_CASE("distributed: a data-parallel step starts reducing its first gradients
   std::vector<std::size_t> starts, waits;
   for (auto at = ir.find("AllReduceStart"); at != std::string::npos; at = ir.find("AllReduceStart", at + 1))
     starts.push_back(at);
-  for (auto at = ir.find("AllReduceWait"); at != std::string::npos; at = ir.find("AllReduceWait", at + 1))
+  for (auto at = ir.find("CollectiveWait"); at != std::string::npos; at = ir.find("CollectiveWait", at + 1))
     waits.push_back(at);
   CHECK(starts.size() == 3);
   CHECK(waits.size() == 3);
@@ -455,4 +455,48 @@ TEST_CASE("distributed: a data-parallel step starts reducing its first gradients
   // to come: a convolution's backward follows it in the graph.
   CHECK(ir.find("Conv2D", starts.front()) < waits.front());
   xg::set_mode(saved_mode);
+}
+
+namespace {
+
+/// Each collective's start form, waited for, against the collective itself (whose results the
+/// cases above check against their definitions), eagerly and compiled.
+template <class T> void check_started_forms() {
+  const int n = dist::world_size(), me = dist::rank();
+  for (const xg::Shape& shape : kShapes) {
+    CAPTURE(shape);
+    const auto x = input<T>(shape, me);
+    for (bool compiled : {false, true}) {
+      CAPTURE(compiled);
+      auto run = [compiled](auto f, const xg::Tensor<T>& in) {
+        return (compiled ? xg::jit(f)(in) : f(in)).to_vector();
+      };
+      CHECK(run([](const xg::Tensor<T>& a) { return dist::wait(dist::all_gather_start(a)); }, x) ==
+            dist::all_gather(x).to_vector());
+      for (int root = 0; root < n; ++root)
+        CHECK(run([root](const xg::Tensor<T>& a) { return dist::wait(dist::broadcast_start(a, root)); }, x) ==
+              dist::broadcast(x, root).to_vector());
+      if constexpr (!std::is_same_v<T, bool>) {
+        CHECK(run([](const xg::Tensor<T>& a) { return dist::wait(dist::all_reduce_start(a, dist::ReduceOp::max)); },
+                  x) == dist::all_reduce(x, dist::ReduceOp::max).to_vector());
+        const auto stacked = xg::stack(std::vector<xg::Tensor<T>>(n, x), 0);
+        CHECK(run([](const xg::Tensor<T>& a) { return dist::wait(dist::reduce_scatter_start(a)); }, stacked) ==
+              dist::reduce_scatter(stacked).to_vector());
+      }
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("distributed: every collective's start form, waited for, gives the collective's result") {
+  join();
+  check_started_forms<float>();
+  check_started_forms<std::int32_t>();
+  check_started_forms<bool>();
+  // Several in flight at once finish in the order they were started.
+  const auto a = dist::all_reduce_start(xg::ones<float>({4}));
+  const auto b = dist::all_gather_start(xg::full<float>({2}, 3.0f));
+  CHECK(dist::wait(b).to_vector() == std::vector<float>(2 * dist::world_size(), 3.0f));
+  CHECK(dist::wait(a).to_vector() == std::vector<float>(4, static_cast<float>(dist::world_size())));
 }

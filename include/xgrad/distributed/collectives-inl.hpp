@@ -32,6 +32,28 @@ template <class T, class Body> void on_host(const Tensor<T>& x, Tensor<T>& out, 
   xgrad::detail::copy_bytes(out.data(), out.device(), result.data(), Device::cpu, out_bytes);
 }
 
+/// Runs body(in, out, started) on host buffers, as on_host. With `start` (a started collective,
+/// its result in out's buffer, registered under it for wait()) on the cpu, `started` is given,
+/// and `in` is a copy of x's elements the exchange owns when it sends from `in` after body
+/// returns (all_gather, reduce_scatter); on a device the exchange happens now and is
+/// registered as finished.
+template <bool SendsLater, class T, class Body>
+void exchange(const Tensor<T>& x, Tensor<T>& out, bool start, Body body) {
+  if (start && x.device() == Device::cpu && out.device() == Device::cpu) {
+    std::shared_ptr<T[]> copy;
+    if constexpr (SendsLater) {
+      copy.reset(new T[static_cast<std::size_t>(x.numel())]);
+      std::copy(x.data(), x.data() + x.numel(), copy.get());
+    }
+    const Started started{out.data(), std::make_shared<std::pair<std::shared_ptr<T[]>, std::shared_ptr<Storage>>>(
+                                          copy, out.impl()->storage)};
+    body(SendsLater ? copy.get() : x.data(), out.data(), &started);
+    return;
+  }
+  on_host(x, out, [&](const T* in, T* result) { body(in, result, nullptr); });
+  if (start) finished(out.data());
+}
+
 inline Signature signature_of(std::string_view op, const TensorBase& x, std::int64_t parameter, SourceLoc loc) {
   return {.op = op, .dtype = x.dtype(), .shape = x.shape(), .parameter = parameter, .loc = loc};
 }
@@ -58,13 +80,17 @@ struct AllReduce {
   SourceLoc loc;
   bool operator==(const AllReduce& o) const { return reduce == o.reduce; }
   Shape output_shape(const Shape& x) const { return x; }
-  template <class T> void run(Device, const Tensor<T>& x, Tensor<T>& out) const {
-    distributed::detail::on_host(x, out, [&](const T* in, T* result) {
-      if (in != result) std::copy(in, in + x.numel(), result);
-      distributed::detail::all_reduce(
-          result, x.numel(), reduce, distributed::detail::signature_of("all_reduce", x, static_cast<int>(reduce), loc));
-    });
+  /// `start`: all_reduce_start's, registered for wait() instead of waited for.
+  template <class T> void run(Device, const Tensor<T>& x, Tensor<T>& out, bool start = false) const {
+    const auto sig =
+        distributed::detail::signature_of(start ? "all_reduce_start" : "all_reduce", x, static_cast<int>(reduce), loc);
+    distributed::detail::exchange<false>(x, out, start,
+                                         [&](const T* in, T* result, const distributed::detail::Started* started) {
+                                           if (in != result) std::copy(in, in + x.numel(), result);
+                                           distributed::detail::all_reduce(result, x.numel(), reduce, sig, started);
+                                         });
   }
+
   static constexpr Needs<1> differentiable{true}, saved{true};
   static constexpr bool reads_output = true;
   template <class T>
@@ -87,12 +113,14 @@ struct AllGather {
     for (std::int64_t d : x) out.push_back(d);
     return out;
   }
-  template <class T> void run(Device, const Tensor<T>& x, Tensor<T>& out) const {
-    distributed::detail::on_host(x, out, [&](const T* in, T* result) {
-      distributed::detail::all_gather(in, result, x.numel() * static_cast<std::int64_t>(sizeof(T)),
-                                      distributed::detail::signature_of("all_gather", x, 0, loc));
-    });
+  template <class T> void run(Device, const Tensor<T>& x, Tensor<T>& out, bool start = false) const {
+    const auto sig = distributed::detail::signature_of(start ? "all_gather_start" : "all_gather", x, 0, loc);
+    distributed::detail::exchange<true>(
+        x, out, start, [&](const T* in, T* result, const distributed::detail::Started* started) {
+          distributed::detail::all_gather(in, result, x.numel() * static_cast<std::int64_t>(sizeof(T)), sig, started);
+        });
   }
+
   static constexpr Needs<1> differentiable{true}, saved{false};
   template <class T> autograd::Grads grad(const Tensor<T>& g, Needs<1>, SourceLoc loc, const Tensor<T>&) const {
     return {distributed::reduce_scatter(g, distributed::ReduceOp::sum, loc)};
@@ -107,13 +135,15 @@ struct ReduceScatter {
   SourceLoc loc;
   bool operator==(const ReduceScatter& o) const { return reduce == o.reduce; }
   Shape output_shape(const Shape& x) const { return Shape(x.begin() + 1, x.end()); }
-  template <class T> void run(Device, const Tensor<T>& x, Tensor<T>& out) const {
-    distributed::detail::on_host(x, out, [&](const T* in, T* result) {
-      distributed::detail::reduce_scatter(
-          in, result, out.numel(), reduce,
-          distributed::detail::signature_of("reduce_scatter", x, static_cast<int>(reduce), loc));
-    });
+  template <class T> void run(Device, const Tensor<T>& x, Tensor<T>& out, bool start = false) const {
+    const auto sig = distributed::detail::signature_of(start ? "reduce_scatter_start" : "reduce_scatter", x,
+                                                       static_cast<int>(reduce), loc);
+    distributed::detail::exchange<true>(
+        x, out, start, [&](const T* in, T* result, const distributed::detail::Started* started) {
+          distributed::detail::reduce_scatter(in, result, out.numel(), reduce, sig, started);
+        });
   }
+
   static constexpr Needs<1> differentiable{true}, saved{true};
   static constexpr bool reads_output = true;
   template <class T>
@@ -135,13 +165,15 @@ struct Broadcast {
   SourceLoc loc;
   bool operator==(const Broadcast& o) const { return root == o.root && is_root == o.is_root; }
   Shape output_shape(const Shape& x) const { return x; }
-  template <class T> void run(Device, const Tensor<T>& x, Tensor<T>& out) const {
-    distributed::detail::on_host(x, out, [&](const T* in, T* result) {
-      if (in != result) std::copy(in, in + x.numel(), result);
-      distributed::detail::broadcast(result, x.numel() * static_cast<std::int64_t>(sizeof(T)), root,
-                                     distributed::detail::signature_of("broadcast", x, root, loc));
-    });
+  template <class T> void run(Device, const Tensor<T>& x, Tensor<T>& out, bool start = false) const {
+    const auto sig = distributed::detail::signature_of(start ? "broadcast_start" : "broadcast", x, root, loc);
+    distributed::detail::exchange<false>(
+        x, out, start, [&](const T* in, T* result, const distributed::detail::Started* started) {
+          if (in != result) std::copy(in, in + x.numel(), result);
+          distributed::detail::broadcast(result, x.numel() * static_cast<std::int64_t>(sizeof(T)), root, sig, started);
+        });
   }
+
   static constexpr Needs<1> differentiable{true}, saved{false};
   template <class T> autograd::Grads grad(const Tensor<T>& g, Needs<1>, SourceLoc loc, const Tensor<T>&) const {
     const Tensor<T> sum = distributed::all_reduce(g, distributed::ReduceOp::sum, loc);
@@ -149,8 +181,10 @@ struct Broadcast {
   }
 };
 
-/// all_reduce_start's node: the exchange runs on the worker from here to the AllReduceWait that
-/// reads this node's output, whose buffer it writes meanwhile.
+/// The started collectives' nodes: the exchange runs on the communication thread from the start
+/// node to the CollectiveWait that reads its output, whose buffer it writes meanwhile (what it
+/// sends was copied or read at the start, so the input's buffer is free at once). A device
+/// tensor's exchange goes through the host at the start.
 struct AllReduceStart {
   static constexpr std::string_view name = "AllReduceStart";
   static constexpr bool has_effect = true;
@@ -159,33 +193,62 @@ struct AllReduceStart {
   std::vector<ir::Attr> attrs() const { return {{"reduce", std::string(distributed::reduce_op_name(reduce))}}; }
   bool operator==(const AllReduceStart& o) const { return reduce == o.reduce; }
   Shape output_shape(const Shape& x) const { return x; }
-  template <class T> void run(Device, const Tensor<T>& x, Tensor<T>& out) const {
-    const auto sig = distributed::detail::signature_of("all_reduce_start", x, static_cast<int>(reduce), loc);
-    if (x.device() != Device::cpu || out.device() != Device::cpu) {
-      distributed::detail::on_host(x, out, [&](const T* in, T* result) {
-        std::copy(in, in + x.numel(), result);
-        distributed::detail::all_reduce(result, x.numel(), reduce, sig);
-      });
-      distributed::detail::finished_all_reduce(out.data());
-      return;
-    }
-    if (x.data() != out.data()) std::copy(x.data(), x.data() + x.numel(), out.data());
-    distributed::detail::start_all_reduce(out.data(), x.numel(), reduce, sig, out.impl()->storage);
+  template <class T> void run(Device d, const Tensor<T>& x, Tensor<T>& out) const {
+    AllReduce{reduce, loc}.run(d, x, out, true);
   }
 };
 
-/// all_reduce_wait's node: its output is the buffer AllReduceStart's exchange wrote (a view of
+struct AllGatherStart {
+  static constexpr std::string_view name = "AllGatherStart";
+  static constexpr bool has_effect = true;
+  int world = 1;
+  SourceLoc loc;
+  std::vector<ir::Attr> attrs() const { return {{"world", std::to_string(world)}}; }
+  bool operator==(const AllGatherStart& o) const { return world == o.world; }
+  Shape output_shape(const Shape& x) const { return AllGather{world, loc}.output_shape(x); }
+  template <class T> void run(Device d, const Tensor<T>& x, Tensor<T>& out) const {
+    AllGather{world, loc}.run(d, x, out, true);
+  }
+};
+
+struct ReduceScatterStart {
+  static constexpr std::string_view name = "ReduceScatterStart";
+  static constexpr bool has_effect = true;
+  distributed::ReduceOp reduce = distributed::ReduceOp::sum;
+  SourceLoc loc;
+  std::vector<ir::Attr> attrs() const { return {{"reduce", std::string(distributed::reduce_op_name(reduce))}}; }
+  bool operator==(const ReduceScatterStart& o) const { return reduce == o.reduce; }
+  Shape output_shape(const Shape& x) const { return ReduceScatter{reduce, loc}.output_shape(x); }
+  template <class T> void run(Device d, const Tensor<T>& x, Tensor<T>& out) const {
+    ReduceScatter{reduce, loc}.run(d, x, out, true);
+  }
+};
+
+struct BroadcastStart {
+  static constexpr std::string_view name = "BroadcastStart";
+  static constexpr bool has_effect = true;
+  int root = 0;
+  SourceLoc loc;
+  std::vector<ir::Attr> attrs() const { return {{"root", std::to_string(root)}}; }
+  bool operator==(const BroadcastStart& o) const { return root == o.root; }
+  Shape output_shape(const Shape& x) const { return x; }
+  template <class T> void run(Device d, const Tensor<T>& x, Tensor<T>& out) const {
+    Broadcast{root, false, loc}.run(d, x, out, true);
+  }
+};
+
+/// distributed::wait's node: its output is the buffer the started collective wrote (a view of
 /// it when the graph's memory plan holds it, so nothing is copied).
-struct AllReduceWait {
-  static constexpr std::string_view name = "AllReduceWait";
+struct CollectiveWait {
+  static constexpr std::string_view name = "CollectiveWait";
   static constexpr bool has_effect = true;
   SourceLoc loc;
   std::vector<ir::Attr> attrs() const { return {}; }
-  bool operator==(const AllReduceWait&) const { return true; }
+  bool operator==(const CollectiveWait&) const { return true; }
   template <class R> static OpTraits traits() { return {.view = true}; }
   Shape output_shape(const Shape& x) const { return x; }
   template <class T> void run(Device, const Tensor<T>& x, Tensor<T>& out) const {
-    distributed::detail::wait_all_reduce(const_cast<T*>(x.data()), "all_reduce_wait", loc);
+    distributed::detail::wait(x.data(), "distributed::wait", loc);
     if (out.data() != x.data())
       xgrad::detail::copy_bytes(out.data(), out.device(), x.data(), x.device(),
                                 static_cast<std::size_t>(x.numel()) * sizeof(T));
@@ -196,52 +259,82 @@ struct AllReduceWait {
 
 namespace distributed {
 
-template <FloatingPoint T> Tensor<T> all_reduce_start(const Tensor<T>& x, ReduceOp reduce, SourceLoc loc) {
+namespace detail {
+// The checks an op and its start form share; each names `op`.
+template <class T> void check_mean(std::string_view op, const Tensor<T>& x, ReduceOp reduce, SourceLoc loc) {
+  joined_size(op, loc);
+  if (reduce == ReduceOp::mean && !FloatingPoint<T>)
+    throw_value_error(op, loc, "mean of an ", dtype_name(x.dtype()),
+                      " tensor would round; reduce with sum and divide in floating point");
+}
+inline int check_gather(std::string_view op, const TensorBase& x, SourceLoc loc) {
+  if (x.ndim() + 1 > kMaxRank)
+    throw_shape_error(op, loc, "x has ", x.ndim(), " axes, and the result adds one: at most ", kMaxRank,
+                      " axes in all (x: ", dtype_name(x.dtype()), x.shape(), ")");
+  return joined_size(op, loc);
+}
+template <class T> void check_scatter(std::string_view op, const Tensor<T>& x, ReduceOp reduce, SourceLoc loc) {
+  const int world = joined_size(op, loc);
+  if (x.ndim() == 0 || x.shape()[0] != world)
+    throw_shape_error(op, loc, "x's leading axis must be the world size ", world, " (one slice per rank), x is ",
+                      dtype_name(x.dtype()), x.shape());
+  check_mean(op, x, reduce, loc);
+}
+inline void check_root(std::string_view op, int root, SourceLoc loc) {
+  const int world = joined_size(op, loc);
+  if (root < 0 || root >= world) throw_value_error(op, loc, "root ", root, " is not a rank of this group of ", world);
+}
+}  // namespace detail
+
+template <Numeric T> Tensor<T> all_reduce_start(const Tensor<T>& x, ReduceOp reduce, SourceLoc loc) {
   xgrad::detail::OpScope scope("all_reduce_start", loc, {x});
-  detail::joined_size("all_reduce_start", loc);
+  detail::check_mean("all_reduce_start", x, reduce, loc);
   return xgrad::detail::apply<T>(op::AllReduceStart{reduce, loc}, loc, x);
 }
 
-template <FloatingPoint T> Tensor<T> all_reduce_wait(const Tensor<T>& started, SourceLoc loc) {
-  xgrad::detail::OpScope scope("all_reduce_wait", loc, {started});
-  detail::joined_size("all_reduce_wait", loc);
-  return xgrad::detail::apply<T>(op::AllReduceWait{loc}, loc, started);
+template <Element T> Tensor<T> all_gather_start(const Tensor<T>& x, SourceLoc loc) {
+  xgrad::detail::OpScope scope("all_gather_start", loc, {x});
+  return xgrad::detail::apply<T>(op::AllGatherStart{detail::check_gather("all_gather_start", x, loc), loc}, loc, x);
+}
+
+template <Numeric T> Tensor<T> reduce_scatter_start(const Tensor<T>& x, ReduceOp reduce, SourceLoc loc) {
+  xgrad::detail::OpScope scope("reduce_scatter_start", loc, {x});
+  detail::check_scatter("reduce_scatter_start", x, reduce, loc);
+  return xgrad::detail::apply<T>(op::ReduceScatterStart{reduce, loc}, loc, x);
+}
+
+template <Element T> Tensor<T> broadcast_start(const Tensor<T>& x, int root, SourceLoc loc) {
+  xgrad::detail::OpScope scope("broadcast_start", loc, {x});
+  detail::check_root("broadcast_start", root, loc);
+  return xgrad::detail::apply<T>(op::BroadcastStart{root, loc}, loc, x);
+}
+
+template <Element T> Tensor<T> wait(const Tensor<T>& started, SourceLoc loc) {
+  xgrad::detail::OpScope scope("distributed::wait", loc, {started});
+  detail::joined_size("distributed::wait", loc);
+  return xgrad::detail::apply<T>(op::CollectiveWait{loc}, loc, started);
 }
 
 template <Numeric T> Tensor<T> all_reduce(const Tensor<T>& x, ReduceOp reduce, SourceLoc loc) {
   xgrad::detail::OpScope scope("all_reduce", loc, {x});
-  detail::joined_size("all_reduce", loc);
-  if (reduce == ReduceOp::mean && !FloatingPoint<T>)
-    throw_value_error("all_reduce", loc, "mean of an ", dtype_name(x.dtype()),
-                      " tensor would round; reduce with sum and divide in floating point");
+  detail::check_mean("all_reduce", x, reduce, loc);
   return xgrad::detail::apply<T>(op::AllReduce{reduce, loc}, loc, x);
 }
 
 template <Element T> Tensor<T> all_gather(const Tensor<T>& x, SourceLoc loc) {
   xgrad::detail::OpScope scope("all_gather", loc, {x});
-  if (x.ndim() + 1 > kMaxRank)
-    throw_shape_error("all_gather", loc, "x has ", x.ndim(), " axes, and the result adds one: at most ", kMaxRank,
-                      " axes in all (x: ", dtype_name(x.dtype()), x.shape(), ")");
-  return xgrad::detail::apply<T>(op::AllGather{detail::joined_size("all_gather", loc), loc}, loc, x);
+  return xgrad::detail::apply<T>(op::AllGather{detail::check_gather("all_gather", x, loc), loc}, loc, x);
 }
 
 template <Numeric T> Tensor<T> reduce_scatter(const Tensor<T>& x, ReduceOp reduce, SourceLoc loc) {
   xgrad::detail::OpScope scope("reduce_scatter", loc, {x});
-  const int world = detail::joined_size("reduce_scatter", loc);
-  if (x.ndim() == 0 || x.shape()[0] != world)
-    throw_shape_error("reduce_scatter", loc, "x's leading axis must be the world size ", world,
-                      " (one slice per rank), x is ", dtype_name(x.dtype()), x.shape());
-  if (reduce == ReduceOp::mean && !FloatingPoint<T>)
-    throw_value_error("reduce_scatter", loc, "mean of an ", dtype_name(x.dtype()),
-                      " tensor would round; reduce with sum and divide in floating point");
+  detail::check_scatter("reduce_scatter", x, reduce, loc);
   return xgrad::detail::apply<T>(op::ReduceScatter{reduce, loc}, loc, x);
 }
 
 template <Element T> Tensor<T> broadcast(const Tensor<T>& x, int root, SourceLoc loc) {
   xgrad::detail::OpScope scope("broadcast", loc, {x});
-  const int world = detail::joined_size("broadcast", loc);
-  if (root < 0 || root >= world)
-    throw_value_error("broadcast", loc, "root ", root, " is not a rank of this group of ", world);
+  detail::check_root("broadcast", root, loc);
   return xgrad::detail::apply<T>(op::Broadcast{root, rank(loc) == root, loc}, loc, x);
 }
 
@@ -344,7 +437,7 @@ XGRAD_API std::vector<Tensor<float>> GradientMean::finish() {
     throw std::logic_error("xgrad internal error: GradientMean finished before every gradient was ready");
   std::vector<Tensor<float>> out(m_grads.size());
   for (std::size_t k = 0; k < m_buckets.size(); ++k)
-    detail::unpack(all_reduce_wait(m_started[k], m_loc), m_shapes, m_buckets[k].first, m_buckets[k].second, out, m_loc);
+    detail::unpack(wait(m_started[k], m_loc), m_shapes, m_buckets[k].first, m_buckets[k].second, out, m_loc);
   return out;
 }
 

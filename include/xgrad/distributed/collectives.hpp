@@ -37,15 +37,20 @@ Tensor<T> reduce_scatter(const Tensor<T>& x, ReduceOp reduce = ReduceOp::sum, So
 /// The gradient reaches root's x only: the sum of the ranks' gradients.
 template <Element T> Tensor<T> broadcast(const Tensor<T>& x, int root = 0, SourceLoc loc = SourceLoc::current());
 
-/// all_reduce in two halves, so that work between them overlaps the exchange (data-parallel
-/// training starts each gradient bucket's as the backward pass finishes it). all_reduce_start
-/// sends a copy of x and returns the tensor the result is being written into: pass it, untouched,
-/// to all_reduce_wait, which returns the result once it is there. Every start is waited for;
-/// collectives issued in between run after it, in order. On Device::thrust the exchange happens
-/// at the start. Neither is differentiable.
-template <FloatingPoint T>
+/// Each collective in two halves, so that work between them overlaps the exchange (data-parallel
+/// training starts each gradient bucket's all_reduce as the backward pass finishes it). A
+/// `_start` form checks and sends what the collective above does and returns the tensor the
+/// result is being written into; pass it, untouched, to wait(), which returns the result once it
+/// is there. Every start is waited for; collectives issued in between run after it, in order.
+/// On Device::thrust the exchange happens at the start. Not differentiable.
+template <Numeric T>
 Tensor<T> all_reduce_start(const Tensor<T>& x, ReduceOp reduce = ReduceOp::sum, SourceLoc loc = SourceLoc::current());
-template <FloatingPoint T> Tensor<T> all_reduce_wait(const Tensor<T>& started, SourceLoc loc = SourceLoc::current());
+template <Element T> Tensor<T> all_gather_start(const Tensor<T>& x, SourceLoc loc = SourceLoc::current());
+template <Numeric T> Tensor<T> reduce_scatter_start(const Tensor<T>& x, ReduceOp reduce = ReduceOp::sum,
+                                                    SourceLoc loc = SourceLoc::current());
+template <Element T> Tensor<T> broadcast_start(const Tensor<T>& x, int root = 0, SourceLoc loc = SourceLoc::current());
+/// The result of the collective started into `started`.
+template <Element T> Tensor<T> wait(const Tensor<T>& started, SourceLoc loc = SourceLoc::current());
 
 /// all_reduce of many tensors (a model's gradients) in few messages: they are packed, from the
 /// last to the first, into flat buckets of at most `bucket_bytes` (a tensor larger than that is
@@ -93,16 +98,19 @@ XGRAD_API std::vector<std::pair<std::size_t, std::size_t>> bucket_ranges(const s
 }  // namespace detail
 
 // The instances xgrad::compiled holds (core/config.hpp).
-#define XGRAD_COLLECTIVES_NUMERIC_INSTANCE(T, X)                    \
-  X Tensor<T> all_reduce<T>(const Tensor<T>&, ReduceOp, SourceLoc); \
-  X Tensor<T> reduce_scatter<T>(const Tensor<T>&, ReduceOp, SourceLoc);
-#define XGRAD_COLLECTIVES_ELEMENT_INSTANCE(T, X)          \
-  X Tensor<T> all_gather<T>(const Tensor<T>&, SourceLoc); \
-  X Tensor<T> broadcast<T>(const Tensor<T>&, int, SourceLoc);
-#define XGRAD_COLLECTIVES_FLOAT_INSTANCE(T, X)                                                                       \
-  X std::vector<Tensor<T>> all_reduce_bucketed<T>(const std::vector<Tensor<T>>&, ReduceOp, std::int64_t, SourceLoc); \
-  X Tensor<T> all_reduce_start<T>(const Tensor<T>&, ReduceOp, SourceLoc);                                            \
-  X Tensor<T> all_reduce_wait<T>(const Tensor<T>&, SourceLoc);
+#define XGRAD_COLLECTIVES_NUMERIC_INSTANCE(T, X)                          \
+  X Tensor<T> all_reduce<T>(const Tensor<T>&, ReduceOp, SourceLoc);       \
+  X Tensor<T> reduce_scatter<T>(const Tensor<T>&, ReduceOp, SourceLoc);   \
+  X Tensor<T> all_reduce_start<T>(const Tensor<T>&, ReduceOp, SourceLoc); \
+  X Tensor<T> reduce_scatter_start<T>(const Tensor<T>&, ReduceOp, SourceLoc);
+#define XGRAD_COLLECTIVES_ELEMENT_INSTANCE(T, X)                    \
+  X Tensor<T> all_gather<T>(const Tensor<T>&, SourceLoc);           \
+  X Tensor<T> broadcast<T>(const Tensor<T>&, int, SourceLoc);       \
+  X Tensor<T> all_gather_start<T>(const Tensor<T>&, SourceLoc);     \
+  X Tensor<T> broadcast_start<T>(const Tensor<T>&, int, SourceLoc); \
+  X Tensor<T> wait<T>(const Tensor<T>&, SourceLoc);
+#define XGRAD_COLLECTIVES_FLOAT_INSTANCE(T, X) \
+  X std::vector<Tensor<T>> all_reduce_bucketed<T>(const std::vector<Tensor<T>>&, ReduceOp, std::int64_t, SourceLoc);
 #define XGRAD_COLLECTIVES_INSTANCES(X)                                                  \
   XGRAD_FOR_EACH_Numeric(XGRAD_COLLECTIVES_NUMERIC_INSTANCE, X) XGRAD_FOR_EACH_Element( \
       XGRAD_COLLECTIVES_ELEMENT_INSTANCE, X) XGRAD_FOR_EACH_FloatingPoint(XGRAD_COLLECTIVES_FLOAT_INSTANCE, X)

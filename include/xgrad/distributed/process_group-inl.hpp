@@ -60,7 +60,7 @@ struct GroupState {
   std::int64_t bytes = 0;           // passed to them
   double seconds = 0;               // spent in them
   std::atomic<bool> broken{false};  // a collective timed out (on the worker): finalize() ends the job instead
-  std::unordered_map<const void*, std::shared_future<void>> in_flight;  // start_all_reduce's buffers
+  std::unordered_map<const void*, std::shared_future<void>> in_flight;  // started collectives, by buffer
 #if defined(XGRAD_WITH_MPI)
   MPI_Comm comm = MPI_COMM_NULL;  // a duplicate of the world's, so xgrad's messages never meet the program's
   MPI_Op nan_max = MPI_OP_NULL, nan_min = MPI_OP_NULL;
@@ -70,7 +70,7 @@ struct GroupState {
 
 #if defined(XGRAD_WITH_MPI)
 /// The thread that makes xgrad's MPI calls, one collective after another in the order they were
-/// issued: a collective started with start_all_reduce runs while the caller computes, and the
+/// issued: a started collective (all_reduce_start, ...) runs while the caller computes, and the
 /// calls keep the same order on every rank.
 class Worker {
  public:
@@ -375,122 +375,120 @@ inline void exchange_all_reduce(void* data, std::int64_t count, ReduceOp reduce,
   await_requests(request, number, sig);
 }
 
-/// Runs exchange(number) on the worker after the collectives issued before it, and waits for it.
-template <class Exchange> void in_order(std::int64_t bytes, Exchange exchange) {
-  const Counted counted(bytes);
+/// Queues exchange(number) on the worker after the collectives issued before it: waits for it,
+/// or, with `started`, registers it under started->key for wait() and returns at once.
+template <class Exchange> void issue(std::int64_t bytes, const Started* started, Exchange exchange) {
   GroupState& g = group();
   const std::uint64_t number = ++g.collectives;
-  g.worker->submit([&exchange, number] { exchange(number); }).get();
+  if (!started) {
+    const Counted counted(bytes);
+    g.worker->submit([&exchange, number] { exchange(number); }).get();
+    return;
+  }
+  g.bytes += bytes;
+  g.in_flight.emplace(started->key, g.worker->submit([exchange, number, owner = started->owner] { exchange(number); }));
 }
 #endif
 
-XGRAD_API void all_reduce(void* data, std::int64_t count, ReduceOp reduce, const Signature& sig) {
+/// A group of one's collective, done already: registered for wait() when started.
+inline void done_at_once(const Started* started) {
+  if (started) finished(started->key);
+}
+
+/// The checks every raw collective makes before it runs.
+inline const GroupState& check_call(const Signature& sig, const Started* started) {
   const GroupState& g = joined(sig.op, sig.loc);
-  if (g.size == 1) return;
+  if (started && g.in_flight.count(started->key))
+    fail(sig.op, sig.loc, "xgrad internal error: a buffer already in flight was started again");
+  return g;
+}
+
+XGRAD_API void all_reduce(void* data, std::int64_t count, ReduceOp reduce, const Signature& sig,
+                          const Started* started) {
+  const GroupState& g = check_call(sig, started);
+  if (g.size == 1) return done_at_once(started);
 #if defined(XGRAD_WITH_MPI)
-  in_order(count * static_cast<std::int64_t>(dtype_size(sig.dtype)),
-           [&](std::uint64_t number) { exchange_all_reduce(data, count, reduce, number, sig); });
+  issue(count * static_cast<std::int64_t>(dtype_size(sig.dtype)), started,
+        [=](std::uint64_t number) { exchange_all_reduce(data, count, reduce, number, sig); });
 #else
   (void)data, (void)count, (void)reduce;
 #endif
 }
 
-XGRAD_API void start_all_reduce(void* data, std::int64_t count, ReduceOp reduce, const Signature& sig,
-                                std::shared_ptr<const void> owner) {
-  GroupState& g = group();
-  joined(sig.op, sig.loc);
-  if (g.in_flight.count(data))
-    fail(sig.op, sig.loc, "xgrad internal error: a buffer already in flight was started again");
-  std::promise<void> done;
-  std::shared_future<void> result = done.get_future().share();
-#if defined(XGRAD_WITH_MPI)
-  if (g.size > 1) {
-    g.bytes += count * static_cast<std::int64_t>(dtype_size(sig.dtype));
-    const std::uint64_t number = ++g.collectives;
-    result = g.worker->submit([data, count, reduce, number, sig, owner = std::move(owner)] {
-      exchange_all_reduce(data, count, reduce, number, sig);
-    });
-  } else {
-    done.set_value();
-  }
-#else
-  (void)count, (void)reduce, (void)owner;
-  done.set_value();
-#endif
-  g.in_flight.emplace(data, std::move(result));
-}
-
-XGRAD_API void finished_all_reduce(void* data) {
-  std::promise<void> done;
-  done.set_value();
-  group().in_flight.emplace(data, done.get_future().share());
-}
-
-XGRAD_API void wait_all_reduce(void* data, std::string_view op, SourceLoc loc) {
-  GroupState& g = group();
-  const auto found = g.in_flight.find(data);
-  if (found == g.in_flight.end()) fail(op, loc, "no all_reduce_start is in flight on this tensor");
-  const std::shared_future<void> result = found->second;
-  g.in_flight.erase(found);
-#if defined(XGRAD_WITH_MPI)
-  const Counted counted(0);  // the wait is what the caller spends
-#endif
-  result.get();
-}
-
-XGRAD_API void all_gather(const void* in, void* out, std::int64_t bytes, const Signature& sig) {
-  const GroupState& g = joined(sig.op, sig.loc);
+XGRAD_API void all_gather(const void* in, void* out, std::int64_t bytes, const Signature& sig, const Started* started) {
+  const GroupState& g = check_call(sig, started);
   if (g.size == 1) {
     if (bytes > 0) std::memcpy(out, in, static_cast<std::size_t>(bytes));
-    return;
+    return done_at_once(started);
   }
 #if defined(XGRAD_WITH_MPI)
-  in_order(bytes, [&](std::uint64_t number) {
+  issue(bytes, started, [=](std::uint64_t number) {
+    const GroupState& group_state = group();
     check_signature(kAllGather, number, sig);
     const int n = mpi_count(bytes, sig);
     std::vector<MPI_Request> request(1);
-    check_mpi(MPI_Iallgather(in, n, MPI_BYTE, out, n, MPI_BYTE, g.comm, &request[0]), sig.op, sig.loc);
+    check_mpi(MPI_Iallgather(in, n, MPI_BYTE, out, n, MPI_BYTE, group_state.comm, &request[0]), sig.op, sig.loc);
     await_requests(request, number, sig);
   });
 #endif
 }
 
-XGRAD_API void reduce_scatter(const void* in, void* out, std::int64_t count, ReduceOp reduce, const Signature& sig) {
-  const GroupState& g = joined(sig.op, sig.loc);
+XGRAD_API void reduce_scatter(const void* in, void* out, std::int64_t count, ReduceOp reduce, const Signature& sig,
+                              const Started* started) {
+  const GroupState& g = check_call(sig, started);
   if (g.size == 1) {
     if (count > 0) std::memcpy(out, in, static_cast<std::size_t>(count) * dtype_size(sig.dtype));
-    return;
+    return done_at_once(started);
   }
 #if defined(XGRAD_WITH_MPI)
-  in_order(count * g.size * static_cast<std::int64_t>(dtype_size(sig.dtype)), [&](std::uint64_t number) {
+  issue(count * g.size * static_cast<std::int64_t>(dtype_size(sig.dtype)), started, [=](std::uint64_t number) {
+    const GroupState& group_state = group();
     check_signature(kReduceScatter, number, sig);
     std::vector<MPI_Request> request(1);
     check_mpi(MPI_Ireduce_scatter_block(in, out, mpi_count(count, sig), mpi_type(sig.dtype), mpi_op(reduce, sig.dtype),
-                                        g.comm, &request[0]),
+                                        group_state.comm, &request[0]),
               sig.op, sig.loc);
     await_requests(request, number, sig);
-    if (reduce == ReduceOp::mean) divide_sum(out, count, sig.dtype, g.size);
+    if (reduce == ReduceOp::mean) divide_sum(out, count, sig.dtype, group_state.size);
   });
 #else
   (void)reduce;
 #endif
 }
 
-XGRAD_API void broadcast(void* data, std::int64_t bytes, int root, const Signature& sig) {
-  const GroupState& g = joined(sig.op, sig.loc);
+XGRAD_API void broadcast(void* data, std::int64_t bytes, int root, const Signature& sig, const Started* started) {
+  const GroupState& g = check_call(sig, started);
   if (root < 0 || root >= g.size)
     fail(sig.op, sig.loc, xgrad::detail::concat("root ", root, " is not a rank of this group of ", g.size));
-  if (g.size == 1) return;
+  if (g.size == 1) return done_at_once(started);
 #if defined(XGRAD_WITH_MPI)
-  in_order(bytes, [&](std::uint64_t number) {
+  issue(bytes, started, [=](std::uint64_t number) {
     check_signature(kBroadcast, number, sig);
     std::vector<MPI_Request> request(1);
-    check_mpi(MPI_Ibcast(data, mpi_count(bytes, sig), MPI_BYTE, root, g.comm, &request[0]), sig.op, sig.loc);
+    check_mpi(MPI_Ibcast(data, mpi_count(bytes, sig), MPI_BYTE, root, group().comm, &request[0]), sig.op, sig.loc);
     await_requests(request, number, sig);
   });
 #else
   (void)data, (void)bytes;
 #endif
+}
+
+XGRAD_API void finished(const void* key) {
+  std::promise<void> done;
+  done.set_value();
+  group().in_flight.emplace(key, done.get_future().share());
+}
+
+XGRAD_API void wait(const void* key, std::string_view op, SourceLoc loc) {
+  GroupState& g = group();
+  const auto found = g.in_flight.find(key);
+  if (found == g.in_flight.end()) fail(op, loc, "no started collective is in flight on this tensor");
+  const std::shared_future<void> result = found->second;
+  g.in_flight.erase(found);
+#if defined(XGRAD_WITH_MPI)
+  const Counted counted(0);  // the wait is what the caller spends
+#endif
+  result.get();
 }
 
 }  // namespace detail
@@ -556,7 +554,7 @@ XGRAD_API void barrier(SourceLoc loc) {
 #if defined(XGRAD_WITH_MPI)
   // Every rank's record reaching every other is a barrier, one that names a rank that never comes.
   if (g.size > 1)
-    detail::in_order(0, [&](std::uint64_t number) {
+    detail::issue(0, nullptr, [&](std::uint64_t number) {
       detail::check_signature(detail::kBarrier, number,
                               {.op = "distributed::barrier", .dtype = DType::float32, .loc = loc});
     });

@@ -99,28 +99,35 @@ struct Signature {
   SourceLoc loc;
 };
 
+/// Makes a collective asynchronous: it is queued after the collectives issued before it and
+/// runs while the caller goes on; `key` names it for wait(), and `owner` keeps its buffers alive
+/// until it is done. Nothing may touch them before wait(key).
+struct Started {
+  const void* key;
+  std::shared_ptr<const void> owner;
+};
+
 /// The group's size; a DistributedError naming `op` and `loc` before init().
 XGRAD_API int joined_size(std::string_view op, SourceLoc loc);
 
 /// data[i] = reduce over the ranks of their data[i], in place (count elements).
-XGRAD_API void all_reduce(void* data, std::int64_t count, ReduceOp reduce, const Signature& sig);
+XGRAD_API void all_reduce(void* data, std::int64_t count, ReduceOp reduce, const Signature& sig,
+                          const Started* started = nullptr);
 /// out = the ranks' `bytes` bytes of `in`, rank after rank (out holds world_size() * bytes).
-XGRAD_API void all_gather(const void* in, void* out, std::int64_t bytes, const Signature& sig);
+XGRAD_API void all_gather(const void* in, void* out, std::int64_t bytes, const Signature& sig,
+                          const Started* started = nullptr);
 /// out[i] = reduce over the ranks of their in[rank() * count + i] (in holds world_size() *
 /// count elements).
-XGRAD_API void reduce_scatter(const void* in, void* out, std::int64_t count, ReduceOp reduce, const Signature& sig);
+XGRAD_API void reduce_scatter(const void* in, void* out, std::int64_t count, ReduceOp reduce, const Signature& sig,
+                              const Started* started = nullptr);
 /// data = root's data, `bytes` bytes.
-XGRAD_API void broadcast(void* data, std::int64_t bytes, int root, const Signature& sig);
-/// all_reduce of `data` in place, started after the collectives issued before it; it runs while
-/// the caller goes on, until wait_all_reduce(data). Nothing may touch `data` in between; `owner`
-/// (its storage) is kept alive until the exchange is done.
-XGRAD_API void start_all_reduce(void* data, std::int64_t count, ReduceOp reduce, const Signature& sig,
-                                std::shared_ptr<const void> owner);
-/// Registers `data` as started and already reduced (a device tensor's, reduced through the host
-/// at once), for wait_all_reduce.
-XGRAD_API void finished_all_reduce(void* data);
-/// Returns when the all_reduce started on `data` has finished (or throws what it threw).
-XGRAD_API void wait_all_reduce(void* data, std::string_view op, SourceLoc loc);
+XGRAD_API void broadcast(void* data, std::int64_t bytes, int root, const Signature& sig,
+                         const Started* started = nullptr);
+/// Registers `key` as a started collective already done (a device tensor's, exchanged through
+/// the host at once), for wait().
+XGRAD_API void finished(const void* key);
+/// Returns when the collective started under `key` has finished (or throws what it threw).
+XGRAD_API void wait(const void* key, std::string_view op, SourceLoc loc);
 
 }  // namespace detail
 
