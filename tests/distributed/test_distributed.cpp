@@ -448,6 +448,12 @@ TEST_CASE("distributed: a data-parallel step starts reducing its first gradients
     starts.push_back(at);
   for (auto at = ir.find("CollectiveWait"); at != std::string::npos; at = ir.find("CollectiveWait", at + 1))
     waits.push_back(at);
+  if (dist::world_size() == 1) {  // nothing to average: the step is the single process's
+    CHECK(starts.empty());
+    CHECK(waits.empty());
+    xg::set_mode(saved_mode);
+    return;
+  }
   CHECK(starts.size() == 3);
   CHECK(waits.size() == 3);
   REQUIRE_FALSE(starts.empty());

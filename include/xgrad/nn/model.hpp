@@ -112,7 +112,8 @@ class Model {
     auto loss_of = [this](const Tensor<float>& x, const Labels& y) {
       return m_loss(m_network(x, m_caller), y, m_caller);
     };
-    if (!m_options.data_parallel) {
+    // A group of one has nothing to average (its mean is the gradient itself, bit for bit).
+    if (!m_options.data_parallel || distributed::world_size(m_caller) == 1) {
       auto [loss, grads] = value_and_grad(loss_of, m_optimizer.parameters())(images, labels);
       m_optimizer.step(grads);
       return loss;
