@@ -341,9 +341,7 @@ template <Element T> Tensor<T> broadcast(const Tensor<T>& x, int root, SourceLoc
 XGRAD_API void broadcast_into(const TensorBase& t, int root, SourceLoc loc) {
   if (tracing::Tracer::active())
     throw_value_error("broadcast_into", loc, "writes a tensor in place now: call it outside jit (broadcast is the op)");
-  const int world = detail::joined_size("broadcast_into", loc);
-  if (root < 0 || root >= world)
-    throw_value_error("broadcast_into", loc, "root ", root, " is not a rank of this group of ", world);
+  detail::check_root("broadcast_into", root, loc);
   const std::size_t bytes = static_cast<std::size_t>(t.numel()) * dtype_size(t.dtype());
   void* data = t.impl()->storage->data();
   std::vector<std::byte> host;
