@@ -82,13 +82,14 @@ step "sanitizer tests"
   > build-sanitize/ctest.log 2>&1 &
 sanitizer_tests=$!
 
-# The CUDA build, compiled and linked with the CUDA toolkit's nvcc, cuBLAS and Thrust: nvcc for
+# The CUDA build, compiled and linked with the CUDA toolkit's nvcc, cuBLAS, Thrust and NCCL: nvcc for
 # the library's sources with Thrust kernels and the few tests and benchmarks that include
 # definitions, g++ for the rest (they see declarations only).
 step "CUDA build (preset cuda-check)"
 scripts/configure_preset.sh cuda-check > /dev/null
 cmake --build build-cuda -j"$jobs"
-echo "CUDA build (nvcc, compute_80): compiled and linked"
+nccl=$(grep -q XGRAD_WITH_NCCL build-cuda/build.ninja && echo "with NCCL" || echo "without NCCL (not found)")
+echo "CUDA build (nvcc, compute_80, MPI $nccl): compiled and linked"
 
 step "waiting for the sanitizer tests"
 status=0

@@ -265,6 +265,18 @@ TEST_CASE("distributed: the errors say what is wrong") {
     CHECK(contains(what, "rank 0 calls collective #"));
     CHECK(contains(what, "rank 1 calls collective #"));
     CHECK(contains(what, "test_distributed.cpp"));
+    // A rank exchanging a tensor on the device (NCCL) while another sends it through the host
+    // (MPI) would never meet it: the records differ.
+    float v = 1;
+    const dist::detail::Signature sig{.op = "all_reduce",
+                                      .dtype = xg::DType::float32,
+                                      .shape = xg::Shape{1},
+                                      .loc = xg::SourceLoc::current(),
+                                      .on_device = dist::rank() == 1};
+    const std::string mixed =
+        message_of<xg::DistributedError>([&] { dist::detail::all_reduce(&v, 1, dist::ReduceOp::sum, sig); });
+    CHECK(contains(mixed, "the ranks disagree"));
+    CHECK(contains(mixed, "all_reduce (sum) of Float32[1] on the device (NCCL)"));
   }
 }
 
@@ -506,3 +518,68 @@ TEST_CASE("distributed: every collective's start form, waited for, gives the col
   CHECK(dist::wait(b).to_vector() == std::vector<float>(2 * dist::world_size(), 3.0f));
   CHECK(dist::wait(a).to_vector() == std::vector<float>(4, static_cast<float>(dist::world_size())));
 }
+
+#if defined(XGRAD_WITH_THRUST)
+
+namespace {
+
+/// Every collective and its start form on Device::thrust tensors against the same on the cpu
+/// (which the cases above check against the definitions), eagerly and compiled: through NCCL
+/// where it exchanges device tensors (a CUDA build with MPI, on several GPUs), else through the host.
+template <class T> void check_on_device() {
+  const int n = dist::world_size(), me = dist::rank();
+  using Fn = std::function<xg::Tensor<T>(const xg::Tensor<T>&)>;
+  std::vector<std::pair<std::string, Fn>> collectives{
+      {"all_gather", [](const xg::Tensor<T>& a) { return dist::all_gather(a); }},
+      {"all_gather_start", [](const xg::Tensor<T>& a) { return dist::wait(dist::all_gather_start(a)); }},
+      {"broadcast", [n](const xg::Tensor<T>& a) { return dist::broadcast(a, n - 1); }},
+      {"broadcast_start", [n](const xg::Tensor<T>& a) { return dist::wait(dist::broadcast_start(a, n - 1)); }}};
+  if constexpr (!std::is_same_v<T, bool>) {
+    std::vector<dist::ReduceOp> ops{dist::ReduceOp::sum, dist::ReduceOp::max};
+    if constexpr (xg::FloatingPoint<T>) ops.push_back(dist::ReduceOp::mean);
+    for (dist::ReduceOp op : ops) {
+      const std::string name(dist::reduce_op_name(op));
+      collectives.emplace_back("all_reduce " + name, [op](const xg::Tensor<T>& a) { return dist::all_reduce(a, op); });
+      collectives.emplace_back("all_reduce_start " + name,
+                               [op](const xg::Tensor<T>& a) { return dist::wait(dist::all_reduce_start(a, op)); });
+      collectives.emplace_back("reduce_scatter " + name, [op, n](const xg::Tensor<T>& a) {
+        return dist::reduce_scatter(xg::stack(std::vector<xg::Tensor<T>>(n, a), 0), op);
+      });
+      collectives.emplace_back("reduce_scatter_start " + name, [op, n](const xg::Tensor<T>& a) {
+        return dist::wait(dist::reduce_scatter_start(xg::stack(std::vector<xg::Tensor<T>>(n, a), 0), op));
+      });
+    }
+  }
+  for (const xg::Shape& shape : kShapes) {
+    CAPTURE(shape);
+    const xg::Tensor<T> x = input<T>(shape, me);
+    for (const auto& [name, f] : collectives) {
+      CAPTURE(name);
+      const std::vector<T> want = f(x).to_vector();
+      for (bool compiled : {false, true}) {
+        CAPTURE(compiled);
+        const xg::Tensor<T> on_device = x.to(xg::Device::thrust);
+        const xg::Tensor<T> got = compiled ? xg::jit(f)(on_device) : f(on_device);
+        CHECK(got.device() == xg::Device::thrust);
+        CHECK(got.to_vector() == want);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("distributed: the collectives on Device::thrust give the cpu's results, eagerly and compiled") {
+  join();
+  check_on_device<float>();
+  check_on_device<double>();
+  check_on_device<std::int32_t>();
+  check_on_device<bool>();
+  const int last = dist::world_size() - 1;
+  xg::Tensor<float> t = input<float>({3, 4}, dist::rank()).to(xg::Device::thrust);
+  dist::broadcast_into(t, last);
+  CHECK(t.to_vector() == input<float>({3, 4}, last).to_vector());
+  if (dist::world_size() == 1) CHECK_FALSE(dist::detail::exchanges_on_device());
+}
+
+#endif

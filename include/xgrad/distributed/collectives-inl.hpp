@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstddef>
+#include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -17,41 +19,45 @@ namespace xgrad {
 
 namespace distributed::detail {
 
-/// Runs `body(in, out)` on host pointers to x's and out's elements: theirs on the cpu, else
-/// copies staged through the host (MPI reads and writes host memory).
-template <class T, class Body> void on_host(const Tensor<T>& x, Tensor<T>& out, Body body) {
-  if (x.device() == Device::cpu && out.device() == Device::cpu) {
-    body(x.data(), out.data());
-    return;
-  }
+/// How a collective's exchange uses its buffers: in place on the result (all_reduce, broadcast:
+/// out starts as a copy of x), or reading x and writing out (all_gather, reduce_scatter).
+enum class Buffers { in_place, separate };
+
+/// Runs body(in, out, started, sig), the raw collective, on buffers it may exchange: x's and
+/// out's on the cpu, or on the device where NCCL exchanges them (exchanges_on_device), else
+/// copies staged through the host. With `start` (a started collective, its result in out's
+/// buffer, registered under it for wait()) `started` is given and owns the buffers until the
+/// exchange is done; `in` is then a copy of x's elements, since x's buffer may be reused at
+/// once. Staged through the host, the exchange happens now and is registered as finished.
+template <Buffers B, class T, class Body> void exchange(const Tensor<T>& x, Tensor<T>& out, bool start, Signature sig,
+                                                        std::optional<ReduceOp> reduce, Body body) {
   const std::size_t in_bytes = static_cast<std::size_t>(x.numel()) * sizeof(T);
   const std::size_t out_bytes = static_cast<std::size_t>(out.numel()) * sizeof(T);
-  std::vector<std::byte> in(in_bytes), result(out_bytes);
-  xgrad::detail::copy_bytes(in.data(), Device::cpu, x.data(), x.device(), in_bytes);
-  body(reinterpret_cast<const T*>(in.data()), reinterpret_cast<T*>(result.data()));
-  xgrad::detail::copy_bytes(out.data(), out.device(), result.data(), Device::cpu, out_bytes);
-}
-
-/// Runs body(in, out, started) on host buffers, as on_host. With `start` (a started collective,
-/// its result in out's buffer, registered under it for wait()) on the cpu, `started` is given,
-/// and `in` is a copy of x's elements the exchange owns when it sends from `in` after body
-/// returns (all_gather, reduce_scatter); on a device the exchange happens now and is
-/// registered as finished.
-template <bool SendsLater, class T, class Body>
-void exchange(const Tensor<T>& x, Tensor<T>& out, bool start, Body body) {
-  if (start && x.device() == Device::cpu && out.device() == Device::cpu) {
-    std::shared_ptr<T[]> copy;
-    if constexpr (SendsLater) {
-      copy.reset(new T[static_cast<std::size_t>(x.numel())]);
-      std::copy(x.data(), x.data() + x.numel(), copy.get());
-    }
-    const Started started{out.data(), std::make_shared<std::pair<std::shared_ptr<T[]>, std::shared_ptr<Storage>>>(
-                                          copy, out.impl()->storage)};
-    body(SendsLater ? copy.get() : x.data(), out.data(), &started);
+  sig.on_device = x.device() != Device::cpu && exchanges_on_device(reduce);
+  if (x.device() != Device::cpu && !sig.on_device) {
+    std::vector<std::byte> in(B == Buffers::in_place ? 0 : in_bytes), result(out_bytes);
+    xgrad::detail::copy_bytes(B == Buffers::in_place ? result.data() : in.data(), Device::cpu, x.data(), x.device(),
+                              in_bytes);
+    T* host_out = reinterpret_cast<T*>(result.data());
+    body(B == Buffers::in_place ? host_out : reinterpret_cast<const T*>(in.data()), host_out, nullptr, sig);
+    xgrad::detail::copy_bytes(out.data(), out.device(), result.data(), Device::cpu, out_bytes);
+    if (start) finished(out.data());
     return;
   }
-  on_host(x, out, [&](const T* in, T* result) { body(in, result, nullptr); });
-  if (start) finished(out.data());
+  const T* in = x.data();
+  std::shared_ptr<Storage> sent;  // a started exchange's copy of x
+  if (B == Buffers::in_place) {
+    if (in != out.data()) xgrad::detail::copy_bytes(out.data(), out.device(), in, x.device(), in_bytes);
+    in = out.data();
+  } else if (start) {
+    sent = std::make_shared<Storage>(in_bytes, x.device());
+    xgrad::detail::copy_bytes(sent->data(), x.device(), in, x.device(), in_bytes);
+    in = static_cast<const T*>(sent->data());
+  }
+  if (!start) return body(in, out.data(), nullptr, sig);
+  const Started started{out.data(), std::make_shared<std::pair<std::shared_ptr<Storage>, std::shared_ptr<Storage>>>(
+                                        sent, out.impl()->storage)};
+  body(in, out.data(), &started, sig);
 }
 
 inline Signature signature_of(std::string_view op, const TensorBase& x, std::int64_t parameter, SourceLoc loc) {
@@ -84,11 +90,11 @@ struct AllReduce {
   template <class T> void run(Device, const Tensor<T>& x, Tensor<T>& out, bool start = false) const {
     const auto sig =
         distributed::detail::signature_of(start ? "all_reduce_start" : "all_reduce", x, static_cast<int>(reduce), loc);
-    distributed::detail::exchange<false>(x, out, start,
-                                         [&](const T* in, T* result, const distributed::detail::Started* started) {
-                                           if (in != result) std::copy(in, in + x.numel(), result);
-                                           distributed::detail::all_reduce(result, x.numel(), reduce, sig, started);
-                                         });
+    using distributed::detail::Signature, distributed::detail::Started;
+    distributed::detail::exchange<distributed::detail::Buffers::in_place>(
+        x, out, start, sig, reduce, [&](const T*, T* result, const Started* started, const Signature& s) {
+          distributed::detail::all_reduce(result, x.numel(), reduce, s, started);
+        });
   }
 
   static constexpr Needs<1> differentiable{true}, saved{true};
@@ -115,9 +121,10 @@ struct AllGather {
   }
   template <class T> void run(Device, const Tensor<T>& x, Tensor<T>& out, bool start = false) const {
     const auto sig = distributed::detail::signature_of(start ? "all_gather_start" : "all_gather", x, 0, loc);
-    distributed::detail::exchange<true>(
-        x, out, start, [&](const T* in, T* result, const distributed::detail::Started* started) {
-          distributed::detail::all_gather(in, result, x.numel() * static_cast<std::int64_t>(sizeof(T)), sig, started);
+    using distributed::detail::Signature, distributed::detail::Started;
+    distributed::detail::exchange<distributed::detail::Buffers::separate>(
+        x, out, start, sig, std::nullopt, [&](const T* in, T* result, const Started* started, const Signature& s) {
+          distributed::detail::all_gather(in, result, x.numel() * static_cast<std::int64_t>(sizeof(T)), s, started);
         });
   }
 
@@ -138,9 +145,10 @@ struct ReduceScatter {
   template <class T> void run(Device, const Tensor<T>& x, Tensor<T>& out, bool start = false) const {
     const auto sig = distributed::detail::signature_of(start ? "reduce_scatter_start" : "reduce_scatter", x,
                                                        static_cast<int>(reduce), loc);
-    distributed::detail::exchange<true>(
-        x, out, start, [&](const T* in, T* result, const distributed::detail::Started* started) {
-          distributed::detail::reduce_scatter(in, result, out.numel(), reduce, sig, started);
+    using distributed::detail::Signature, distributed::detail::Started;
+    distributed::detail::exchange<distributed::detail::Buffers::separate>(
+        x, out, start, sig, reduce, [&](const T* in, T* result, const Started* started, const Signature& s) {
+          distributed::detail::reduce_scatter(in, result, out.numel(), reduce, s, started);
         });
   }
 
@@ -167,10 +175,10 @@ struct Broadcast {
   Shape output_shape(const Shape& x) const { return x; }
   template <class T> void run(Device, const Tensor<T>& x, Tensor<T>& out, bool start = false) const {
     const auto sig = distributed::detail::signature_of(start ? "broadcast_start" : "broadcast", x, root, loc);
-    distributed::detail::exchange<false>(
-        x, out, start, [&](const T* in, T* result, const distributed::detail::Started* started) {
-          if (in != result) std::copy(in, in + x.numel(), result);
-          distributed::detail::broadcast(result, x.numel() * static_cast<std::int64_t>(sizeof(T)), root, sig, started);
+    using distributed::detail::Signature, distributed::detail::Started;
+    distributed::detail::exchange<distributed::detail::Buffers::in_place>(
+        x, out, start, sig, std::nullopt, [&](const T*, T* result, const Started* started, const Signature& s) {
+          distributed::detail::broadcast(result, x.numel() * static_cast<std::int64_t>(sizeof(T)), root, s, started);
         });
   }
 
@@ -344,14 +352,14 @@ XGRAD_API void broadcast_into(const TensorBase& t, int root, SourceLoc loc) {
   detail::check_root("broadcast_into", root, loc);
   const std::size_t bytes = static_cast<std::size_t>(t.numel()) * dtype_size(t.dtype());
   void* data = t.impl()->storage->data();
-  std::vector<std::byte> host;
-  if (t.device() != Device::cpu) {
-    host.resize(bytes);
-    xgrad::detail::copy_bytes(host.data(), Device::cpu, data, t.device(), bytes);
-  }
-  detail::broadcast(host.empty() ? data : host.data(), static_cast<std::int64_t>(bytes), root,
-                    detail::signature_of("broadcast_into", t, root, loc));
-  if (!host.empty()) xgrad::detail::copy_bytes(data, t.device(), host.data(), Device::cpu, bytes);
+  detail::Signature sig = detail::signature_of("broadcast_into", t, root, loc);
+  sig.on_device = t.device() != Device::cpu && detail::exchanges_on_device();
+  if (t.device() == Device::cpu || sig.on_device)
+    return detail::broadcast(data, static_cast<std::int64_t>(bytes), root, sig);
+  std::vector<std::byte> host(bytes);
+  xgrad::detail::copy_bytes(host.data(), Device::cpu, data, t.device(), bytes);
+  detail::broadcast(host.data(), static_cast<std::int64_t>(bytes), root, sig);
+  xgrad::detail::copy_bytes(data, t.device(), host.data(), Device::cpu, bytes);
 }
 
 XGRAD_API std::vector<std::pair<std::size_t, std::size_t>> detail::bucket_ranges(const std::vector<std::int64_t>& bytes,

@@ -30,6 +30,13 @@
 #define MPICH_SKIP_MPICXX 1
 #include <mpi.h>
 #endif
+#if defined(XGRAD_WITH_NCCL)
+#if !defined(XGRAD_WITH_MPI)
+#error "XGRAD_WITH_NCCL needs XGRAD_WITH_MPI: NCCL's communicator id travels over MPI"
+#endif
+#include <cuda_runtime.h>
+#include <nccl.h>
+#endif
 
 namespace xgrad::distributed {
 
@@ -65,6 +72,11 @@ struct GroupState {
   MPI_Comm comm = MPI_COMM_NULL;  // a duplicate of the world's, so xgrad's messages never meet the program's
   MPI_Op nan_max = MPI_OP_NULL, nan_min = MPI_OP_NULL;
   std::unique_ptr<class Worker> worker;
+#endif
+#if defined(XGRAD_WITH_NCCL)
+  int device = -1;                // the CUDA device init() chose for this rank; -1: none
+  ncclComm_t nccl = nullptr;      // made by the first collective on the device, on the worker
+  cudaStream_t stream = nullptr;  // NCCL's, on the worker
 #endif
 };
 
@@ -154,6 +166,10 @@ inline constexpr std::string_view kCollectives[] = {"all_reduce", "all_gather", 
                                                     "barrier"};
 enum Collective : int { kAllReduce, kAllGather, kReduceScatter, kBroadcast, kBarrier };
 
+/// A rank's record of a collective, which every other rank must match: its kind, dtype,
+/// parameter, rank, extents, number and whether it exchanges on the device.
+inline constexpr int kRecordWidth = 6 + kMaxRank;
+
 /// "collective #3 all_reduce (sum) of Float32[3, 4]": a rank's record in the messages of check_signature.
 inline std::string describe(const std::int64_t* record) {
   const auto code = static_cast<std::size_t>(record[0]);
@@ -163,7 +179,8 @@ inline std::string describe(const std::int64_t* record) {
   if (code == 0 || code == 2) out += xgrad::detail::concat(" (", reduce_op_name(static_cast<ReduceOp>(record[2])), ")");
   if (code == 3) out += xgrad::detail::concat(" (root ", record[2], ")");
   return out + xgrad::detail::concat(" of ", dtype_name(static_cast<DType>(record[1])),
-                                     Shape(record + 4, record + 4 + record[3]));
+                                     Shape(record + 4, record + 4 + record[3]),
+                                     record[5 + kMaxRank] ? " on the device (NCCL)" : "");
 }
 
 #if defined(XGRAD_WITH_MPI)
@@ -274,22 +291,22 @@ inline void await_requests(std::vector<MPI_Request>& requests, std::uint64_t num
 /// the timeout, the ranks that never sent theirs. `number` counts the collectives issued.
 inline void check_signature(int collective, std::uint64_t number, const Signature& sig) {
   const GroupState& g = group();
-  constexpr int kWidth = 5 + kMaxRank;
-  std::vector<std::int64_t> all(static_cast<std::size_t>(kWidth) * g.size);
-  std::int64_t* mine = all.data() + static_cast<std::size_t>(kWidth) * g.rank;
+  std::vector<std::int64_t> all(static_cast<std::size_t>(kRecordWidth) * g.size);
+  std::int64_t* mine = all.data() + static_cast<std::size_t>(kRecordWidth) * g.rank;
   mine[0] = collective;
   mine[1] = static_cast<std::int64_t>(sig.dtype);
   mine[2] = sig.parameter;
   mine[3] = sig.shape.ndim();
   std::copy(sig.shape.begin(), sig.shape.end(), mine + 4);
   mine[4 + kMaxRank] = static_cast<std::int64_t>(number);
+  mine[5 + kMaxRank] = sig.on_device;
   std::vector<MPI_Request> received(g.size, MPI_REQUEST_NULL), sent(g.size, MPI_REQUEST_NULL);
   for (int r = 0; r < g.size; ++r) {
     if (r == g.rank) continue;
-    check_mpi(
-        MPI_Irecv(all.data() + static_cast<std::size_t>(kWidth) * r, kWidth, MPI_INT64_T, r, 0, g.comm, &received[r]),
-        sig.op, sig.loc);
-    check_mpi(MPI_Isend(mine, kWidth, MPI_INT64_T, r, 0, g.comm, &sent[r]), sig.op, sig.loc);
+    check_mpi(MPI_Irecv(all.data() + static_cast<std::size_t>(kRecordWidth) * r, kRecordWidth, MPI_INT64_T, r, 0,
+                        g.comm, &received[r]),
+              sig.op, sig.loc);
+    check_mpi(MPI_Isend(mine, kRecordWidth, MPI_INT64_T, r, 0, g.comm, &sent[r]), sig.op, sig.loc);
   }
   std::vector<bool> arrived(g.size, false);
   arrived[g.rank] = true;
@@ -315,8 +332,8 @@ inline void check_signature(int collective, std::uint64_t number, const Signatur
   await_requests(sent, number, sig);
   const std::int64_t* first = all.data();
   for (int r = 1; r < g.size; ++r) {
-    const std::int64_t* theirs = all.data() + static_cast<std::size_t>(kWidth) * r;
-    if (!std::equal(first, first + kWidth, theirs))
+    const std::int64_t* theirs = all.data() + static_cast<std::size_t>(kRecordWidth) * r;
+    if (!std::equal(first, first + kRecordWidth, theirs))
       fail(sig.op, sig.loc,
            xgrad::detail::concat("the ranks disagree on the collective: rank 0 calls ", describe(first), ", rank ", r,
                                  " calls ", describe(theirs),
@@ -390,6 +407,93 @@ template <class Exchange> void issue(std::int64_t bytes, const Started* started,
 }
 #endif
 
+#if defined(XGRAD_WITH_NCCL)
+inline void check_cuda(cudaError_t code, const Signature& sig) {
+  if (code != cudaSuccess)
+    fail(sig.op, sig.loc, xgrad::detail::concat("CUDA failed on rank ", group().rank, ": ", cudaGetErrorString(code)));
+}
+
+inline void check_nccl(ncclResult_t code, const Signature& sig) {
+  if (code == ncclSuccess) return;
+  const GroupState& g = group();
+  const std::string detail = g.nccl ? ncclGetLastError(g.nccl) : "";
+  fail(sig.op, sig.loc,
+       xgrad::detail::concat("NCCL failed on rank ", g.rank, ": ", ncclGetErrorString(code),
+                             detail.empty() ? "" : xgrad::detail::concat(" (", detail, ")")));
+}
+
+inline ncclDataType_t nccl_type(DType dtype) {
+  switch (dtype) {
+    case DType::float32:
+      return ncclFloat32;
+    case DType::float64:
+      return ncclFloat64;
+    case DType::int32:
+      return ncclInt32;
+    case DType::int64:
+      return ncclInt64;
+    case DType::boolean:
+      return ncclUint8;
+  }
+  return ncclUint8;
+}
+
+/// The group's NCCL communicator, made by the first collective on the device (on the worker,
+/// once every rank's record has come, so that all of them make it): rank 0's id reaches the
+/// others over MPI.
+inline ncclComm_t nccl_comm(std::uint64_t number, const Signature& sig) {
+  GroupState& g = group();
+  if (g.nccl) return g.nccl;
+  if (g.device < 0) fail(sig.op, sig.loc, xgrad::detail::concat("rank ", g.rank, " has no CUDA device"));
+  check_cuda(cudaSetDevice(g.device), sig);  // a thread's current device is its own
+  ncclUniqueId id{};
+  if (g.rank == 0) check_nccl(ncclGetUniqueId(&id), sig);
+  std::vector<MPI_Request> request(1);
+  check_mpi(MPI_Ibcast(&id, sizeof id, MPI_BYTE, 0, g.comm, &request[0]), sig.op, sig.loc);
+  await_requests(request, number, sig);
+  check_nccl(ncclCommInitRank(&g.nccl, g.size, id, g.rank), sig);
+  // Not synchronized with the legacy default stream, so that started exchanges overlap the
+  // kernels computing meanwhile; each exchange waits for an event recorded when it was issued.
+  check_cuda(cudaStreamCreateWithFlags(&g.stream, cudaStreamNonBlocking), sig);
+  return g.nccl;
+}
+
+/// An event on the issuing thread's default stream, marking that the kernels writing a
+/// collective's input have run once it fires.
+inline std::shared_ptr<CUevent_st> inputs_written(const Signature& sig) {
+  cudaEvent_t event = nullptr;
+  check_cuda(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), sig);
+  std::shared_ptr<CUevent_st> owned(event, cudaEventDestroy);
+  check_cuda(cudaEventRecord(event, nullptr), sig);
+  return owned;
+}
+
+/// Queues a collective on device buffers as issue() does: on the worker, the record check over
+/// MPI, then `launch(comm, stream)` (an NCCL call) once the input is written, awaited with the
+/// group's timeout; NCCL's own errors become DistributedErrors.
+template <class Launch>
+void issue_on_device(int collective, std::int64_t bytes, const Signature& sig, const Started* started, Launch launch) {
+  issue(bytes, started, [=, ready = inputs_written(sig)](std::uint64_t number) {
+    check_signature(collective, number, sig);
+    const ncclComm_t comm = nccl_comm(number, sig);
+    const GroupState& g = group();
+    check_cuda(cudaStreamWaitEvent(g.stream, ready.get(), 0), sig);
+    check_nccl(launch(comm, g.stream), sig);
+    await(
+        [&] {
+          const cudaError_t state = cudaStreamQuery(g.stream);
+          if (state == cudaSuccess) return true;
+          if (state != cudaErrorNotReady) check_cuda(state, sig);
+          ncclResult_t failure = ncclSuccess;
+          check_nccl(ncclCommGetAsyncError(comm, &failure), sig);
+          check_nccl(failure, sig);
+          return false;
+        },
+        [] { return std::string("the ranks did not finish exchanging its data on the device"); }, number, sig);
+  });
+}
+#endif
+
 /// A group of one's collective, done already: registered for wait() when started.
 inline void done_at_once(const Started* started) {
   if (started) finished(started->key);
@@ -403,10 +507,29 @@ inline const GroupState& check_call(const Signature& sig, const Started* started
   return g;
 }
 
+XGRAD_API bool exchanges_on_device(std::optional<ReduceOp> reduce) {
+#if defined(XGRAD_WITH_NCCL)
+  const GroupState& g = group();
+  return g.initialized && g.size > 1 && g.device >= 0 &&
+         (!reduce || *reduce == ReduceOp::sum || *reduce == ReduceOp::mean);
+#else
+  (void)reduce;
+  return false;
+#endif
+}
+
 XGRAD_API void all_reduce(void* data, std::int64_t count, ReduceOp reduce, const Signature& sig,
                           const Started* started) {
   const GroupState& g = check_call(sig, started);
   if (g.size == 1) return done_at_once(started);
+#if defined(XGRAD_WITH_NCCL)
+  if (sig.on_device)
+    return issue_on_device(kAllReduce, count * static_cast<std::int64_t>(dtype_size(sig.dtype)), sig, started,
+                           [=](ncclComm_t comm, cudaStream_t stream) {
+                             return ncclAllReduce(data, data, static_cast<std::size_t>(count), nccl_type(sig.dtype),
+                                                  reduce == ReduceOp::mean ? ncclAvg : ncclSum, comm, stream);
+                           });
+#endif
 #if defined(XGRAD_WITH_MPI)
   issue(count * static_cast<std::int64_t>(dtype_size(sig.dtype)), started,
         [=](std::uint64_t number) { exchange_all_reduce(data, count, reduce, number, sig); });
@@ -421,6 +544,12 @@ XGRAD_API void all_gather(const void* in, void* out, std::int64_t bytes, const S
     if (bytes > 0) std::memcpy(out, in, static_cast<std::size_t>(bytes));
     return done_at_once(started);
   }
+#if defined(XGRAD_WITH_NCCL)
+  if (sig.on_device)
+    return issue_on_device(kAllGather, bytes, sig, started, [=](ncclComm_t comm, cudaStream_t stream) {
+      return ncclAllGather(in, out, static_cast<std::size_t>(bytes), ncclUint8, comm, stream);
+    });
+#endif
 #if defined(XGRAD_WITH_MPI)
   issue(bytes, started, [=](std::uint64_t number) {
     const GroupState& group_state = group();
@@ -440,6 +569,14 @@ XGRAD_API void reduce_scatter(const void* in, void* out, std::int64_t count, Red
     if (count > 0) std::memcpy(out, in, static_cast<std::size_t>(count) * dtype_size(sig.dtype));
     return done_at_once(started);
   }
+#if defined(XGRAD_WITH_NCCL)
+  if (sig.on_device)
+    return issue_on_device(kReduceScatter, count * g.size * static_cast<std::int64_t>(dtype_size(sig.dtype)), sig,
+                           started, [=](ncclComm_t comm, cudaStream_t stream) {
+                             return ncclReduceScatter(in, out, static_cast<std::size_t>(count), nccl_type(sig.dtype),
+                                                      reduce == ReduceOp::mean ? ncclAvg : ncclSum, comm, stream);
+                           });
+#endif
 #if defined(XGRAD_WITH_MPI)
   issue(count * g.size * static_cast<std::int64_t>(dtype_size(sig.dtype)), started, [=](std::uint64_t number) {
     const GroupState& group_state = group();
@@ -461,6 +598,12 @@ XGRAD_API void broadcast(void* data, std::int64_t bytes, int root, const Signatu
   if (root < 0 || root >= g.size)
     fail(sig.op, sig.loc, xgrad::detail::concat("root ", root, " is not a rank of this group of ", g.size));
   if (g.size == 1) return done_at_once(started);
+#if defined(XGRAD_WITH_NCCL)
+  if (sig.on_device)
+    return issue_on_device(kBroadcast, bytes, sig, started, [=](ncclComm_t comm, cudaStream_t stream) {
+      return ncclBroadcast(data, data, static_cast<std::size_t>(bytes), ncclUint8, root, comm, stream);
+    });
+#endif
 #if defined(XGRAD_WITH_MPI)
   issue(bytes, started, [=](std::uint64_t number) {
     check_signature(kBroadcast, number, sig);
@@ -528,6 +671,18 @@ XGRAD_API void init(InitOptions options, SourceLoc loc) {
   MPI_Op_create(&detail::nan_extreme_op<true>, /*commute=*/1, &g.nan_max);
   MPI_Op_create(&detail::nan_extreme_op<false>, /*commute=*/1, &g.nan_min);
   if (g.size > 1) g.worker = std::make_unique<detail::Worker>();
+#if defined(XGRAD_WITH_NCCL)
+  if (int gpus = 0; cudaGetDeviceCount(&gpus) == cudaSuccess && gpus > 0) {
+    MPI_Comm host = MPI_COMM_NULL;  // the ranks sharing this host
+    int local_rank = 0;
+    MPI_Comm_split_type(g.comm, MPI_COMM_TYPE_SHARED, g.rank, MPI_INFO_NULL, &host);
+    MPI_Comm_rank(host, &local_rank);
+    MPI_Comm_free(&host);
+    g.device = local_rank % gpus;
+    detail::check_cuda(cudaSetDevice(g.device), {.op = "distributed::init", .loc = loc});
+  }
+  cudaGetLastError();  // a host without a GPU is no error: its tensors stay on the cpu
+#endif
 #else
   if (const int launched = detail::launched_world_size(); launched > 1)
     detail::fail("distributed::init", loc,
@@ -566,6 +721,16 @@ XGRAD_API void finalize() {
   if (!g.initialized) return;
 #if defined(XGRAD_WITH_MPI)
   if (g.broken) MPI_Abort(g.comm, 1);  // the others may wait in a collective forever
+#if defined(XGRAD_WITH_NCCL)
+  if (g.nccl)  // on the thread that made them; at exit CUDA may be gone already, so failures are ignored
+    g.worker
+        ->submit([&g] {
+          ncclCommDestroy(g.nccl);
+          cudaStreamDestroy(g.stream);
+          g.nccl = nullptr;
+        })
+        .get();
+#endif
   g.worker.reset();
   MPI_Op_free(&g.nan_max);
   MPI_Op_free(&g.nan_min);

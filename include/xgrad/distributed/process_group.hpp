@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string_view>
 
 #include "xgrad/core/config.hpp"
@@ -35,7 +36,9 @@ struct InitOptions {
 
 /// Joins the process group: MPI's world when mpirun started this process (MPI_Init_thread,
 /// unless the program initialized MPI itself), else a group of one. A second call does
-/// nothing; a call after finalize() is a DistributedError (MPI cannot start twice).
+/// nothing; a call after finalize() is a DistributedError (MPI cannot start twice). In a CUDA
+/// build with NCCL it also makes GPU (local rank mod the host's GPUs) the calling thread's CUDA
+/// device, so that the ranks of one host use different GPUs: call it before making device tensors.
 XGRAD_API void init(InitOptions options = {}, SourceLoc loc = SourceLoc::current());
 
 /// True between init() and finalize().
@@ -97,6 +100,7 @@ struct Signature {
   Shape shape;                 // and its shape
   std::int64_t parameter = 0;  // what must also agree: the ReduceOp or the root
   SourceLoc loc;
+  bool on_device = false;  // the buffers are Device::thrust's, exchanged there (NCCL)
 };
 
 /// Makes a collective asynchronous: it is queued after the collectives issued before it and
@@ -106,6 +110,13 @@ struct Started {
   const void* key;
   std::shared_ptr<const void> owner;
 };
+
+/// Whether a collective on Device::thrust tensors (reducing by `reduce`, if it reduces)
+/// exchanges the device's buffers where they are, through NCCL, rather than copies staged
+/// through the host: in a CUDA build with MPI and NCCL (XGRAD_WITH_NCCL), in a group of more
+/// than one, for NCCL's reductions (sum and mean; max and min go through the host, where a NaN
+/// wins as in xgrad's maximum and minimum).
+XGRAD_API bool exchanges_on_device(std::optional<ReduceOp> reduce = std::nullopt);
 
 /// The group's size; a DistributedError naming `op` and `loc` before init().
 XGRAD_API int joined_size(std::string_view op, SourceLoc loc);
