@@ -1,4 +1,4 @@
-// Tests for reverse-mode autodiff: backward, grad, value_and_grad, no_grad, custom_vjp, version checks.
+// Tests for reverse-mode autodiff: backward, grad, value_and_grad, vjp, no_grad, custom_vjp, version checks.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -29,6 +29,11 @@ void check_close(const xg::Tensor<T>& actual, const std::vector<double>& expecte
     CHECK_MESSAGE(std::abs(static_cast<double>(v[i]) - expected[i]) <= tol * (1.0 + std::abs(expected[i])),
                   "element " << i << ": got " << v[i] << ", expected " << expected[i]);
   }
+}
+
+template <class T> std::vector<double> doubles(const xg::Tensor<T>& t) {
+  const auto v = t.to_vector();
+  return {v.begin(), v.end()};
 }
 
 }  // namespace
@@ -309,6 +314,76 @@ TEST_CASE("autograd: value_and_grad: a non-scalar loss is differentiated as its 
   auto [value, grads] = xg::value_and_grad(f, params)(xg::tensor<double>({4, 5, 6}));
   check_close(value, {4, 10, 18}, 1e-12);
   check_close(grads[0], {4, 5, 6}, 1e-12);
+}
+
+TEST_CASE("autograd: vjp: the outputs and a pullback giving each primal's cotangent, as often as asked") {
+  auto f = [](const xg::Tensor<double>& x, const xg::Tensor<double>& w) { return xg::tanh(xg::matmul(x, w)); };
+  const auto x = xg::randn<double>({2, 3}, 1), w = xg::randn<double>({3, 4}, 2);
+  auto [y, pullback] = xg::vjp(f, x, w);
+  CHECK_FALSE(y.requires_grad());
+  check_close(y, doubles(f(x, w)), 1e-12);
+  for (std::uint64_t seed : {3, 4}) {
+    const auto u = xg::randn<double>({2, 4}, seed);
+    auto [gx, gw] = pullback(u);
+    // The cotangents are the gradients of <f(x, w), u>.
+    auto [rx, rw] =
+        xg::grad([&](const auto& a, const auto& b) { return xg::sum(f(a, b) * u); }, xg::argnums<0, 1>)(x, w);
+    check_close(gx, doubles(rx), 1e-12);
+    check_close(gw, doubles(rw), 1e-12);
+    // Linear in the cotangent.
+    auto [gx2, gw2] = pullback(u * 2.0);
+    check_close(gx2, doubles(gx * 2.0), 1e-12);
+    check_close(gw2, doubles(gw * 2.0), 1e-12);
+  }
+}
+
+TEST_CASE("autograd: vjp: a function of several outputs takes a cotangent for each; unused primals get zeros") {
+  auto f = [](const xg::Tensor<float>& x, const xg::Tensor<float>& unused) {
+    (void)unused;
+    return std::tuple{xg::sin(x) * 3.0f, x * x};
+  };
+  const auto x = xg::tensor<float>({0.5f, -1.0f, 2.0f});
+  auto [ys, pullback] = xg::vjp(f, x, xg::ones<float>({2}));
+  CHECK(std::get<1>(ys).to_vector() == std::vector<float>{0.25f, 1.0f, 4.0f});
+  const auto u1 = xg::tensor<float>({1, 2, 3}), u2 = xg::tensor<float>({-1, 0, 1});
+  auto [gx, gunused] = pullback(u1, u2);
+  std::vector<double> expected;
+  for (int i = 0; i < 3; ++i) {
+    const double xi = x.to_vector()[i];
+    expected.push_back(3 * std::cos(xi) * u1.to_vector()[i] + 2 * xi * u2.to_vector()[i]);
+  }
+  check_close(gx, expected);
+  CHECK(gunused.to_vector() == std::vector<float>{0, 0});
+  // An output that depends on no primal: zero cotangents.
+  auto [c, constant_pullback] = xg::vjp([](const xg::Tensor<float>&) { return xg::ones<float>({2}); }, x);
+  CHECK(std::get<0>(constant_pullback(c)).to_vector() == std::vector<float>{0, 0, 0});
+}
+
+TEST_CASE("autograd: vjp: a cotangent of another shape is a ShapeError naming it") {
+  const auto pullback = xg::vjp([](const xg::Tensor<float>& x) { return xg::exp(x); }, xg::ones<float>({2, 4})).second;
+  const std::string what = message_of<xg::ShapeError>([&] { (void)pullback(xg::ones<float>({4, 2})); });
+  CHECK(contains(what, "vjp: cotangent 0 must have output 0's shape [2, 4], got [4, 2]"));
+}
+
+TEST_CASE("autograd: vjp: composes with grad (the pullback is differentiable) and with jit") {
+  auto cube = [](const xg::Tensor<double>& x) { return x * x * x; };
+  const auto x = xg::tensor<double>({1.0, -2.0, 0.5}), u = xg::tensor<double>({2.0, 1.0, -1.0});
+  // d/dx sum(pullback(u)) = d/dx sum(3 x^2 u) = 6 x u.
+  auto g = xg::grad([&](const xg::Tensor<double>& a) {
+    auto [y, pullback] = xg::vjp(cube, a);
+    return xg::sum(std::get<0>(pullback(u)));
+  })(x);
+  check_close(g, {12.0, -12.0, -3.0}, 1e-12);
+  auto cotangent = [&](const xg::Tensor<double>& a, const xg::Tensor<double>& v) {
+    auto [y, pullback] = xg::vjp(cube, a);
+    return std::get<0>(pullback(v));
+  };
+  const auto eager = cotangent(x, u);
+  check_close(eager, {6.0, 12.0, -0.75}, 1e-12);
+  for (xg::JitLevel level : {xg::JitLevel::O0, xg::JitLevel::O1, xg::JitLevel::O2}) {
+    CAPTURE(static_cast<int>(level));
+    check_close(xg::jit(cotangent, {.level = level})(x, u), doubles(eager), 1e-12);
+  }
 }
 
 TEST_CASE("autograd: no_grad: nothing is recorded and results do not require grad") {

@@ -553,7 +553,9 @@ template <class T> void check_on_device() {
   for (const xg::Shape& shape : kShapes) {
     CAPTURE(shape);
     const xg::Tensor<T> x = input<T>(shape, me);
-    for (const auto& [name, f] : collectives) {
+    for (const auto& named : collectives) {
+      const std::string& name = named.first;  // not a structured binding: clang 14 cannot capture one
+      const Fn& f = named.second;
       CAPTURE(name);
       const std::vector<T> want = f(x).to_vector();
       for (bool compiled : {false, true}) {

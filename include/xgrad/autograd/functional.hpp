@@ -1,4 +1,4 @@
-// Function transforms: grad, value_and_grad, custom_vjp.
+// Function transforms: grad, value_and_grad, vjp, custom_vjp.
 #pragma once
 
 #include <cstddef>
@@ -132,6 +132,94 @@ auto value_and_grad(F f, Params params, autograd::GradientReady on_gradient, Sou
 /// (one per parameter, in order): auto [loss, grads] = value_and_grad(loss_fn, params)(x, y).
 template <class F, class Params> auto value_and_grad(F f, Params params, SourceLoc loc = SourceLoc::current()) {
   return value_and_grad(f, params, autograd::GradientReady{}, loc);
+}
+
+namespace detail {
+
+/// f's outputs as a tuple: one tensor, or the tuple of tensors f returned.
+template <class Out> auto as_outputs(const Out& out) {
+  if constexpr (is_tensor<Out>::value)
+    return std::tuple<Out>{out};
+  else
+    return out;
+}
+
+template <class Out> struct OutputsOf;
+template <class... Us> struct OutputsOf<std::tuple<Tensor<Us>...>> {
+  static constexpr bool floating = (FloatingPoint<Us> && ...);
+  using Cotangents = std::tuple<Tensor<Us>...>;
+};
+
+/// vjp's pullback: the tape from f's outputs back to its primals, kept while this lives.
+template <class Outputs, class... Ts> class Pullback {
+ public:
+  Pullback(Outputs outputs, std::tuple<Tensor<Ts>...> primals)
+      : m_outputs(std::move(outputs)), m_primals(std::move(primals)) {}
+
+  /// The primals' cotangents (sum over the outputs of each cotangent times the output's
+  /// derivative), one per primal, zeros where no output depends on it; one cotangent per
+  /// output, of its dtype and shape. Recorded, so differentiable, inside another transform.
+  template <class... Cs> std::tuple<Tensor<Ts>...> operator()(const Cs&... cotangents) const {
+    static_assert(sizeof...(Cs) == std::tuple_size_v<Outputs>,
+                  "vjp: the pullback takes one cotangent per output of the function");
+    static_assert(std::is_same_v<std::tuple<std::decay_t<Cs>...>, typename OutputsOf<Outputs>::Cotangents>,
+                  "vjp: each cotangent must be a tensor of its output's dtype");
+    std::vector<TensorBase> roots, seeds;
+    std::size_t i = 0;
+    auto take = [&](const TensorBase& out, const TensorBase& cotangent) {
+      if (cotangent.shape() != out.shape())
+        throw ShapeError(concat("vjp: cotangent ", i, " must have output ", i, "'s shape ", out.shape(), ", got ",
+                                cotangent.shape()));
+      ++i;
+      if (!out.requires_grad()) return;
+      roots.push_back(out);
+      seeds.push_back(cotangent);
+    };
+    std::apply([&](const auto&... outs) { (take(outs, cotangents), ...); }, m_outputs);
+    if (roots.empty()) return std::apply([](const auto&... x) { return std::tuple{zeros_like(x)...}; }, m_primals);
+    std::vector<std::shared_ptr<AutogradMeta>> targets;
+    std::apply([&](const auto&... x) { (targets.push_back(x.impl()->autograd), ...); }, m_primals);
+    const bool nested = context().transform_depth > 0;  // an enclosing transform differentiates the result
+    const std::vector<TensorBase> results = autograd::run_backward(roots, seeds, targets, nested);
+    std::size_t k = 0;
+    return std::apply(
+        [&](const auto&... x) {
+          auto pick = [&](const auto& primal) {
+            using X = std::decay_t<decltype(primal)>;
+            const TensorBase& r = results[k++];
+            return r.defined() ? X(r) : zeros_like(primal);
+          };
+          return std::tuple<Tensor<Ts>...>{pick(x)...};
+        },
+        m_primals);
+  }
+
+ private:
+  Outputs m_outputs;
+  std::tuple<Tensor<Ts>...> m_primals;
+};
+
+}  // namespace detail
+
+/// f's outputs at `primals` and its pullback (MindSpore's ops.vjp, JAX's jax.vjp): `auto [y, pb]
+/// = vjp(f, x, w)`, then `auto [gx, gw] = pb(u)` gives the cotangents of x and w for the
+/// cotangent u of y (a tuple of cotangents for a function returning a tuple), as often as
+/// asked. f returns a float tensor or a tuple of them; every primal is a float tensor.
+template <class F, class... Ts> auto vjp(F f, const Tensor<Ts>&... primals) {
+  static_assert(sizeof...(Ts) > 0, "vjp: give at least one primal");
+  static_assert((FloatingPoint<Ts> && ...), "vjp: every primal must be a float or double tensor");
+  detail::TransformScope scope;
+  enable_grad on;
+  std::tuple<Tensor<Ts>...> inputs{detail::differentiable(primals)...};
+  const auto out = std::apply(f, inputs);
+  using Outputs = decltype(detail::as_outputs(out));
+  static_assert(detail::OutputsOf<Outputs>::floating, "vjp: the function must return float tensors");
+  detail::Pullback<Outputs, Ts...> pullback(detail::as_outputs(out), inputs);
+  if (scope.nested()) return std::pair{out, pullback};
+  if constexpr (detail::is_tensor<std::decay_t<decltype(out)>>::value)
+    return std::pair{out.detach(), pullback};
+  else
+    return std::pair{std::apply([](const auto&... y) { return std::tuple{y.detach()...}; }, out), pullback};
 }
 
 namespace detail {
