@@ -386,6 +386,115 @@ TEST_CASE("autograd: vjp: composes with grad (the pullback is differentiable) an
   }
 }
 
+TEST_CASE("autograd: jvp: the outputs and J·t in one pass, for one tensor, a tuple and several outputs") {
+  auto f = [](const xg::Tensor<double>& x) { return xg::sin(x) * x; };
+  const auto x = xg::tensor<double>({0.5, -1.0, 2.0}), t = xg::tensor<double>({1.0, 2.0, -0.5});
+  auto [y, ty] = xg::jvp(f, x, t);
+  check_close(y, doubles(f(x)), 1e-15);
+  std::vector<double> expected;
+  for (int i = 0; i < 3; ++i) {
+    const double xi = x.to_vector()[i];
+    expected.push_back((std::cos(xi) * xi + std::sin(xi)) * t.to_vector()[i]);
+  }
+  check_close(ty, expected, 1e-14);
+  CHECK(ty.impl()->tangents.empty());
+
+  // Two primals and two outputs; an output that depends on neither gets a zero tangent.
+  auto g = [](const xg::Tensor<double>& a, const xg::Tensor<double>& w) {
+    return std::tuple{xg::matmul(a, w), xg::ones<double>({2})};
+  };
+  const auto a = xg::randn<double>({2, 3}, 1), w = xg::randn<double>({3, 2}, 2);
+  const auto ta = xg::randn<double>({2, 3}, 3), tw = xg::randn<double>({3, 2}, 4);
+  auto [outs, tangents] = xg::jvp(g, std::tuple{a, w}, std::tuple{ta, tw});
+  check_close(std::get<0>(tangents), doubles(xg::matmul(ta, w) + xg::matmul(a, tw)), 1e-14);
+  CHECK(std::get<1>(tangents).to_vector() == std::vector<double>{0, 0});
+}
+
+TEST_CASE("autograd: jvp: composes with grad, with itself and with jit") {
+  auto cube = [](const xg::Tensor<double>& x) { return xg::sum(x * x * x); };
+  const auto x = xg::tensor<double>({1.0, -2.0, 0.5}), v = xg::tensor<double>({2.0, 1.0, -1.0});
+  // Forward over reverse: the Hessian-vector product, H = diag(6 x).
+  check_close(xg::jvp(xg::grad(cube), x, v).second, {12.0, -12.0, -3.0}, 1e-12);
+  // Reverse over forward: the gradient of J v = sum(3 x^2 v) is 6 x v as well.
+  auto directional = [&](const xg::Tensor<double>& a) { return xg::jvp(cube, a, v).second; };
+  check_close(xg::grad(directional)(x), {12.0, -12.0, -3.0}, 1e-12);
+  // Forward over forward: v^T H v = sum(6 x v^2).
+  auto second = xg::jvp(directional, x, v).second;
+  check_close(second, {6.0 * (1 * 4 - 2 * 1 + 0.5 * 1)}, 1e-12);
+  // Compiled, at every level, and through a jitted function.
+  const auto hvp = [&](const xg::Tensor<double>& a, const xg::Tensor<double>& t) {
+    return xg::jvp(xg::grad(cube), a, t).second;
+  };
+  for (xg::JitLevel level : {xg::JitLevel::O0, xg::JitLevel::O1, xg::JitLevel::O2}) {
+    CAPTURE(static_cast<int>(level));
+    check_close(xg::jit(hvp, {.level = level})(x, v), {12.0, -12.0, -3.0}, 1e-12);
+  }
+  auto jitted = xg::jit([](const xg::Tensor<double>& a) { return xg::exp(a) * 2.0; });
+  check_close(xg::jvp(jitted, x, v).second, doubles(xg::exp(x) * 2.0 * v), 1e-14);
+}
+
+TEST_CASE("autograd: jvp: errors name what is wrong") {
+  auto f = [](const xg::Tensor<float>& x) { return x * 2.0f; };
+  CHECK(contains(message_of<xg::ShapeError>([&] {
+                   (void)xg::jvp(f, xg::ones<float>({2, 3}), xg::ones<float>({3}));
+                 }),
+                 "jvp: tangent 0 must have primal 0's shape [2, 3], got [3]"));
+  // A custom_vjp has a reverse rule only.
+  auto ste =
+      xg::custom_vjp([](const xg::Tensor<float>& x) { return xg::sign(x); },
+                     [](const xg::Tensor<float>&, const xg::Tensor<float>&, const xg::Tensor<float>& g) { return g; });
+  const std::string what =
+      message_of<xg::AutogradError>([&] { (void)xg::jvp(ste, xg::ones<float>({2}), xg::ones<float>({2})); });
+  CHECK(contains(what, "jvp: CustomVjp"));
+  CHECK(contains(what, "has no forward-mode rule"));
+  CHECK(contains(what, "test_autograd.cpp"));
+}
+
+TEST_CASE("autograd: jacrev and jacfwd give the Jacobian, shaped output + input, for any argnums") {
+  // y = tanh(W x): dy_i/dx_j = (1 - y_i^2) W_ij, dy_i/dW_jk = (1 - y_i^2) [i == j] x_k.
+  const auto w = xg::randn<double>({2, 3}, 1), x = xg::randn<double>({3}, 2);
+  auto f = [](const xg::Tensor<double>& a, const xg::Tensor<double>& m) {
+    return xg::tanh(xg::squeeze(xg::matmul(m, xg::expand_dims(a, 1)), {1}));
+  };
+  const auto y = f(x, w).to_vector(), wv = w.to_vector(), xv = x.to_vector();
+  std::vector<double> dx, dw;
+  for (int i = 0; i < 2; ++i) {
+    for (int j = 0; j < 3; ++j) dx.push_back((1 - y[i] * y[i]) * wv[i * 3 + j]);
+    for (int j = 0; j < 2; ++j)
+      for (int k = 0; k < 3; ++k) dw.push_back(i == j ? (1 - y[i] * y[i]) * xv[k] : 0.0);
+  }
+  const auto rev = xg::jacrev(f)(x, w), fwd = xg::jacfwd(f)(x, w);
+  CHECK(rev.shape() == xg::Shape{2, 3});
+  CHECK(fwd.shape() == xg::Shape{2, 3});
+  check_close(rev, dx, 1e-12);
+  check_close(fwd, dx, 1e-12);
+  auto [rx, rw] = xg::jacrev(f, xg::argnums<0, 1>)(x, w);
+  auto [fx, fw] = xg::jacfwd(f, xg::argnums<0, 1>)(x, w);
+  CHECK(rw.shape() == xg::Shape{2, 2, 3});
+  CHECK(fw.shape() == xg::Shape{2, 2, 3});
+  check_close(rx, dx, 1e-12);
+  check_close(rw, dw, 1e-12);
+  check_close(fx, dx, 1e-12);
+  check_close(fw, dw, 1e-12);
+}
+
+TEST_CASE("autograd: hessian is jacfwd of jacrev, eagerly and compiled") {
+  // f(x) = sum(x^3) + x0 x1: H = diag(6 x) + the coupling of x0 and x1.
+  auto f = [](const xg::Tensor<double>& x) {
+    return xg::sum(x * x * x) + xg::sum(xg::slice(x, {0}, {1}) * xg::slice(x, {1}, {1}));
+  };
+  const auto x = xg::tensor<double>({1.0, -2.0, 0.5});
+  const std::vector<double> expected{6.0, 1.0, 0.0, 1.0, -12.0, 0.0, 0.0, 0.0, 3.0};
+  const auto h = xg::hessian(f)(x);
+  CHECK(h.shape() == xg::Shape{3, 3});
+  check_close(h, expected, 1e-12);
+  for (xg::JitLevel level : {xg::JitLevel::O0, xg::JitLevel::O2}) {
+    CAPTURE(static_cast<int>(level));
+    check_close(xg::jit([&](const xg::Tensor<double>& a) { return xg::hessian(f)(a); }, {.level = level})(x), expected,
+                1e-12);
+  }
+}
+
 TEST_CASE("autograd: no_grad: nothing is recorded and results do not require grad") {
   auto x = xg::tensor<float>({1, 2, 3});
   x.set_requires_grad(true);

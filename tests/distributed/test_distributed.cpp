@@ -246,6 +246,42 @@ TEST_CASE("distributed: gradients through the collectives match central differen
   }
 }
 
+TEST_CASE("distributed: forward mode through the collectives agrees with reverse mode over the ranks") {
+  // With every rank's tangent v and cotangent u, the sums over the ranks of <u, J v> (jvp) and
+  // of <J^T u, v> (vjp) are the same number, for each collective, eagerly and compiled.
+  join();
+  const int n = dist::world_size(), me = dist::rank();
+  using T = xg::Tensor<double>;
+  const std::vector<std::pair<std::string, std::function<T(const T&)>>> cases = {
+      {"all_reduce sum", [](const T& x) { return dist::all_reduce(x * x); }},
+      {"all_reduce mean", [](const T& x) { return dist::all_reduce(x * x, dist::ReduceOp::mean); }},
+      {"all_reduce max", [](const T& x) { return dist::all_reduce(x, dist::ReduceOp::max); }},
+      {"all_gather", [](const T& x) { return dist::all_gather(x * x); }},
+      {"broadcast", [n](const T& x) { return dist::broadcast(x * x, n - 1); }},
+      {"reduce_scatter sum", [n](const T& x) { return dist::reduce_scatter(xg::stack(std::vector<T>(n, x * x), 0)); }},
+      {"reduce_scatter max",
+       [n](const T& x) {
+         return dist::reduce_scatter(xg::stack(std::vector<T>(n, x * x * x), 0), dist::ReduceOp::max);
+       }},
+  };
+  const T x = input<double>({2, 3}, me) * 0.5, v = input<double>({2, 3}, me + 7) * 0.25;
+  for (const auto& named : cases) {
+    const std::string& name = named.first;
+    const auto& f = named.second;
+    CAPTURE(name);
+    for (bool compiled : {false, true}) {
+      CAPTURE(compiled);
+      auto tangent = [&f](const T& a, const T& t) { return xg::jvp(f, a, t).second; };
+      const T jv = compiled ? xg::jit(tangent)(x, v) : tangent(x, v);
+      const T u = input<double>(jv.shape(), me + 11) * 0.125;
+      const T jtu = std::get<0>(xg::vjp(f, x).second(u));
+      const double forward = dist::all_reduce(xg::sum(u * jv)).item();
+      const double reverse = dist::all_reduce(xg::sum(jtu * v)).item();
+      CHECK(forward == doctest::Approx(reverse).epsilon(1e-12));
+    }
+  }
+}
+
 TEST_CASE("distributed: the errors say what is wrong") {
   join();
   CHECK(contains(

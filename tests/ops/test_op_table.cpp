@@ -1,6 +1,7 @@
 // Generic tests over the op table: values against plain loops at float and double, analytic
-// gradients against central differences in double, and second gradients (Hessian-vector
-// products) against central differences of the analytic gradient. Tolerances are the row's.
+// gradients against central differences in double, second gradients (Hessian-vector products)
+// against central differences of the analytic gradient, and forward mode (jvp) against central
+// differences and reverse mode. Tolerances are the row's.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -165,6 +166,67 @@ TEST_CASE("op table: Hessian-vector products match central differences of the gr
         const Discrepancy d = discrepancy(analytic.to_vector(), numeric);
         INFO("input " << k << ": |H v - numeric| / |H v| = " << d.relative() << " (|H v| = " << d.norm << ")");
         CHECK(d.within(c.tol.second_grad));
+      }
+    }
+  }
+}
+
+TEST_CASE("op table: jvp matches central differences and the vjp, at float and double, eagerly and compiled") {
+  // For random tangents v (one per covered input; zero for the others) forward mode gives J v.
+  // Central differences of the op along v estimate the same, and for a random cotangent u the
+  // reverse mode's J^T u must satisfy <u, J v> = sum_k <(J^T u)_k, v_k>.
+  for (const auto& c : op_table()) {
+    if (!c.differentiable) continue;
+    SUBCASE(c.name.c_str()) {
+      const auto x = to_tensors<double>(sample_inputs(c, 31));
+      std::vector<xg::Tensor<double>> v;
+      for (std::size_t k = 0; k < x.size(); ++k)
+        v.push_back(c.covers(k) ? to_tensor<double>(random_input(c.shapes[k], Domain::any, 53 + 97 * k))
+                                : xg::zeros_like(x[k]));
+      const auto [y, jv] = xg::jvp(c.f64, x, v);
+      REQUIRE(jv.shape() == y.shape());
+      CHECK(y.to_vector() == c.f64(x).to_vector());
+
+      const double h = 1e-6;
+      auto at = [&](double step) {
+        std::vector<xg::Tensor<double>> moved;
+        for (std::size_t k = 0; k < x.size(); ++k) moved.push_back(x[k] + v[k] * step);
+        return c.f64(moved).to_vector();
+      };
+      const auto plus = at(h), minus = at(-h);
+      std::vector<double> numeric(plus.size());
+      for (std::size_t i = 0; i < plus.size(); ++i) numeric[i] = (plus[i] - minus[i]) / (2 * h);
+      const Discrepancy d = discrepancy(jv.to_vector(), numeric);
+      INFO("|J v - numeric| / |J v| = " << d.relative());
+      CHECK(d.within(c.tol.grad));
+
+      // At float: the same tangent to float's precision.
+      std::vector<xg::Tensor<float>> x32, v32;
+      for (std::size_t k = 0; k < x.size(); ++k) {
+        x32.push_back(xg::cast<float>(x[k]));
+        v32.push_back(xg::cast<float>(v[k]));
+      }
+      const auto jv32 = xg::jvp(c.f32, x32, v32).second.to_vector();
+      const Discrepancy d32 = discrepancy(std::vector<double>(jv32.begin(), jv32.end()), jv.to_vector());
+      INFO("float: |J v - J v (double)| / |J v| = " << d32.relative());
+      CHECK(d32.within(1e-4));
+
+      const auto u = to_tensor<double>(random_input(y.shape().to_vector(), Domain::any, 7));
+      const auto jtu = loss_and_grads<double>(c.f64, x, u).second;
+      double forward = xg::sum(u * jv).item(), reverse = 0;
+      for (std::size_t k = 0; k < x.size(); ++k)
+        if (c.covers(k)) reverse += xg::sum(jtu[k] * v[k]).item();
+      INFO("<u, J v> = " << forward << ", <J^T u, v> = " << reverse);
+      CHECK(std::abs(forward - reverse) <= 1e-10 * std::max(1.0, std::abs(forward)));
+
+      for (xg::JitLevel level : {xg::JitLevel::O0, xg::JitLevel::O1, xg::JitLevel::O2}) {
+        CAPTURE(static_cast<int>(level));
+        const OpFn<double>& f = c.f64;
+        auto compiled = xg::jit([&f](std::vector<xg::Tensor<double>> xs,
+                                     std::vector<xg::Tensor<double>> vs) { return xg::jvp(f, xs, vs).second; },
+                                {.level = level});
+        const Discrepancy dj = discrepancy(compiled(x, v).to_vector(), jv.to_vector());
+        CHECK(dj.within(1e-12));
       }
     }
   }

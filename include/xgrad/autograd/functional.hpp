@@ -1,7 +1,9 @@
-// Function transforms: grad, value_and_grad, vjp, custom_vjp.
+// Function transforms: grad, value_and_grad, vjp, jvp, jacrev, jacfwd, hessian, custom_vjp.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <memory>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -33,11 +35,19 @@ class TransformScope {
 template <class T> struct is_tensor : std::false_type {};
 template <class T> struct is_tensor<Tensor<T>> : std::true_type {};
 
+/// x cut off from the tape, keeping its tangents: what a transform hands on, so that an
+/// enclosing jvp sees through it.
+template <class T> Tensor<T> detach_tape(const Tensor<T>& x) {
+  Tensor<T> out = x.detach();
+  out.impl()->tangents = x.impl()->tangents;
+  return out;
+}
+
 /// A handle autodiff can differentiate with respect to: the tensor itself when an enclosing
-/// transform already tracks it, else a fresh leaf sharing its storage.
+/// transform already tracks it, else a fresh leaf sharing its storage (and its tangents).
 template <FloatingPoint T> Tensor<T> differentiable(const Tensor<T>& x) {
   if (x.requires_grad() && is_grad_enabled()) return x;
-  return x.detach().set_requires_grad(true);
+  return detach_tape(x).set_requires_grad(true);
 }
 
 /// A compile-time error, not a run-time one, for a function that returns no float tensor.
@@ -124,7 +134,7 @@ auto value_and_grad(F f, Params params, autograd::GradientReady on_gradient, Sou
       const TensorBase& r = results[i++];
       grads.push_back(r.defined() ? Tensor<T>(r) : zeros_like(Tensor<T>(p)));
     }
-    return std::pair{scope.nested() ? out : out.detach(), grads};
+    return std::pair{scope.nested() ? out : detail::detach_tape(out), grads};
   };
 }
 
@@ -217,10 +227,209 @@ template <class F, class... Ts> auto vjp(F f, const Tensor<Ts>&... primals) {
   detail::Pullback<Outputs, Ts...> pullback(detail::as_outputs(out), inputs);
   if (scope.nested()) return std::pair{out, pullback};
   if constexpr (detail::is_tensor<std::decay_t<decltype(out)>>::value)
-    return std::pair{out.detach(), pullback};
+    return std::pair{detail::detach_tape(out), pullback};
   else
-    return std::pair{std::apply([](const auto&... y) { return std::tuple{y.detach()...}; }, out), pullback};
+    return std::pair{std::apply([](const auto&... y) { return std::tuple{detail::detach_tape(y)...}; }, out), pullback};
 }
+
+namespace detail {
+
+/// A forward-mode pass for a scope: a level of its own (never reused), innermost while it lasts.
+class ForwardPass {
+ public:
+  ForwardPass() : m_level(++context().forward_levels_made) { context().forward_levels.push_back({m_level}); }
+  ~ForwardPass() { context().forward_levels.pop_back(); }
+  ForwardPass(const ForwardPass&) = delete;
+  ForwardPass& operator=(const ForwardPass&) = delete;
+  std::uint64_t level() const { return m_level; }
+
+ private:
+  std::uint64_t m_level;
+};
+
+/// x carrying `tangent` in pass `level`: a new handle to x's data and autodiff state.
+template <class T> Tensor<T> with_tangent(const Tensor<T>& x, const Tensor<T>& tangent, std::uint64_t level) {
+  auto impl = std::make_shared<TensorImpl>(*x.impl());
+  impl->tangents.push_back({level, tangent.impl()});
+  return Tensor<T>(std::move(impl));
+}
+
+/// y's tangent in pass `level` (zeros where y does not depend on the primals), taken off y.
+template <class T> Tensor<T> take_tangent(const Tensor<T>& y, std::uint64_t level) {
+  const TensorBase t = tangent_at(y, level);
+  std::erase_if(y.impl()->tangents, [level](const Tangent& x) { return x.level == level; });
+  return t.defined() ? Tensor<T>(t) : zeros_like(y);
+}
+
+/// The primal, with `tangent` in pass `level`, after checking that they match.
+template <class T>
+Tensor<T> dual(std::size_t k, const Tensor<T>& primal, const Tensor<T>& tangent, std::uint64_t level) {
+  if (tangent.shape() != primal.shape())
+    throw ShapeError(
+        concat("jvp: tangent ", k, " must have primal ", k, "'s shape ", primal.shape(), ", got ", tangent.shape()));
+  return with_tangent(primal, tangent, level);
+}
+
+/// jvp's result: f's outputs and their tangents in pass `level`, of the same structure.
+template <class Out> auto outputs_and_tangents(const Out& out, std::uint64_t level) {
+  static_assert(OutputsOf<decltype(as_outputs(out))>::floating, "jvp: the function must return float tensors");
+  if constexpr (is_tensor<Out>::value)
+    return std::pair{out, take_tangent(out, level)};
+  else
+    return std::pair{out, std::apply([&](const auto&... y) { return std::tuple{take_tangent(y, level)...}; }, out)};
+}
+
+}  // namespace detail
+
+/// Forward mode (MindSpore's ops.jvp, JAX's jax.jvp): f's outputs at `primals` and their
+/// tangents along `tangents`, the Jacobian-vector product J·t, in one pass over f: each op
+/// computes its output's tangent beside its value. `auto [y, ty] = jvp(f, std::tuple{x, w},
+/// std::tuple{tx, tw})`; for a function returning a tuple, ty is a tuple too. Each tangent has
+/// its primal's dtype and shape. Composes with grad (both ways), vjp, jit and itself.
+template <class F, class... Ts>
+auto jvp(F f, const std::tuple<Tensor<Ts>...>& primals, const std::tuple<Tensor<Ts>...>& tangents) {
+  static_assert(sizeof...(Ts) > 0, "jvp: give at least one primal");
+  static_assert((FloatingPoint<Ts> && ...), "jvp: every primal must be a float or double tensor");
+  detail::ForwardPass pass;
+  const auto duals = [&]<std::size_t... K>(std::index_sequence<K...>) {
+    return std::tuple{detail::dual(K, std::get<K>(primals), std::get<K>(tangents), pass.level())...};
+  }
+  (std::index_sequence_for<Ts...>{});
+  return detail::outputs_and_tangents(std::apply(f, duals), pass.level());
+}
+
+/// jvp of a function of a list of tensors, f(std::vector<Tensor<T>>), along one tangent per
+/// primal: `auto [y, ty] = jvp(f, xs, txs)`.
+template <class F, FloatingPoint T>
+auto jvp(F f, const std::vector<Tensor<T>>& primals, const std::vector<Tensor<T>>& tangents) {
+  if (tangents.size() != primals.size())
+    throw ValueError(detail::concat("jvp: ", primals.size(), " primals need as many tangents, got ", tangents.size()));
+  detail::ForwardPass pass;
+  std::vector<Tensor<T>> duals;
+  for (std::size_t k = 0; k < primals.size(); ++k)
+    duals.push_back(detail::dual(k, primals[k], tangents[k], pass.level()));
+  return detail::outputs_and_tangents(f(duals), pass.level());
+}
+
+/// jvp of a function of one tensor: `auto [y, ty] = jvp(f, x, tx)`.
+template <class F, FloatingPoint T> auto jvp(F f, const Tensor<T>& primal, const Tensor<T>& tangent) {
+  return jvp([&f](const Tensor<T>& x) { return f(x); }, std::tuple{primal}, std::tuple{tangent});
+}
+
+namespace detail {
+
+/// The i-th vector of the standard basis of tensors like `like`: 1 at element i, 0 elsewhere.
+template <class T> Tensor<T> basis(const Tensor<T>& like, std::int64_t i) {
+  std::vector<T> values(static_cast<std::size_t>(like.numel()), T(0));
+  values[static_cast<std::size_t>(i)] = T(1);
+  const Tensor<T> e = tensor(values, like.shape());
+  return like.device() == Device::cpu ? e : e.to(like.device());
+}
+
+/// A Jacobian from its parts: one per element of a tensor shaped `index`, each shaped `part`;
+/// shaped index + part with `index_first` (rows, from reverse mode), else part + index
+/// (columns, from forward mode).
+template <class T>
+Tensor<T> jacobian_of(const std::vector<Tensor<T>>& parts, const Shape& index, const Shape& part, bool index_first) {
+  std::vector<std::int64_t> dims;
+  for (std::int64_t d : index_first ? index : part) dims.push_back(d);
+  for (std::int64_t d : index_first ? part : index) dims.push_back(d);
+  if (parts.empty()) return zeros<T>(Shape(dims));
+  return reshape(stack(parts, index_first ? 0 : part.ndim()), dims);
+}
+
+/// f of the arguments `args` with those at I... replaced by `selected`: the function of those
+/// arguments that a transform differentiates.
+template <class F, class Args, std::size_t... I> auto of_selected(const F& f, const Args& args, Argnums<I...>) {
+  return [&f, &args](const auto&... selected) {
+    Args all = args;
+    ((std::get<I>(all) = selected), ...);
+    return std::apply(f, all);
+  };
+}
+
+template <class Out> void check_jacobian_output() {
+  static_assert(is_tensor<std::decay_t<Out>>::value && FloatingPoint<typename std::decay_t<Out>::value_type>,
+                "jacrev / jacfwd / hessian: the function must return one float tensor");
+}
+
+/// One tensor for one argument, the tuple for several.
+template <class Tuple> auto one_or_tuple(Tuple t) {
+  if constexpr (std::tuple_size_v<Tuple> == 1)
+    return std::get<0>(t);
+  else
+    return t;
+}
+
+}  // namespace detail
+
+/// f's Jacobian with respect to the arguments in argnums by reverse mode, one pullback per
+/// element of f's output (JAX's jacrev, MindSpore's ops.jacrev): for an output shaped O and an
+/// argument shaped A, a tensor shaped O + A (one tensor for one index, a tuple for several).
+template <class F, std::size_t... I> auto jacrev(F f, Argnums<I...> which) {
+  static_assert(sizeof...(I) > 0, "jacrev: argnums needs at least one index");
+  return [f, which](const auto&... args) {
+    const auto all = std::make_tuple(args...);
+    const auto [y, pullback] = vjp(detail::of_selected(f, all, which), std::get<I>(all)...);
+    const Shape out_shape = y.shape();  // the lambdas below cannot capture a structured binding (clang 14)
+    detail::check_jacobian_output<decltype(y)>();
+    using T = typename decltype(y)::value_type;
+    std::tuple<std::vector<std::decay_t<decltype(std::get<I>(all))>>...> rows;
+    for (std::int64_t i = 0; i < y.numel(); ++i) {
+      const auto cotangents = pullback(detail::basis<T>(y, i));
+      [&]<std::size_t... K>(std::index_sequence<K...>) { (std::get<K>(rows).push_back(std::get<K>(cotangents)), ...); }
+      (std::make_index_sequence<sizeof...(I)>{});
+    }
+    return detail::one_or_tuple([&]<std::size_t... K>(std::index_sequence<K...>) {
+      return std::tuple{detail::jacobian_of(std::get<K>(rows), out_shape, std::get<I>(all).shape(), true)...};
+    }(std::make_index_sequence<sizeof...(I)>{}));
+  };
+}
+
+/// f's Jacobian with respect to its first argument, by reverse mode.
+template <class F> auto jacrev(F f) { return jacrev(std::move(f), argnums<0>); }
+
+/// f's Jacobian with respect to the arguments in argnums by forward mode, one jvp per element of
+/// each argument (JAX's jacfwd, MindSpore's ops.jacfwd): shaped as jacrev's.
+template <class F, std::size_t... I> auto jacfwd(F f, Argnums<I...> which) {
+  static_assert(sizeof...(I) > 0, "jacfwd: argnums needs at least one index");
+  return [f, which](const auto&... args) {
+    const auto all = std::make_tuple(args...);
+    const auto selected = std::make_tuple(std::get<I>(all)...);
+    const auto g = detail::of_selected(f, all, which);
+    using Y = std::decay_t<decltype(std::apply(g, selected))>;
+    detail::check_jacobian_output<Y>();
+    auto jacobian = [&]<std::size_t K>(std::integral_constant<std::size_t, K>) {
+      const auto& x = std::get<K>(selected);
+      std::vector<Y> columns;
+      Shape out_shape;
+      for (std::int64_t j = 0; j < x.numel(); ++j) {
+        auto tangents = std::apply([](const auto&... s) { return std::tuple{zeros_like(s)...}; }, selected);
+        std::get<K>(tangents) = detail::basis(x, j);
+        auto [y, ty] = jvp(g, selected, tangents);
+        out_shape = y.shape();
+        columns.push_back(ty);
+      }
+      if (columns.empty()) out_shape = std::apply(g, selected).shape();
+      return detail::jacobian_of(columns, x.shape(), out_shape, false);
+    };
+    return detail::one_or_tuple([&]<std::size_t... K>(std::index_sequence<K...>) {
+      return std::tuple{jacobian(std::integral_constant<std::size_t, K>{})...};
+    }(std::make_index_sequence<sizeof...(I)>{}));
+  };
+}
+
+/// f's Jacobian with respect to its first argument, by forward mode.
+template <class F> auto jacfwd(F f) { return jacfwd(std::move(f), argnums<0>); }
+
+/// The Hessian of f with respect to argument I: jacfwd of jacrev, forward over reverse; for an
+/// output shaped O and an argument shaped A, shaped O + A + A (A + A for a scalar f).
+template <class F, std::size_t I> auto hessian(F f, Argnums<I> which) {
+  return jacfwd(jacrev(std::move(f), which), which);
+}
+
+/// The Hessian of f with respect to its first argument.
+template <class F> auto hessian(F f) { return hessian(std::move(f), argnums<0>); }
 
 namespace detail {
 template <class... Ts, std::size_t... I>
@@ -240,9 +449,11 @@ auto custom_vjp(Forward forward, Backward backward, SourceLoc loc = SourceLoc::c
   return [forward, backward, loc](const auto&... inputs) {
     auto out = [&] {
       no_grad off;
+      detail::TangentsPaused no_tangents;
       return forward(inputs...);
     }();
     using Out = decltype(out);
+    detail::push_tangents(out, {inputs...}, detail::no_tangent_rule("CustomVjp", loc));
     if (!detail::should_record(inputs...)) return out;
     std::vector<std::reference_wrapper<const TensorBase>> refs{std::cref(static_cast<const TensorBase&>(inputs))...};
     std::vector<TensorBase> saved{inputs...};

@@ -1,9 +1,12 @@
 // Execution context: the mode (eager or graph), process-wide as MindSpore's
 // set_context(mode=...), with a per-thread override by mode_scope; and, per thread, whether
-// autodiff records and how deep grad transforms and jit traces are nested.
+// autodiff records, how deep grad transforms and jit traces are nested, and which forward-mode
+// (jvp) passes are in progress.
 #pragma once
 
 #include <atomic>
+#include <cstdint>
+#include <vector>
 
 namespace xgrad {
 
@@ -16,6 +19,12 @@ struct Context {
   int transform_depth = 0;  // how many grad transforms are evaluating their function now
   int trace_depth = 0;      // how many jit traces are running on this thread (tracing::Tracer keeps it)
   int mode_override = -1;   // the Mode a mode_scope set on this thread, or -1 for the process's mode
+  struct ForwardLevel {
+    std::uint64_t id;     // never reused, so a tangent left on a tensor by an ended jvp matches no level
+    bool paused = false;  // while its own tangent rules run
+  };
+  std::vector<ForwardLevel> forward_levels;  // the jvp passes in progress, innermost last
+  std::uint64_t forward_levels_made = 0;
 };
 inline Context& context() {
   thread_local Context ctx;

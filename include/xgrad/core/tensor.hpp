@@ -34,6 +34,12 @@ struct AutogradMeta {
   std::string name;                         // a Parameter's name
 };
 
+/// A tensor's tangent in one forward-mode pass (jvp): the pass's level, and the tangent.
+struct Tangent {
+  std::uint64_t level;
+  std::shared_ptr<TensorImpl> value;
+};
+
 /// The untyped body behind every Tensor<T>. A concrete tensor has storage; a symbolic one,
 /// made while jit traces a function, has none and stands for a value of the graph instead.
 struct TensorImpl {
@@ -45,6 +51,7 @@ struct TensorImpl {
   // In-place updates while tracing: they rebind the tensor to a new graph value rather than
   // write its storage, so autodiff counts them here to catch stale saved tensors.
   std::uint64_t rebinds = 0;
+  std::vector<Tangent> tangents;  // one per jvp level whose inputs this tensor depends on
 
   TensorImpl(Shape s, DType d, std::shared_ptr<Storage> st) : shape(s), dtype(d), storage(std::move(st)) {}
   TensorImpl(Shape s, DType d, std::shared_ptr<ir::Value> v) : shape(s), dtype(d), value(std::move(v)) {}
@@ -183,7 +190,8 @@ template <Element T> class Tensor : public TensorBase {
   // are large, and only code that converts needs them.
   template <class U = T> auto to_xarray() const;
 
-  /// The same storage, cut off from autodiff.
+  /// The same storage, cut off from autodiff: no gradient flows through it, and it carries no
+  /// tangent in forward mode (jvp).
   Tensor detach() const {
     auto& impl = checked();
     auto out = std::make_shared<TensorImpl>(impl.shape, impl.dtype, impl.storage);

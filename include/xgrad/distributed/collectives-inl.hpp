@@ -105,6 +105,14 @@ struct AllReduce {
     if (reduce == ReduceOp::sum || reduce == ReduceOp::mean) return {distributed::all_reduce(g, reduce, loc)};
     return {distributed::all_reduce(g, ReduceOp::sum, loc) * distributed::detail::extreme_share(x, y, loc)};
   }
+  /// The same collective of the tangents (max and min: of each holder's share of its tangent).
+  template <class T>
+  Tensor<T> jvp(std::span<const TensorBase> t, SourceLoc loc, const Tensor<T>& y, const Tensor<T>& x) const {
+    using distributed::ReduceOp;
+    if (reduce == ReduceOp::sum || reduce == ReduceOp::mean)
+      return distributed::all_reduce(Tensor<T>(t[0]), reduce, loc);
+    return distributed::all_reduce(Tensor<T>(t[0]) * distributed::detail::extreme_share(x, y, loc), ReduceOp::sum, loc);
+  }
 };
 
 struct AllGather {
@@ -129,6 +137,7 @@ struct AllGather {
   }
 
   static constexpr Needs<1> differentiable{true}, saved{false};
+  static constexpr bool multilinear = true;
   template <class T> autograd::Grads grad(const Tensor<T>& g, Needs<1>, SourceLoc loc, const Tensor<T>&) const {
     return {distributed::reduce_scatter(g, distributed::ReduceOp::sum, loc)};
   }
@@ -162,6 +171,14 @@ struct ReduceScatter {
     if (reduce == ReduceOp::mean) return {every / static_cast<T>(x.shape()[0])};
     return {every * distributed::detail::extreme_share(x, distributed::all_gather(y, loc), loc)};
   }
+  template <class T>
+  Tensor<T> jvp(std::span<const TensorBase> t, SourceLoc loc, const Tensor<T>& y, const Tensor<T>& x) const {
+    using distributed::ReduceOp;
+    const Tensor<T> tangent(t[0]);
+    if (reduce == ReduceOp::sum || reduce == ReduceOp::mean) return distributed::reduce_scatter(tangent, reduce, loc);
+    return distributed::reduce_scatter(
+        tangent * distributed::detail::extreme_share(x, distributed::all_gather(y, loc), loc), ReduceOp::sum, loc);
+  }
 };
 
 struct Broadcast {
@@ -183,6 +200,7 @@ struct Broadcast {
   }
 
   static constexpr Needs<1> differentiable{true}, saved{false};
+  static constexpr bool multilinear = true;
   template <class T> autograd::Grads grad(const Tensor<T>& g, Needs<1>, SourceLoc loc, const Tensor<T>&) const {
     const Tensor<T> sum = distributed::all_reduce(g, distributed::ReduceOp::sum, loc);
     return {is_root ? sum : zeros_like(sum, loc)};

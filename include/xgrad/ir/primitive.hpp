@@ -9,8 +9,8 @@
 //   static constexpr std::string_view name;               the op's name in IR text and errors
 //   std::vector<ir::Attr> attrs() const;                  (if it has parameters) as printed
 //   bool operator==(const P&) const;                      (if it has parameters) what CSE compares
-// Slots the function transforms (jvp, vmap) will add rules to live beside these, in the same
-// struct.
+// The derivative rules (grad, and jvp or `multilinear` for forward mode; ops/dispatch.hpp) live
+// beside these in the same struct, as vmap's batching rules will.
 #pragma once
 
 #include <concepts>

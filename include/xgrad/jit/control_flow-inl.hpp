@@ -48,6 +48,11 @@ inline void accumulate(TensorBase& a, const TensorBase& b) { a = autograd::detai
 /// rule(k, g) returns the gradient of output k's cotangent g for each input.
 template <class Rule> void record_outputs(std::string_view op, SourceLoc loc, const std::vector<TensorBase>& inputs,
                                           std::vector<TensorBase>& outputs, Rule rule) {
+  // The branches and bodies were traced on tangent-free arguments: forward mode through a
+  // traced control-flow node needs a rule of its own (eagerly, the ops in them carry tangents).
+  for (const TensorBase& out : outputs)
+    if (is_float(out))
+      xgrad::detail::push_tangents_range(out, inputs.begin(), inputs.end(), xgrad::detail::no_tangent_rule(op, loc));
   if (!is_grad_enabled()) return;
   bool any = false;
   for (const auto& in : inputs) any = any || in.requires_grad();

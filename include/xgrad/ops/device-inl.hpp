@@ -21,6 +21,9 @@ template <Element T> Tensor<T> to_device(const Tensor<T>& x, Device device, Sour
       detail::record(out, "To", loc, {x}, {}, false, [from = x.device(), loc](const TensorBase&, const TensorBase& g) {
         return autograd::Grads{to_device(Tensor<T>(g), from, loc)};
       });
+    detail::push_tangents(out, {x}, [device, loc](std::span<const TensorBase> t) {
+      return TensorBase(to_device(Tensor<T>(t[0]), device, loc));
+    });
   }
   return out;
 }

@@ -134,10 +134,15 @@ template <class Op> consteval bool is_fusible();
 ///   autograd::Grads grad(const Tensor<R>& g, Needs<N> needs, SourceLoc,
 ///                        const Tensor<In>&... inputs) const;   written with xgrad ops; unsaved
 ///                                                              inputs come as empty tensors
-///     (with `static constexpr bool reads_output = true`, the output follows g).
-/// Here: the device check, output allocation, eager run or trace, and the tape record.
-/// Slots for the transforms to come: a forward-mode rule `jvp(tangents..., inputs...)` and a
-/// batching rule `batch(axes..., inputs...)` will sit beside grad() in each definition.
+///     (with `static constexpr bool reads_output = true`, the output follows g);
+/// and, for forward mode (jvp), either
+///   static constexpr bool multilinear = true;                  linear in each differentiable input
+///   Tensor<R> jvp(std::span<const TensorBase> tangents, SourceLoc, const Tensor<R>& out,
+///                 const Tensor<In>&... inputs) const;          written with xgrad ops; tangents
+///                                                              undefined where an input has none
+/// (record_derivatives). A batching rule for vmap will sit beside these.
+/// Here: the device check, output allocation, eager run or trace, the tape record and the
+/// output's tangents.
 // What a definition offers apply() (named concepts: nvcc's front end misjudges requires-expressions
 // written inside the driver's lambdas).
 template <class Def, class... In>
@@ -167,6 +172,15 @@ concept HasGradient = requires {
 template <class Def>
 concept GradReadsOutput = requires {
   requires Def::reads_output;
+};
+template <class Def>
+concept Multilinear = requires {
+  requires Def::multilinear;
+};
+template <class Def, class R, class... In>
+concept HasTangentRule = requires(const Def& def, std::span<const TensorBase> tangents, SourceLoc loc,
+                                  const Tensor<R>& out, const Tensor<In>&... inputs) {
+  { def.jvp(tangents, loc, out, inputs...) } -> std::convertible_to<TensorBase>;
 };
 
 template <class Def, class... In> Shape output_shape_of(const Def& def, const Tensor<In>&... inputs) {
@@ -219,6 +233,46 @@ void record_gradient(const Def& def, const Tensor<R>& out, SourceLoc loc, const 
       kept);
 }
 
+template <class R, class Def, class... In> Tensor<R> apply(const Def& def, SourceLoc loc, const Tensor<In>&... inputs);
+
+/// The tangent of a definition linear in each differentiable input (`static constexpr bool
+/// multilinear = true`: matmul, conv2d, the shape ops, pooling's adjoints): the sum over those
+/// inputs of def applied with that input replaced by its tangent.
+template <class R, class Def, class... In, std::size_t... I>
+TensorBase multilinear_tangent(const Def& def, SourceLoc loc, std::span<const TensorBase> tangents,
+                               std::index_sequence<I...>, const Tensor<In>&... inputs) {
+  Tensor<R> sum;
+  auto term = [&]<std::size_t K>(std::integral_constant<std::size_t, K>) {
+    if (!Def::differentiable[K] || !tangents[K].defined()) return;
+    const Tensor<R> part = apply<R>(def, loc, (I == K ? Tensor<In>(tangents[I]) : inputs)...);
+    sum = sum.defined() ? sum + part : part;
+  };
+  (term(std::integral_constant<std::size_t, I>{}), ...);
+  return sum;
+}
+
+/// Records the derivatives of `out` = def(inputs...): its gradient rule on the tape, and in
+/// forward mode its tangent: by def's rule `jvp(tangents, loc, out, inputs...)` (the inputs'
+/// tangents, undefined where one has none), or, for a multilinear definition, by
+/// multilinear_tangent. A definition with neither is an error naming it when a tangent
+/// reaches it.
+template <class Def, class R, class... In>
+void record_derivatives(const Def& def, const Tensor<R>& out, SourceLoc loc, const Tensor<In>&... inputs) {
+  if constexpr (FloatingPoint<R>) {
+    if constexpr (HasGradient<Def>) record_gradient(def, out, loc, inputs...);
+    if constexpr (HasTangentRule<Def, R, In...>)
+      push_tangents(out, {inputs...}, [def, out, loc, inputs...](std::span<const TensorBase> tangents) {
+        return TensorBase(def.jvp(tangents, loc, out, inputs...));
+      });
+    else if constexpr (Multilinear<Def>)
+      push_tangents(out, {inputs...}, [def, loc, inputs...](std::span<const TensorBase> tangents) {
+        return multilinear_tangent<R>(def, loc, tangents, std::index_sequence_for<In...>{}, inputs...);
+      });
+    else
+      push_tangents(out, {inputs...}, no_tangent_rule(Def::name, loc));
+  }
+}
+
 template <class R, class Def, class... In> Tensor<R> apply(const Def& def, SourceLoc loc, const Tensor<In>&... inputs) {
   const Shape shape = output_shape_of(def, inputs...);
   auto compute = [def, shape, loc](std::span<const TensorBase> in, const TensorBase& dest, const ir::BlockDone* done) {
@@ -242,7 +296,7 @@ template <class R, class Def, class... In> Tensor<R> apply(const Def& def, Sourc
         def, loc, {inputs...}, dtype_of<R>(), shape,
         [compute](std::span<const TensorBase> in, const TensorBase& dest) { return compute(in, dest, nullptr); },
         traits));
-  if constexpr (HasGradient<Def> && FloatingPoint<R>) record_gradient(def, out, loc, inputs...);
+  record_derivatives(def, out, loc, inputs...);
   return out;
 }
 
@@ -259,6 +313,21 @@ template <class Op> OpTraits with_block(BlockKernel block, const MergedBlockKern
 /// Unary op Op's merged block kernels at T, or null without a batch body (ops/elementwise-inl.hpp,
 /// where the ops it merges with are).
 template <class Op, class T> const MergedBlockKernels* merged_block_kernels();
+
+/// An elementwise op's output tangent from its gradient rule: each input's part of the
+/// Jacobian is diagonal (at the broadcast shape), so `part(g, k)`, the rule's gradient for input
+/// k given g, is the image of input k's tangent g, broadcast to `shape`; the parts add up.
+template <class T, class Part>
+TensorBase elementwise_tangent(std::span<const TensorBase> tangents, const Shape& shape, Part part) {
+  TensorBase sum;
+  for (std::size_t k = 0; k < tangents.size(); ++k) {
+    if (!tangents[k].defined() || tangents[k].dtype() != dtype_of<T>()) continue;
+    const Tensor<T> g(tangents[k]);
+    const TensorBase image = part(g.shape() == shape ? g : broadcast_to(g, shape), k);
+    if (image.defined()) sum = sum.defined() ? TensorBase(Tensor<T>(sum) + Tensor<T>(image)) : image;
+  }
+  return sum;
+}
 
 /// Runs unary elementwise op Op: out[i] = Op::apply(x[i]).
 template <class Op, class T> Tensor<T> unary(const Tensor<T>& x, SourceLoc loc) {
@@ -280,6 +349,9 @@ template <class Op, class T> Tensor<T> unary(const Tensor<T>& x, SourceLoc loc) 
                return autograd::Grads{Op::grad(kept, Tensor<T>(y), Tensor<T>(g))};
              });
     }
+    // The Jacobian is diagonal, so the gradient rule applied to a tangent is the tangent's image.
+    push_tangents(out, {x},
+                  [x, out](std::span<const TensorBase> t) { return TensorBase(Op::grad(x, out, Tensor<T>(t[0]))); });
   }
   return out;
 }
@@ -318,6 +390,12 @@ Tensor<typename Op::template result<T>> binary(const Tensor<T>& a, const Tensor<
                return autograd::Grads{ga, gb};
              });
     }
+    push_tangents(out, {a, b}, [a, b, out, shape](std::span<const TensorBase> t) {
+      return elementwise_tangent<T>(t, shape, [&](const Tensor<T>& g, std::size_t k) {
+        auto grads = Op::grad(a, b, out, g);
+        return TensorBase(k == 0 ? std::get<0>(grads) : std::get<1>(grads));
+      });
+    });
   }
   return out;
 }
@@ -352,6 +430,10 @@ Tensor<T> ternary(const Tensor<A>& a, const Tensor<T>& b, const Tensor<T>& c, So
         return Op::grad(ka, kb, kc, Tensor<T>(g));  // the engine sums each to its input's shape
       });
     }
+    push_tangents(out, {a, b, c}, [a, b, c, shape](std::span<const TensorBase> t) {
+      return elementwise_tangent<T>(
+          t, shape, [&](const Tensor<T>& g, std::size_t k) { return TensorBase(Op::grad(a, b, c, g)[k]); });
+    });
   }
   return out;
 }

@@ -17,6 +17,7 @@
 #include "xgrad/core/factory.hpp"
 #include "xgrad/ops/dispatch.hpp"
 #include "xgrad/ops/elementwise.hpp"
+#include "xgrad/ops/manipulation.hpp"  // broadcast_to: a tangent at its output's shape
 
 namespace xgrad {
 

@@ -45,6 +45,7 @@ struct MatMul {
                           done);
   }
   static constexpr Needs<2> differentiable{true, true}, saved{true, true};
+  static constexpr bool multilinear = true;
   // Each gradient costs a matmul: only those an input needs are computed.
   template <class T> autograd::Grads grad(const Tensor<T>& g, Needs<2> needs, SourceLoc loc, const Tensor<T>& a,
                                           const Tensor<T>& b) const {

@@ -22,7 +22,7 @@ namespace xgrad {
 namespace op {
 
 /// A view of the input's buffer with another shape: no kernel, so reshape() makes the view
-/// through primitive() and records the gradient with record_gradient (detail::apply would
+/// through primitive() and records its derivatives with record_derivatives (detail::apply would
 /// allocate an output).
 struct Reshape {
   static constexpr std::string_view name = "Reshape";
@@ -33,6 +33,10 @@ struct Reshape {
   static constexpr Needs<1> differentiable{true}, saved{false};
   template <class T> autograd::Grads grad(const Tensor<T>& g, Needs<1>, SourceLoc loc, const Tensor<T>&) const {
     return {reshape(g, from.to_vector(), loc)};
+  }
+  template <class T>
+  Tensor<T> jvp(std::span<const TensorBase> t, SourceLoc loc, const Tensor<T>&, const Tensor<T>&) const {
+    return reshape(Tensor<T>(t[0]), shape.to_vector(), loc);
   }
 };
 
@@ -53,6 +57,7 @@ struct Transpose {
     kernels::strided_copy(d, out.shape(), x.data(), src, out.data(), out.shape().strides());
   }
   static constexpr Needs<1> differentiable{true}, saved{false};
+  static constexpr bool multilinear = true;
   template <class T> autograd::Grads grad(const Tensor<T>& g, Needs<1>, SourceLoc loc, const Tensor<T>&) const {
     std::vector<std::int64_t> inverse(perm.size());
     for (std::size_t i = 0; i < perm.size(); ++i) inverse[perm[i]] = static_cast<std::int64_t>(i);
@@ -73,6 +78,7 @@ struct BroadcastTo {
     kernels::strided_copy(d, shape, x.data(), cpu::broadcast_strides(from, shape), out.data(), shape.strides());
   }
   static constexpr Needs<1> differentiable{true}, saved{false};
+  static constexpr bool multilinear = true;
   template <class T> autograd::Grads grad(const Tensor<T>& g, Needs<1>, SourceLoc loc, const Tensor<T>&) const {
     return {sum_to(g, from, loc)};
   }
@@ -97,6 +103,7 @@ struct Slice {
     kernels::strided_copy(d, out.shape(), x.data() + offset, strides, out.data(), out.shape().strides());
   }
   static constexpr Needs<1> differentiable{true}, saved{false};
+  static constexpr bool multilinear = true;
   template <class T> autograd::Grads grad(const Tensor<T>& g, Needs<1>, SourceLoc loc, const Tensor<T>&) const {
     return {slice_backward(g, from, begin, loc)};
   }
@@ -118,6 +125,7 @@ struct SliceGrad {
     kernels::strided_copy(d, g.shape(), g.data(), g.shape().strides(), out.data() + offset, strides);
   }
   static constexpr Needs<1> differentiable{true}, saved{false};
+  static constexpr bool multilinear = true;
   template <class T> autograd::Grads grad(const Tensor<T>& u, Needs<1>, SourceLoc loc, const Tensor<T>&) const {
     return {slice(u, begin, block.to_vector(), loc)};
   }
@@ -161,6 +169,7 @@ struct Cast {
     kernels::cast(d, x.data(), out.data(), out.numel());
   }
   static constexpr Needs<1> differentiable{true}, saved{false};
+  static constexpr bool multilinear = true;
   template <class U, class T>
   autograd::Grads grad(const Tensor<U>& g, Needs<1>, SourceLoc loc, const Tensor<T>&) const {
     return {cast<T>(g, loc)};
@@ -203,7 +212,7 @@ template <Element T> Tensor<T> reshape(const Tensor<T>& x, const std::vector<std
         return TensorBase(std::make_shared<TensorImpl>(shape, in[0].dtype(), in[0].impl()->storage));
       },
       OpTraits{.view = true}));
-  if constexpr (FloatingPoint<T>) detail::record_gradient(def, out, loc, x);
+  detail::record_derivatives(def, out, loc, x);
   return out;
 }
 
@@ -336,6 +345,12 @@ template <Element T> Tensor<T> concat(const std::vector<Tensor<T>>& xs, std::int
           out, op::Concat::name, loc, refs.begin(), refs.end(), {}, false,
           [def, parts, loc](const TensorBase&, const TensorBase& g) { return def.grad(Tensor<T>(g), loc, parts); });
     }
+    detail::push_tangents_range(out, xs.begin(), xs.end(), [xs, a, loc](std::span<const TensorBase> tangents) {
+      std::vector<Tensor<T>> parts;
+      for (std::size_t k = 0; k < xs.size(); ++k)
+        parts.push_back(tangents[k].defined() ? Tensor<T>(tangents[k]) : zeros_like(xs[k], loc));
+      return TensorBase(concat(parts, a, loc));
+    });
   }
   return out;
 }

@@ -85,6 +85,7 @@ struct Conv2D : Windowed<cpu::Conv2dGeometry> {
   static constexpr std::string_view name = "Conv2D";
   static constexpr bool epilogue = true;
   static constexpr Needs<2> differentiable{true, true}, saved{true, true};
+  static constexpr bool multilinear = true;
   Shape output_shape() const { return {geometry.n, geometry.c_out, geometry.out_h, geometry.out_w}; }
   template <class T>
   void run(Device d, const Tensor<T>& x, const Tensor<T>& w, Tensor<T>& y, const ir::BlockDone* done) const {
@@ -97,6 +98,7 @@ struct Conv2D : Windowed<cpu::Conv2dGeometry> {
 struct Conv2DInputGrad : Windowed<cpu::Conv2dGeometry> {
   static constexpr std::string_view name = "Conv2DInputGrad";
   static constexpr Needs<2> differentiable{true, true}, saved{true, true};
+  static constexpr bool multilinear = true;
   Shape output_shape() const { return {geometry.n, geometry.c_in, geometry.h, geometry.w}; }
   template <class T> void run(Device d, const Tensor<T>& gy, const Tensor<T>& w, Tensor<T>& gx) const {
     kernels::conv2d_backward_input(d, geometry, gy.data(), w.data(), gx.data());
@@ -108,6 +110,7 @@ struct Conv2DInputGrad : Windowed<cpu::Conv2dGeometry> {
 struct Conv2DWeightGrad : Windowed<cpu::Conv2dGeometry> {
   static constexpr std::string_view name = "Conv2DWeightGrad";
   static constexpr Needs<2> differentiable{true, true}, saved{true, true};
+  static constexpr bool multilinear = true;
   Shape output_shape() const { return {geometry.c_out, geometry.c_in, geometry.kh, geometry.kw}; }
   template <class T> void run(Device d, const Tensor<T>& x, const Tensor<T>& gy, Tensor<T>& gw) const {
     kernels::conv2d_backward_weight(d, geometry, x.data(), gy.data(), gw.data());
@@ -129,6 +132,7 @@ struct MaxPoolArgmax : Windowed<cpu::Pool2dGeometry> {
 struct MaxPoolTake : Windowed<cpu::Pool2dGeometry> {
   static constexpr std::string_view name = "MaxPoolTake";
   static constexpr Needs<2> differentiable{true, false}, saved{false, true};
+  static constexpr bool multilinear = true;
   Shape output_shape() const { return {geometry.n, geometry.c, geometry.out_h, geometry.out_w}; }
   template <class T> void run(Device d, const Tensor<T>& v, const Tensor<std::int32_t>& idx, Tensor<T>& out) const {
     kernels::max_pool2d_take(d, geometry, idx.data(), v.data(), out.data());
@@ -141,6 +145,7 @@ struct MaxPoolTake : Windowed<cpu::Pool2dGeometry> {
 struct MaxPoolPut : Windowed<cpu::Pool2dGeometry> {
   static constexpr std::string_view name = "MaxPoolPut";
   static constexpr Needs<2> differentiable{false, true}, saved{true, false};
+  static constexpr bool multilinear = true;
   Shape output_shape() const { return {geometry.n, geometry.c, geometry.h, geometry.w}; }
   template <class T> void run(Device d, const Tensor<std::int32_t>& idx, const Tensor<T>& gy, Tensor<T>& gx) const {
     kernels::max_pool2d_put(d, geometry, idx.data(), gy.data(), gx.data());
@@ -153,6 +158,7 @@ struct MaxPoolPut : Windowed<cpu::Pool2dGeometry> {
 struct AvgPool : Windowed<cpu::Pool2dGeometry> {
   static constexpr std::string_view name = "AvgPool";
   static constexpr Needs<1> differentiable{true}, saved{false};
+  static constexpr bool multilinear = true;
   Shape output_shape() const { return {geometry.n, geometry.c, geometry.out_h, geometry.out_w}; }
   template <class T> void run(Device d, const Tensor<T>& x, Tensor<T>& y) const {
     kernels::avg_pool2d_forward(d, geometry, x.data(), y.data());
@@ -163,6 +169,7 @@ struct AvgPool : Windowed<cpu::Pool2dGeometry> {
 struct AvgPoolGrad : Windowed<cpu::Pool2dGeometry> {
   static constexpr std::string_view name = "AvgPoolGrad";
   static constexpr Needs<1> differentiable{true}, saved{false};
+  static constexpr bool multilinear = true;
   Shape output_shape() const { return {geometry.n, geometry.c, geometry.h, geometry.w}; }
   template <class T> void run(Device d, const Tensor<T>& gy, Tensor<T>& gx) const {
     kernels::avg_pool2d_backward(d, geometry, gy.data(), gx.data());
@@ -173,6 +180,7 @@ struct AvgPoolGrad : Windowed<cpu::Pool2dGeometry> {
 struct ResizeBilinear : Windowed<ResizeGeometry> {
   static constexpr std::string_view name = "ResizeBilinear";
   static constexpr Needs<1> differentiable{true}, saved{false};
+  static constexpr bool multilinear = true;
   Shape output_shape() const { return {geometry.n, geometry.c, geometry.out_h, geometry.out_w}; }
   template <class T> void run(Device d, const Tensor<T>& x, Tensor<T>& y) const {
     const ResizeGeometry& r = geometry;
@@ -184,6 +192,7 @@ struct ResizeBilinear : Windowed<ResizeGeometry> {
 struct ResizeBilinearGrad : Windowed<ResizeGeometry> {
   static constexpr std::string_view name = "ResizeBilinearGrad";
   static constexpr Needs<1> differentiable{true}, saved{false};
+  static constexpr bool multilinear = true;
   Shape output_shape() const { return {geometry.n, geometry.c, geometry.h, geometry.w}; }
   template <class T> void run(Device d, const Tensor<T>& gy, Tensor<T>& gx) const {
     const ResizeGeometry& r = geometry;
@@ -268,6 +277,8 @@ struct SoftmaxCrossEntropy {
   }
   template <class T> autograd::Grads grad(const Tensor<T>& g, Needs<2>, SourceLoc loc, const Tensor<T>& logits,
                                           const Tensor<std::int32_t>& labels) const;
+  template <class T> Tensor<T> jvp(std::span<const TensorBase> t, SourceLoc loc, const Tensor<T>& loss,
+                                   const Tensor<T>& logits, const Tensor<std::int32_t>& labels) const;
 };
 /// g[:, None] * (softmax(logits) - one_hot(labels)): SoftmaxCrossEntropy's gradient with respect
 /// to the logits.
@@ -284,6 +295,9 @@ struct SoftmaxCrossEntropyGrad {
   }
   template <class T> autograd::Grads grad(const Tensor<T>& u, Needs<3>, SourceLoc loc, const Tensor<T>& logits,
                                           const Tensor<std::int32_t>& labels, const Tensor<T>& g) const;
+  template <class T> Tensor<T> jvp(std::span<const TensorBase> t, SourceLoc loc, const Tensor<T>& out,
+                                   const Tensor<T>& logits, const Tensor<std::int32_t>& labels,
+                                   const Tensor<T>& g) const;
 };
 template <class T> autograd::Grads SoftmaxCrossEntropy::grad(const Tensor<T>& g, Needs<2>, SourceLoc loc,
                                                              const Tensor<T>& logits,
@@ -490,6 +504,31 @@ autograd::Grads op::SoftmaxCrossEntropyGrad::grad(const Tensor<T>& u, Needs<3>, 
   auto pu = mul(p, u, loc);
   auto dlogits = mul(reshape(g, {g.numel(), 1}, loc), sub(pu, mul(p, sum(pu, {1}, true, loc), loc), loc), loc);
   return {dlogits, TensorBase(), dg};
+}
+
+// Tangents: the loss moves by sum((p - onehot) * t) per row; the gradient g (p - onehot) by
+// t_g (p - onehot) + g (p t - p sum(p t)), softmax's Jacobian applied to the logits' tangent t.
+template <class T> Tensor<T> op::SoftmaxCrossEntropy::jvp(std::span<const TensorBase> t, SourceLoc loc,
+                                                          const Tensor<T>&, const Tensor<T>& logits,
+                                                          const Tensor<std::int32_t>& labels) const {
+  const Tensor<T> p_minus_onehot =
+      detail::apply<T>(SoftmaxCrossEntropyGrad{rows, classes}, loc, logits, labels, ones<T>({rows}));
+  return sum(mul(p_minus_onehot, Tensor<T>(t[0]), loc), {1}, false, loc);
+}
+
+template <class T> Tensor<T> op::SoftmaxCrossEntropyGrad::jvp(std::span<const TensorBase> t, SourceLoc loc,
+                                                              const Tensor<T>&, const Tensor<T>& logits,
+                                                              const Tensor<std::int32_t>& labels,
+                                                              const Tensor<T>& g) const {
+  Tensor<T> out;
+  if (t[2].defined()) out = detail::apply<T>(*this, loc, logits, labels, Tensor<T>(t[2]));
+  if (t[0].defined()) {
+    const auto p = softmax(logits, -1, loc);
+    const auto pt = mul(p, Tensor<T>(t[0]), loc);
+    const auto moved = mul(reshape(g, {g.numel(), 1}, loc), sub(pt, mul(p, sum(pt, {1}, true, loc), loc), loc), loc);
+    out = out.defined() ? add(out, moved, loc) : moved;
+  }
+  return out;
 }
 
 // One op, and its gradient one op: no softmax or one-hot tensor is made.

@@ -1,5 +1,6 @@
 // What an op does besides its kernel, with no backend: naming itself in a failed trace's report
-// (OpScope), describing its inputs in errors, and recording its gradient rule on the tape. The
+// (OpScope), describing its inputs in errors, recording its gradient rule on the tape, and
+// giving its output a tangent in forward mode. The
 // op drivers (ops/dispatch.hpp) use these, and so do the layers above ops that record or check
 // like an op: custom_vjp (autograd/functional.hpp), jit's and control flow's tape records, the
 // nn layers.
@@ -10,6 +11,7 @@
 #include <initializer_list>
 #include <iterator>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -93,6 +95,86 @@ template <class It> void record_range(const TensorBase& out, std::string_view op
   meta->requires_grad = true;
   meta->grad_fn = std::move(node);
   out.impl()->autograd = std::move(meta);
+}
+
+/// The tangent `t` carries in forward-mode pass `level` (undefined when none).
+inline TensorBase tangent_at(const TensorBase& t, std::uint64_t level) {
+  for (const Tangent& tangent : t.impl()->tangents)
+    if (tangent.level == level) return TensorBase(tangent.value);
+  return {};
+}
+
+/// Forward mode: for each jvp pass in progress at which an input in [first, last) carries a
+/// tangent, gives `out` its tangent there, `rule(tangents)` (the inputs' tangents in order,
+/// undefined where one has none; an undefined result is a zero tangent). The rule runs with its
+/// own pass paused, so that its ops carry the other passes' tangents (nested jvp needs them) but
+/// not a second-order term of this one.
+template <class It, class Rule> void push_tangents_range(const TensorBase& out, It first, It last, Rule rule) {
+  if (context().forward_levels.empty()) [[likely]]
+    return;
+  for (std::size_t i = 0; i < context().forward_levels.size(); ++i) {
+    const Context::ForwardLevel level = context().forward_levels[i];
+    if (level.paused || tangent_at(out, level.id).defined()) continue;  // out is an input: it has its tangent
+    std::vector<TensorBase> tangents;
+    bool any = false;
+    for (It it = first; it != last; ++it) {
+      tangents.push_back(tangent_at(*it, level.id));
+      any = any || tangents.back().defined();
+    }
+    if (!any) continue;
+    context().forward_levels[i].paused = true;
+    TensorBase result;
+    try {
+      result = rule(std::span<const TensorBase>(tangents));
+    } catch (...) {
+      context().forward_levels[i].paused = false;
+      throw;
+    }
+    context().forward_levels[i].paused = false;
+    if (result.defined()) out.impl()->tangents.push_back({level.id, result.impl()});
+  }
+}
+
+/// push_tangents_range over a braced list of inputs.
+template <class Rule> void push_tangents(const TensorBase& out, TensorRefs inputs, Rule rule) {
+  push_tangents_range(out, inputs.begin(), inputs.end(), std::move(rule));
+}
+
+/// Scope guard: no jvp pass gives tangents inside it (a custom_vjp's forward function, whose
+/// own ops must not stand in for the rule it lacks).
+class TangentsPaused {
+ public:
+  TangentsPaused() {
+    for (auto& level : context().forward_levels) {
+      m_paused.push_back(level.paused);
+      level.paused = true;
+    }
+  }
+  ~TangentsPaused() {
+    for (std::size_t i = 0; i < m_paused.size(); ++i) context().forward_levels[i].paused = m_paused[i];
+  }
+  TangentsPaused(const TangentsPaused&) = delete;
+  TangentsPaused& operator=(const TangentsPaused&) = delete;
+
+ private:
+  std::vector<bool> m_paused;
+};
+
+/// True when a tensor in [first, last) carries a tangent of a jvp pass in progress.
+template <class It> bool carries_tangents(It first, It last) {
+  for (const Context::ForwardLevel& level : context().forward_levels)
+    if (!level.paused)
+      for (It it = first; it != last; ++it)
+        if (tangent_at(*it, level.id).defined()) return true;
+  return false;
+}
+
+/// The rule of an op that has no forward-mode rule: an AutogradError naming it, raised only
+/// when a tangent reaches it.
+inline auto no_tangent_rule(std::string_view op, SourceLoc loc) {
+  return [op, loc](std::span<const TensorBase>) -> TensorBase {
+    throw AutogradError(concat("jvp: ", op, " (at ", loc.str(), ") has no forward-mode rule yet"));
+  };
 }
 
 /// record_range over a braced list of inputs: the common case.

@@ -116,6 +116,7 @@ struct SumTo : ReduceTo<SumReducer> {
   Shape from;  // the input's shape, which the gradient broadcasts back to
   bool operator==(const SumTo&) const = default;
   static constexpr Needs<1> differentiable{true}, saved{false};
+  static constexpr bool multilinear = true;
   template <class T> autograd::Grads grad(const Tensor<T>& g, Needs<1>, SourceLoc loc, const Tensor<T>&) const {
     return {broadcast_to(g, from, loc)};
   }
@@ -126,11 +127,21 @@ struct SumTo : ReduceTo<SumReducer> {
 template <class Reducer> struct Extremum : ReduceTo<Reducer> {
   static constexpr Needs<1> differentiable{true}, saved{true};
   static constexpr bool reads_output = true;
+  /// 1 where x holds its group's result y (a NaN where y is NaN), else 0.
+  template <class T> static Tensor<T> holders(const Tensor<T>& x, const Tensor<T>& y, SourceLoc loc) {
+    const auto x_nan = equal(equal(x, x, loc), false, loc);
+    return cast<T>(where(equal(y, y, loc), equal(x, y, loc), x_nan, loc), loc);
+  }
   template <class T>
   autograd::Grads grad(const Tensor<T>& g, const Tensor<T>& y, Needs<1>, SourceLoc loc, const Tensor<T>& x) const {
-    const auto x_nan = equal(equal(x, x, loc), false, loc);
-    const auto mask = cast<T>(where(equal(y, y, loc), equal(x, y, loc), x_nan, loc), loc);
+    const auto mask = holders(x, y, loc);
     return {g * mask / sum_to(mask, y.shape(), loc)};
+  }
+  /// The mean of the holders' tangents: grad's transpose.
+  template <class T>
+  Tensor<T> jvp(std::span<const TensorBase> t, SourceLoc loc, const Tensor<T>& y, const Tensor<T>& x) const {
+    const auto mask = holders(x, y, loc);
+    return sum_to(Tensor<T>(t[0]) * mask, y.shape(), loc) / sum_to(mask, y.shape(), loc);
   }
 };
 struct ReduceMax : Extremum<MaxReducer> {
