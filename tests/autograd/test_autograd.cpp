@@ -421,6 +421,11 @@ TEST_CASE("autograd: jvp: composes with grad, with itself and with jit") {
   // Forward over forward: v^T H v = sum(6 x v^2).
   auto second = xg::jvp(directional, x, v).second;
   check_close(second, {6.0 * (1 * 4 - 2 * 1 + 0.5 * 1)}, 1e-12);
+  // Through a rule that reads its output: u^T H v of sum(exp(x)) is sum(exp(x) u v).
+  const auto u = xg::tensor<double>({0.5, 3.0, -2.0});
+  auto exp_sum = [](const xg::Tensor<double>& a) { return xg::sum(xg::exp(a)); };
+  auto inner = [&](const xg::Tensor<double>& a) { return xg::jvp(exp_sum, a, v).second; };
+  check_close(xg::jvp(inner, x, u).second, {xg::sum(xg::exp(x) * u * v).item()}, 1e-12);
   // Compiled, at every level, and through a jitted function.
   const auto hvp = [&](const xg::Tensor<double>& a, const xg::Tensor<double>& t) {
     return xg::jvp(xg::grad(cube), a, t).second;
@@ -488,11 +493,95 @@ TEST_CASE("autograd: hessian is jacfwd of jacrev, eagerly and compiled") {
   const auto h = xg::hessian(f)(x);
   CHECK(h.shape() == xg::Shape{3, 3});
   check_close(h, expected, 1e-12);
+  // Through rules that read their output (exp's gradient is g * exp(x)): H = diag(exp(x)).
+  const auto he = xg::hessian([](const xg::Tensor<double>& a) { return xg::sum(xg::exp(a)); })(x);
+  const auto ex = xg::exp(x).to_vector();
+  check_close(he, {ex[0], 0, 0, 0, ex[1], 0, 0, 0, ex[2]}, 1e-12);
   for (xg::JitLevel level : {xg::JitLevel::O0, xg::JitLevel::O2}) {
     CAPTURE(static_cast<int>(level));
     check_close(xg::jit([&](const xg::Tensor<double>& a) { return xg::hessian(f)(a); }, {.level = level})(x), expected,
                 1e-12);
   }
+}
+
+TEST_CASE("autograd: vmap maps a function over a batch axis of its arguments") {
+  auto f = [](const xg::Tensor<double>& x, const xg::Tensor<double>& w) { return xg::tanh(xg::matmul(w, x)) + x; };
+  const auto xs = xg::randn<double>({4, 3, 2}, 1), w = xg::randn<double>({3, 3}, 2);
+  const auto batched = xg::vmap(f, xg::in_axes{0, xg::none})(xs, w);
+  REQUIRE(batched.shape() == xg::Shape{4, 3, 2});
+  std::vector<xg::Tensor<double>> loop;
+  for (std::int64_t i = 0; i < 4; ++i) loop.push_back(f(xg::squeeze(xg::slice(xs, {i, 0, 0}, {1, 3, 2}), {0}), w));
+  check_close(batched, doubles(xg::stack(loop, 0)), 1e-14);
+  // The batch along axis 2 of the argument and axis 1 of the result.
+  const auto moved = xg::vmap(f, xg::in_axes{2, xg::none}, 1)(xg::transpose(xs, {1, 2, 0}), w);
+  check_close(moved, doubles(xg::transpose(xg::stack(loop, 0), {1, 0, 2})), 1e-14);
+  // Nested: an outer product of two batches.
+  const auto a = xg::tensor<double>({1, 2, 3}), b = xg::tensor<double>({10, 20});
+  auto times = [](const xg::Tensor<double>& p, const xg::Tensor<double>& q) { return p * q; };
+  const auto outer = xg::vmap([&](const xg::Tensor<double>& p) {
+    return xg::vmap(times, xg::in_axes{xg::none, 0})(p, b);
+  })(a);
+  CHECK(outer.shape() == xg::Shape{3, 2});
+  CHECK(outer.to_vector() == std::vector<double>{10, 20, 20, 40, 30, 60});
+}
+
+TEST_CASE("autograd: vmap of grad gives per-example gradients; vmap composes with jit and jvp") {
+  auto loss = [](const xg::Tensor<double>& w, const xg::Tensor<double>& x, const xg::Tensor<std::int32_t>& y) {
+    return xg::softmax_cross_entropy(xg::matmul(xg::expand_dims(x, 0), w), xg::reshape(y, {1}));
+  };
+  const auto w = xg::randn<double>({5, 3}, 1), xs = xg::randn<double>({6, 5}, 2);
+  const auto ys = xg::tensor<std::int32_t>({0, 2, 1, 1, 0, 2});
+  auto per_example = xg::vmap(xg::grad(loss), xg::in_axes{xg::none, 0, 0});
+  const auto grads = per_example(w, xs, ys);
+  REQUIRE(grads.shape() == xg::Shape{6, 5, 3});
+  std::vector<xg::Tensor<double>> loop;
+  for (std::int64_t i = 0; i < 6; ++i)
+    loop.push_back(xg::grad(loss)(w, xg::squeeze(xg::slice(xs, {i, 0}, {1, 5}), {0}), xg::slice(ys, {i}, {1})));
+  const auto expected = doubles(xg::stack(loop, 0));
+  check_close(grads, expected, 1e-13);
+  for (xg::JitLevel level : {xg::JitLevel::O0, xg::JitLevel::O2}) {
+    CAPTURE(static_cast<int>(level));
+    check_close(xg::jit(per_example, {.level = level})(w, xs, ys), expected, 1e-13);
+  }
+  check_close(xg::vmap(xg::jit(xg::grad(loss)), xg::in_axes{xg::none, 0, 0})(w, xs, ys), expected, 1e-13);
+  // Reverse mode through vmap: the gradient of the examples' total loss is the per-example
+  // gradients' sum.
+  auto total = [&](const xg::Tensor<double>& weights) {
+    return xg::sum(xg::vmap(loss, xg::in_axes{xg::none, 0, 0})(weights, xs, ys));
+  };
+  check_close(xg::grad(total)(w), doubles(xg::sum(xg::stack(loop, 0), {0})), 1e-13);
+  // Forward mode inside vmap: each example's directional derivative.
+  const auto v = xg::randn<double>({6, 5}, 3);
+  auto tangent = [](const xg::Tensor<double>& x, const xg::Tensor<double>& t) {
+    return xg::jvp([](const xg::Tensor<double>& a) { return xg::sum(xg::sin(a)); }, x, t).second;
+  };
+  check_close(xg::vmap(tangent)(xs, v), doubles(xg::sum(xg::cos(xs) * v, {1})), 1e-14);
+}
+
+TEST_CASE("autograd: vmap's errors name the argument or the op") {
+  auto id = [](const xg::Tensor<float>& x, const xg::Tensor<float>& y) { return x + y; };
+  CHECK(contains(message_of<xg::ShapeError>([&] {
+                   (void)xg::vmap(id)(xg::ones<float>({3, 2}), xg::ones<float>({4, 2}));
+                 }),
+                 "vmap: argument 1 has 4 values along its mapped axis, argument 0 has 3"));
+  CHECK(contains(message_of<xg::ShapeError>([&] {
+                   (void)xg::vmap(id, xg::in_axes{2, 0})(xg::ones<float>({3, 2}), xg::ones<float>({3, 2}));
+                 }),
+                 "argument 0 (Float32[3, 2]) has no axis 2 to map over"));
+  CHECK(contains(message_of<xg::ValueError>(
+                     [&] { (void)xg::vmap(id, xg::in_axes{0})(xg::ones<float>({3}), xg::ones<float>({3})); }),
+                 "in_axes has 1 entries for 2 arguments"));
+  CHECK(contains(message_of<xg::ValueError>([&] {
+                   (void)xg::vmap([](const xg::Tensor<float>& x) { return xg::full<float>({1}, x.item()); })(
+                       xg::ones<float>({3}));
+                 }),
+                 "stands for each value of a batch"));
+  // An op without a batching rule says so.
+  auto conv = [](const xg::Tensor<float>& x) { return xg::conv2d(x, xg::ones<float>({1, 1, 1, 1})); };
+  CHECK(contains(message_of<xg::ValueError>([&] {
+                   (void)xg::vmap(conv)(xg::ones<float>({2, 1, 1, 3, 3}));
+                 }),
+                 "no batching rule for vmap yet"));
 }
 
 TEST_CASE("autograd: no_grad: nothing is recorded and results do not require grad") {

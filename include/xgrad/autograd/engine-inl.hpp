@@ -148,9 +148,12 @@ XGRAD_API std::vector<TensorBase> run_backward(const std::vector<TensorBase>& ro
     }
     detail::check_saved(*node);
     TensorBase out;
-    if (node->out_storage || node->out_value) {
+    if (node->out_storage || node->out_value || node->out_physical) {
       auto impl = std::make_shared<TensorImpl>(node->out_shape, node->out_dtype, node->out_storage);
       impl->value = node->out_value;
+      impl->physical = node->out_physical;
+      impl->batch_level = node->out_batch_level;
+      impl->tangents = node->out_tangents;
       impl->autograd = meta;
       out = TensorBase(impl);
     }

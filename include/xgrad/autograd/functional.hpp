@@ -1,9 +1,11 @@
-// Function transforms: grad, value_and_grad, vjp, jvp, jacrev, jacfwd, hessian, custom_vjp.
+// Function transforms: grad, value_and_grad, vjp, jvp, jacrev, jacfwd, hessian, vmap, custom_vjp.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
+#include <optional>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -430,6 +432,112 @@ template <class F, std::size_t I> auto hessian(F f, Argnums<I> which) {
 
 /// The Hessian of f with respect to its first argument.
 template <class F> auto hessian(F f) { return hessian(std::move(f), argnums<0>); }
+
+/// vmap's mark for an argument that is not mapped over: `xg::in_axes{0, xg::none}`.
+struct None {};
+inline constexpr None none{};
+
+/// The axis of each argument that vmap maps over, or none for an argument every value shares.
+class in_axes {
+ public:
+  class Axis {
+   public:
+    Axis(std::int64_t axis) : m_axis(axis) {}  // implicit: in_axes{0, 1}
+    Axis(None) {}                              // implicit: in_axes{0, none}
+    std::optional<std::int64_t> value() const { return m_axis; }
+
+   private:
+    std::optional<std::int64_t> m_axis;
+  };
+  /// Every argument along its axis 0.
+  in_axes() = default;
+  in_axes(std::initializer_list<Axis> axes) : m_axes(axes) {}
+  const std::vector<Axis>& axes() const { return m_axes; }
+
+ private:
+  std::vector<Axis> m_axes;
+};
+
+namespace detail {
+
+/// A vmap in progress for a scope: a level of its own (never reused), innermost while it lasts.
+class VmapLevel {
+ public:
+  VmapLevel() : m_level(++context().vmap_levels_made) { context().vmap_levels.push_back(m_level); }
+  ~VmapLevel() { context().vmap_levels.pop_back(); }
+  VmapLevel(const VmapLevel&) = delete;
+  VmapLevel& operator=(const VmapLevel&) = delete;
+  std::uint64_t level() const { return m_level; }
+
+ private:
+  std::uint64_t m_level;
+};
+
+/// x with its axis `from` moved to position `to`, the others in order.
+template <class T> Tensor<T> move_axis(const Tensor<T>& x, int from, int to) {
+  if (from == to) return x;
+  std::vector<std::int64_t> perm;
+  for (int i = 0; i < x.ndim(); ++i)
+    if (i != from) perm.push_back(i);
+  perm.insert(perm.begin() + to, from);
+  return transpose(x, perm);
+}
+
+}  // namespace detail
+
+/// f mapped over a batch (JAX's vmap, MindSpore's ops.vmap): each argument's axis in `axes`
+/// (default 0; xg::none: shared by every value) is the batch, and f sees one value of it; the
+/// results come back stacked along `out_axis`. One call of f, with every op running its
+/// batching rule on the whole batch at once: `vmap(grad(loss))(w, xs)` with in_axes{none, 0}
+/// gives per-example gradients. An op without a batching rule is an error naming it.
+template <class F> auto vmap(F f, in_axes axes = {}, std::int64_t out_axis = 0, SourceLoc loc = SourceLoc::current()) {
+  return [f, axes, out_axis, loc](const auto&... args) {
+    static_assert((detail::is_tensor<std::decay_t<decltype(args)>>::value && ...), "vmap: every argument is a tensor");
+    constexpr std::size_t count = sizeof...(args);
+    if (!axes.axes().empty() && axes.axes().size() != count)
+      throw ValueError(
+          detail::op_message("vmap", loc, "in_axes has ", axes.axes().size(), " entries for ", count, " arguments"));
+    detail::VmapLevel level;
+    std::int64_t size = -1;
+    std::size_t sized_by = 0, index = 0;
+    auto wrap = [&](const auto& x) {
+      using X = std::decay_t<decltype(x)>;
+      const std::size_t k = index++;
+      const std::optional<std::int64_t> axis =
+          axes.axes().empty() ? std::optional<std::int64_t>(0) : axes.axes()[k].value();
+      if (!axis) return x;
+      if (*axis < -x.ndim() || *axis >= x.ndim())
+        throw ShapeError(detail::op_message("vmap", loc, "argument ", k, " (", dtype_name(x.dtype()), x.shape(),
+                                            ") has no axis ", *axis, " to map over"));
+      const int a = static_cast<int>(*axis < 0 ? *axis + x.ndim() : *axis);
+      if (size < 0) {
+        size = x.shape()[a];
+        sized_by = k;
+      } else if (x.shape()[a] != size) {
+        throw ShapeError(detail::op_message("vmap", loc, "argument ", k, " has ", x.shape()[a],
+                                            " values along its mapped axis, argument ", sized_by, " has ", size));
+      }
+      return X(detail::batched(detail::move_axis(x, a, 0), level.level()));
+    };
+    const std::tuple<std::decay_t<decltype(args)>...> mapped{wrap(args)...};  // braces: in order
+    if (size < 0)
+      throw ValueError(detail::op_message("vmap", loc, "no argument is mapped: every in_axes entry is none"));
+    const auto out = std::apply(f, mapped);
+    auto unwrap = [&](const auto& y) {
+      using Y = std::decay_t<decltype(y)>;
+      const Y batch = detail::batched_at(y, level.level()) ? Y(y.impl()->physical)
+                                                           : broadcast_to(y, detail::with_batch(size, y.shape()));
+      if (out_axis < -batch.ndim() || out_axis >= batch.ndim())
+        throw ShapeError(detail::op_message("vmap", loc, "out_axis ", out_axis, " is not an axis of the result (",
+                                            dtype_name(batch.dtype()), batch.shape(), ")"));
+      return detail::move_axis(batch, 0, static_cast<int>(out_axis < 0 ? out_axis + batch.ndim() : out_axis));
+    };
+    if constexpr (detail::is_tensor<std::decay_t<decltype(out)>>::value)
+      return unwrap(out);
+    else
+      return std::apply([&](const auto&... ys) { return std::tuple{unwrap(ys)...}; }, out);
+  };
+}
 
 namespace detail {
 template <class... Ts, std::size_t... I>

@@ -1,7 +1,7 @@
 // Execution context: the mode (eager or graph), process-wide as MindSpore's
 // set_context(mode=...), with a per-thread override by mode_scope; and, per thread, whether
 // autodiff records, how deep grad transforms and jit traces are nested, and which forward-mode
-// (jvp) passes are in progress.
+// (jvp) passes and vmaps are in progress.
 #pragma once
 
 #include <atomic>
@@ -25,6 +25,8 @@ struct Context {
   };
   std::vector<ForwardLevel> forward_levels;  // the jvp passes in progress, innermost last
   std::uint64_t forward_levels_made = 0;
+  std::vector<std::uint64_t> vmap_levels;  // the vmaps in progress, innermost (largest) last; never reused
+  std::uint64_t vmap_levels_made = 0;
 };
 inline Context& context() {
   thread_local Context ctx;

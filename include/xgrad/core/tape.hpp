@@ -45,6 +45,11 @@ struct Node {
   // output's autodiff state is not held here: that would make a cycle through grad_fn.
   std::shared_ptr<Storage> out_storage;
   std::shared_ptr<ir::Value> out_value;  // the same, for a symbolic output while tracing
+  std::shared_ptr<TensorImpl> out_physical;  // the same, for a batched output inside vmap (its batch)
+  std::uint64_t out_batch_level = 0;
+  // The output's tangents in the jvp passes around it, off the tape (a tangent on the tape could
+  // lead back here): a rule reading the output inside jvp then moves with the pass.
+  std::vector<Tangent> out_tangents;
   std::uint64_t out_version = 0;
   Shape out_shape;
   DType out_dtype = DType::float32;

@@ -52,6 +52,10 @@ struct TensorImpl {
   // write its storage, so autodiff counts them here to catch stale saved tensors.
   std::uint64_t rebinds = 0;
   std::vector<Tangent> tangents;  // one per jvp level whose inputs this tensor depends on
+  // Inside vmap, a batched tensor stands for one value of a batch: `physical` holds the batch
+  // (on its axis 0) at vmap level `batch_level`, `shape` is one value's, and it has no storage.
+  std::shared_ptr<TensorImpl> physical;
+  std::uint64_t batch_level = 0;
 
   TensorImpl(Shape s, DType d, std::shared_ptr<Storage> st) : shape(s), dtype(d), storage(std::move(st)) {}
   TensorImpl(Shape s, DType d, std::shared_ptr<ir::Value> v) : shape(s), dtype(d), value(std::move(v)) {}
@@ -76,6 +80,7 @@ class TensorBase {
   DType dtype() const { return checked().dtype; }
   Device device() const {
     auto& impl = checked();
+    if (impl.physical) return TensorBase(impl.physical).device();
     return impl.storage ? impl.storage->device() : Device::cpu;
   }
   /// True for a tensor that stands for a value of a graph being traced (it has no data).
@@ -100,6 +105,10 @@ class TensorBase {
   /// The storage of a concrete tensor; reading a symbolic tensor's data is a user error.
   Storage& storage() const {
     auto& impl = checked();
+    if (impl.physical) [[unlikely]]
+      throw ValueError(detail::concat("Tensor: inside vmap this tensor (", dtype_name(impl.dtype), impl.shape,
+                                      ") stands for each value of a batch, so its elements are not known one by one; "
+                                      "return it from the function vmap maps and read the batched result"));
     if (!impl.storage) [[unlikely]]
       throw ValueError(
           is_tracing()
@@ -196,6 +205,8 @@ template <Element T> class Tensor : public TensorBase {
     auto& impl = checked();
     auto out = std::make_shared<TensorImpl>(impl.shape, impl.dtype, impl.storage);
     out->value = impl.value;
+    out->physical = impl.physical;
+    out->batch_level = impl.batch_level;
     return Tensor(std::move(out));
   }
 

@@ -46,6 +46,10 @@ XGRAD_API TensorBase Tracer::add_argument(DType dtype, const Shape& shape, std::
 XGRAD_API ir::Value* Tracer::resolve(const TensorBase& t) {
   const TensorImpl* impl = t.impl().get();
   if (!impl) throw ValueError("jit: an undefined tensor (an empty handle) was used while tracing");
+  if (impl->physical)
+    throw ValueError(xgrad::detail::concat("jit: a batched tensor (", dtype_name(impl->dtype), impl->shape,
+                                           ", inside vmap) reached an op that has no batching rule for vmap yet "
+                                           "(print, or cond / while_loop / fori_loop traced by jit)"));
   if (auto it = m_lifted.find(impl); it != m_lifted.end()) return it->second;
   if (impl->value && impl->value->graph == m_graph.get()) return impl->value.get();
   ir::Value* v = nullptr;

@@ -257,9 +257,11 @@ template <class F> class Jitted {
     tracing::detail::CallVectors call;
     tracing::detail::Flat& flat = call->flat;
     (tracing::detail::flatten(args, flat, std::string()), ...);
-    // Under jvp, f's ops run one by one, each computing its output's tangent beside its value
-    // (jit(jvp(f)) compiles both into one graph).
-    if (xgrad::detail::carries_tangents(flat.tensors.begin(), flat.tensors.end())) return std::invoke(*m_f, args...);
+    // Under jvp or vmap, f's ops run one by one, each computing its output's tangent beside its
+    // value or running its batching rule (jit(jvp(f)) and jit(vmap(f)) compile the whole).
+    if (xgrad::detail::carries_tangents(flat.tensors.begin(), flat.tensors.end()) ||
+        xgrad::detail::batch_level_of("jit", m_cache->loc(), flat.tensors))
+      return std::invoke(*m_f, args...);
     bind(flat, args...);
     auto entry = entry_for(flat, args...);
     if (!entry->written.empty()) m_cache->check_call_aliases(*entry, flat.tensors, relabeler(args...));

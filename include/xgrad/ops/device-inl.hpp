@@ -15,7 +15,9 @@ template <Element T> Tensor<T> to_device(const Tensor<T>& x, Device device, Sour
     throw_value_error("to", loc, "moving a tensor to ", device_name(device),
                       " inside jit is not supported; move the compiled function's inputs before calling it");
   detail::check_available(device, "to");
-  Tensor<T> out = detail::copy_to(x, device);
+  const std::uint64_t level = detail::batch_level_of("to", loc, {x});
+  Tensor<T> out = level ? Tensor<T>(detail::batched(to_device(detail::batch_of(x, level), device, loc), level))
+                        : detail::copy_to(x, device);
   if constexpr (FloatingPoint<T>) {
     if (detail::should_record(x))
       detail::record(out, "To", loc, {x}, {}, false, [from = x.device(), loc](const TensorBase&, const TensorBase& g) {

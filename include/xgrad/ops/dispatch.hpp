@@ -67,6 +67,31 @@ inline Device check_devices(std::string_view op, SourceLoc loc, std::span<const 
   return device_of(inputs);
 }
 
+/// A batch (on axis 0) with axes of 1 after the batch axis so that each value has `rank` axes:
+/// how a batch meets unbatched operands under broadcasting, which aligns trailing axes.
+template <class T> Tensor<T> align_batch(const Tensor<T>& physical, int rank) {
+  const int value_rank = physical.ndim() - 1;
+  if (value_rank >= rank) return physical;
+  std::vector<std::int64_t> dims{physical.shape()[0]};
+  dims.insert(dims.end(), static_cast<std::size_t>(rank - value_rank), 1);
+  for (int i = 1; i < physical.ndim(); ++i) dims.push_back(physical.shape()[i]);
+  return reshape(physical, dims);
+}
+
+/// A batch's values one after the other along their first axis ([size, n, ...] as
+/// [size * n, ...]), for ops whose rows are independent; an unbatched tensor is repeated first.
+template <class T> Tensor<T> fold_batch(const Tensor<T>& t, bool is_batched, std::int64_t size, SourceLoc loc) {
+  const Tensor<T> batch = is_batched ? t : broadcast_to(t, with_batch(size, t.shape()), loc);
+  std::vector<std::int64_t> dims{size * batch.shape()[1]};
+  for (int i = 2; i < batch.ndim(); ++i) dims.push_back(batch.shape()[i]);
+  return reshape(batch, dims, loc);
+}
+
+/// align_batch of t's batch where t is batched at `level`, else t.
+template <class T> Tensor<T> batch_aligned(const Tensor<T>& t, std::uint64_t level, int rank) {
+  return batched_at(t, level) ? align_batch(batch_of(t, level), rank) : t;
+}
+
 /// Runs primitive `def` (its definition with parameters, ir/primitive.hpp): `compute(inputs,
 /// dest)` maps concrete inputs to the output, written into `dest` when that is defined (see
 /// output()). Eagerly it runs now; while tracing, a node holding `def` joins the graph and its
@@ -178,6 +203,11 @@ concept Multilinear = requires {
   requires Def::multilinear;
 };
 template <class Def, class R, class... In>
+concept HasBatchRule = requires(const Def& def, std::span<const bool> batched, SourceLoc loc,
+                                const Tensor<In>&... inputs) {
+  { def.template batch<R>(batched, loc, inputs...) } -> std::convertible_to<TensorBase>;
+};
+template <class Def, class R, class... In>
 concept HasTangentRule = requires(const Def& def, std::span<const TensorBase> tangents, SourceLoc loc,
                                   const Tensor<R>& out, const Tensor<In>&... inputs) {
   { def.jvp(tangents, loc, out, inputs...) } -> std::convertible_to<TensorBase>;
@@ -261,9 +291,10 @@ void record_derivatives(const Def& def, const Tensor<R>& out, SourceLoc loc, con
   if constexpr (FloatingPoint<R>) {
     if constexpr (HasGradient<Def>) record_gradient(def, out, loc, inputs...);
     if constexpr (HasTangentRule<Def, R, In...>)
-      push_tangents(out, {inputs...}, [def, out, loc, inputs...](std::span<const TensorBase> tangents) {
-        return TensorBase(def.jvp(tangents, loc, out, inputs...));
-      });
+      push_tangents(out, {inputs...},
+                    [def, loc, inputs...](std::span<const TensorBase> tangents, const TensorBase& output) {
+                      return TensorBase(def.jvp(tangents, loc, Tensor<R>(output), inputs...));
+                    });
     else if constexpr (Multilinear<Def>)
       push_tangents(out, {inputs...}, [def, loc, inputs...](std::span<const TensorBase> tangents) {
         return multilinear_tangent<R>(def, loc, tangents, std::index_sequence_for<In...>{}, inputs...);
@@ -289,7 +320,14 @@ template <class R, class Def, class... In> Tensor<R> apply(const Def& def, Sourc
   OpTraits traits;
   if constexpr (HasTraits<Def, R>) traits = Def::template traits<R>();
   Tensor<R> out;
-  if constexpr (RunsWithEpilogue<Def>)
+  if (const std::uint64_t level = batch_level_of(Def::name, loc, {inputs...})) [[unlikely]] {
+    if constexpr (HasBatchRule<Def, R, In...>) {
+      const std::array<bool, sizeof...(In)> which{batched_at(inputs, level)...};
+      out = Tensor<R>(batched(def.template batch<R>(which, loc, batch_of(inputs, level)...), level));
+    } else {
+      throw_value_error(Def::name, loc, "no batching rule for vmap yet");
+    }
+  } else if constexpr (RunsWithEpilogue<Def>)
     out = Tensor<R>(primitive_with_epilogue(def, loc, {inputs...}, dtype_of<R>(), shape, compute, traits));
   else
     out = Tensor<R>(primitive(
@@ -331,15 +369,17 @@ TensorBase elementwise_tangent(std::span<const TensorBase> tangents, const Shape
 
 /// Runs unary elementwise op Op: out[i] = Op::apply(x[i]).
 template <class Op, class T> Tensor<T> unary(const Tensor<T>& x, SourceLoc loc) {
-  Tensor<T> out(primitive(
-      Op{}, loc, {x}, dtype_of<T>(), x.shape(),
-      [](std::span<const TensorBase> in, const TensorBase& dest) {
-        Tensor<T> v(in[0]);
-        auto out = output<T>(dest, v.shape(), v.device());
-        kernels::map<Op>(v.device(), out, v);
-        return TensorBase(out);
-      },
-      with_block<Op>(&cpu::unary_block<Op, T, T>, merged_block_kernels<Op, T>())));
+  const std::uint64_t level = batch_level_of(Op::name, loc, {x});
+  Tensor<T> out(level ? batched(unary<Op>(batch_of(x, level), loc), level)
+                      : primitive(
+                            Op{}, loc, {x}, dtype_of<T>(), x.shape(),
+                            [](std::span<const TensorBase> in, const TensorBase& dest) {
+                              Tensor<T> v(in[0]);
+                              auto out = output<T>(dest, v.shape(), v.device());
+                              kernels::map<Op>(v.device(), out, v);
+                              return TensorBase(out);
+                            },
+                            with_block<Op>(&cpu::unary_block<Op, T, T>, merged_block_kernels<Op, T>())));
   if constexpr (FloatingPoint<T>) {
     if (should_record(x)) {
       // Keep the input alive only for rules that read it.
@@ -350,8 +390,9 @@ template <class Op, class T> Tensor<T> unary(const Tensor<T>& x, SourceLoc loc) 
              });
     }
     // The Jacobian is diagonal, so the gradient rule applied to a tangent is the tangent's image.
-    push_tangents(out, {x},
-                  [x, out](std::span<const TensorBase> t) { return TensorBase(Op::grad(x, out, Tensor<T>(t[0]))); });
+    push_tangents(out, {x}, [x](std::span<const TensorBase> t, const TensorBase& y) {
+      return TensorBase(Op::grad(x, Tensor<T>(y), Tensor<T>(t[0])));
+    });
   }
   return out;
 }
@@ -371,16 +412,20 @@ Tensor<typename Op::template result<T>> binary(const Tensor<T>& a, const Tensor<
   using R = typename Op::template result<T>;
   OpScope scope(Op::name, loc, {a, b});
   Shape shape = broadcast_or_throw(Op::name, a, b, loc);
-  Tensor<R> out(primitive(
-      Op{}, loc, {a, b}, dtype_of<R>(), shape,
-      [shape](std::span<const TensorBase> in, const TensorBase& dest) {
-        Tensor<T> x(in[0]), y(in[1]);
-        const Device device = device_of(in);
-        auto out = output<R>(dest, shape, device);
-        kernels::map<Op>(device, out, x, y);
-        return TensorBase(out);
-      },
-      with_block<Op>(&cpu::binary_block<Op, T, R>)));
+  const std::uint64_t level = batch_level_of(Op::name, loc, {a, b});
+  Tensor<R> out(
+      level ? batched(binary<Op>(batch_aligned(a, level, shape.ndim()), batch_aligned(b, level, shape.ndim()), loc),
+                      level)
+            : primitive(
+                  Op{}, loc, {a, b}, dtype_of<R>(), shape,
+                  [shape](std::span<const TensorBase> in, const TensorBase& dest) {
+                    Tensor<T> x(in[0]), y(in[1]);
+                    const Device device = device_of(in);
+                    auto out = output<R>(dest, shape, device);
+                    kernels::map<Op>(device, out, x, y);
+                    return TensorBase(out);
+                  },
+                  with_block<Op>(&cpu::binary_block<Op, T, R>)));
   if constexpr (FloatingPoint<T> && FloatingPoint<R>) {
     if (should_record(a, b)) {
       Tensor<T> ka = Op::reads_inputs ? a : Tensor<T>(), kb = Op::reads_inputs ? b : Tensor<T>();
@@ -390,9 +435,9 @@ Tensor<typename Op::template result<T>> binary(const Tensor<T>& a, const Tensor<
                return autograd::Grads{ga, gb};
              });
     }
-    push_tangents(out, {a, b}, [a, b, out, shape](std::span<const TensorBase> t) {
+    push_tangents(out, {a, b}, [a, b, shape](std::span<const TensorBase> t, const TensorBase& y) {
       return elementwise_tangent<T>(t, shape, [&](const Tensor<T>& g, std::size_t k) {
-        auto grads = Op::grad(a, b, out, g);
+        auto grads = Op::grad(a, b, Tensor<R>(y), g);
         return TensorBase(k == 0 ? std::get<0>(grads) : std::get<1>(grads));
       });
     });
@@ -411,17 +456,22 @@ Tensor<T> ternary(const Tensor<A>& a, const Tensor<T>& b, const Tensor<T>& c, So
   if (!try_broadcast(a.shape(), b.shape(), ab) || !try_broadcast(ab, c.shape(), shape))
     throw_shape_error(Op::name, loc, "shapes cannot be broadcast together (inputs ",
                       describe_inputs({{Op::inputs[0], &a}, {Op::inputs[1], &b}, {Op::inputs[2], &c}}), ")");
-  Tensor<T> out(primitive(
-      Op{}, loc, {a, b, c}, dtype_of<T>(), shape,
-      [shape](std::span<const TensorBase> in, const TensorBase& dest) {
-        Tensor<A> x(in[0]);
-        Tensor<T> y(in[1]), z(in[2]);
-        const Device device = device_of(in);
-        auto out = output<T>(dest, shape, device);
-        kernels::map<Op>(device, out, x, y, z);
-        return TensorBase(out);
-      },
-      with_block<Op>(&cpu::ternary_block<Op, A, T>)));
+  const std::uint64_t level = batch_level_of(Op::name, loc, {a, b, c});
+  const int rank = shape.ndim();
+  Tensor<T> out(level ? batched(ternary<Op>(batch_aligned(a, level, rank), batch_aligned(b, level, rank),
+                                            batch_aligned(c, level, rank), loc),
+                                level)
+                      : primitive(
+                            Op{}, loc, {a, b, c}, dtype_of<T>(), shape,
+                            [shape](std::span<const TensorBase> in, const TensorBase& dest) {
+                              Tensor<A> x(in[0]);
+                              Tensor<T> y(in[1]), z(in[2]);
+                              const Device device = device_of(in);
+                              auto out = output<T>(dest, shape, device);
+                              kernels::map<Op>(device, out, x, y, z);
+                              return TensorBase(out);
+                            },
+                            with_block<Op>(&cpu::ternary_block<Op, A, T>)));
   if constexpr (FloatingPoint<T>) {
     if (should_record(a, b, c)) {
       const Tensor<A> ka = Op::saved[0] ? a : Tensor<A>();

@@ -22,6 +22,13 @@ struct MatMul {
     return {{"transpose_a", transpose_a ? "true" : "false"}, {"transpose_b", transpose_b ? "true" : "false"}};
   }
   bool operator==(const MatMul&) const = default;
+  /// The batch axis leads, with axes of 1 after it where the other operand has more batch axes.
+  template <class R, class T>
+  Tensor<R> batch(std::span<const bool> batched, SourceLoc loc, const Tensor<T>& a, const Tensor<T>& b) const {
+    const int rank = std::max(a.ndim() - batched[0], b.ndim() - batched[1]);
+    return detail::apply<R>(*this, loc, batched[0] ? detail::align_batch(a, rank) : a,
+                            batched[1] ? detail::align_batch(b, rank) : b);
+  }
   static Shape batch_of(const Shape& s) { return Shape(s.begin(), s.end() - 2); }
   Shape output_shape(const Shape& sa, const Shape& sb) const {
     Shape out;

@@ -45,6 +45,13 @@ struct Transpose {
   std::vector<std::int64_t> perm;
   std::vector<ir::Attr> attrs() const { return {{"perm", Shape(perm).str()}}; }
   bool operator==(const Transpose&) const = default;
+  /// Batching rules (vmap): each takes the batches (on axis 0) of the batched inputs and the
+  /// others as they are, and returns the output's batch.
+  template <class R, class T> Tensor<R> batch(std::span<const bool>, SourceLoc loc, const Tensor<T>& x) const {
+    Transpose def{{0}};
+    for (std::int64_t p : perm) def.perm.push_back(p + 1);
+    return detail::apply<R>(def, loc, x);
+  }
   Shape output_shape(const Shape& x) const {
     Shape out;
     for (auto p : perm) out.push_back(x[p]);
@@ -73,6 +80,10 @@ struct BroadcastTo {
   std::vector<ir::Attr> attrs() const { return {{"shape", shape.str()}}; }
   bool operator==(const BroadcastTo&) const = default;
   Shape output_shape() const { return shape; }
+  template <class R, class T> Tensor<R> batch(std::span<const bool>, SourceLoc loc, const Tensor<T>& x) const {
+    const Tensor<T> aligned = detail::align_batch(x, shape.ndim());
+    return detail::apply<R>(BroadcastTo{detail::with_batch(x.shape()[0], shape), aligned.shape()}, loc, aligned);
+  }
   template <class T> static OpTraits traits() { return {.block = cpu::copy_block<T>}; }  // fusion gathers per block
   template <class T> void run(Device d, const Tensor<T>& x, Tensor<T>& out) const {
     kernels::strided_copy(d, shape, x.data(), cpu::broadcast_strides(from, shape), out.data(), shape.strides());
@@ -91,6 +102,12 @@ struct Slice {
   Shape from;  // the input's shape
   std::vector<ir::Attr> attrs() const { return {{"begin", Shape(begin).str()}, {"size", Shape(size).str()}}; }
   bool operator==(const Slice&) const = default;
+  template <class R, class T> Tensor<R> batch(std::span<const bool>, SourceLoc loc, const Tensor<T>& x) const {
+    Slice def{{0}, {x.shape()[0]}, x.shape()};
+    def.begin.insert(def.begin.end(), begin.begin(), begin.end());
+    def.size.insert(def.size.end(), size.begin(), size.end());
+    return detail::apply<R>(def, loc, x);
+  }
   Shape output_shape() const {
     Shape out;
     for (std::size_t i = 0; i < begin.size(); ++i) out.push_back(size[i] == -1 ? from[i] - begin[i] : size[i]);
@@ -116,6 +133,11 @@ struct SliceGrad {
   Shape block;  // the gradient's shape, the slice's extent
   std::vector<ir::Attr> attrs() const { return {{"begin", Shape(begin).str()}}; }
   bool operator==(const SliceGrad&) const = default;
+  template <class R, class T> Tensor<R> batch(std::span<const bool>, SourceLoc loc, const Tensor<T>& g) const {
+    SliceGrad def{{0}, detail::with_batch(g.shape()[0], shape), g.shape()};
+    def.begin.insert(def.begin.end(), begin.begin(), begin.end());
+    return detail::apply<R>(def, loc, g);
+  }
   Shape output_shape() const { return shape; }
   template <class T> void run(Device d, const Tensor<T>& g, Tensor<T>& out) const {
     const auto strides = shape.strides();
@@ -164,6 +186,9 @@ struct Cast {
   DType to = DType::float32;
   std::vector<ir::Attr> attrs() const { return {{"to", std::string(dtype_short_name(to))}}; }
   bool operator==(const Cast&) const = default;
+  template <class R, class T> Tensor<R> batch(std::span<const bool>, SourceLoc loc, const Tensor<T>& x) const {
+    return detail::apply<R>(*this, loc, x);
+  }
   Shape output_shape(const Shape& x) const { return x; }
   template <class T, class U> void run(Device d, const Tensor<T>& x, Tensor<U>& out) const {
     kernels::cast(d, x.data(), out.data(), out.numel());
@@ -204,6 +229,13 @@ template <Element T> Tensor<T> reshape(const Tensor<T>& x, const std::vector<std
     throw_shape_error(op::Reshape::name, loc, "cannot reshape input ", dtype_name(x.dtype()), x.shape(), " (",
                       x.numel(), " elements) into ", shape, " (", shape.numel(), " elements)");
   const op::Reshape def{shape, x.shape()};
+  if (const std::uint64_t level = detail::batch_level_of(op::Reshape::name, loc, {x})) [[unlikely]] {
+    std::vector<std::int64_t> batch_dims{detail::batch_of(x, level).shape()[0]};
+    for (std::int64_t d : shape) batch_dims.push_back(d);
+    Tensor<T> out(detail::batched(reshape(detail::batch_of(x, level), batch_dims, loc), level));
+    detail::record_derivatives(def, out, loc, x);
+    return out;
+  }
   Tensor<T> out(detail::primitive(
       def, loc, {x}, x.dtype(), shape,
       [shape](std::span<const TensorBase> in, const TensorBase& dest) {
@@ -329,13 +361,28 @@ template <Element T> Tensor<T> concat(const std::vector<Tensor<T>>& xs, std::int
   }
   const op::Concat def{a};
   std::vector<TensorBase> inputs(xs.begin(), xs.end());
-  Tensor<T> out(detail::primitive(def, loc, inputs, dtype_of<T>(), shape,
-                                  [def, shape](std::span<const TensorBase> in, const TensorBase& dest) {
-                                    const Device device = detail::device_of(in);
-                                    auto out = detail::output<T>(dest, shape, device);
-                                    def.run(device, in, out);
-                                    return TensorBase(out);
-                                  }));
+  Tensor<T> out;
+  if (const std::uint64_t level = detail::batch_level_of(op::Concat::name, loc, xs)) [[unlikely]] {
+    // Every input's batch along a new axis 0 (an unbatched input repeated), joined along a + 1.
+    std::int64_t size = 0;
+    for (const auto& x : xs)
+      if (detail::batched_at(x, level)) size = detail::batch_of(x, level).shape()[0];
+    std::vector<Tensor<T>> batches;
+    for (const auto& x : xs) {
+      Shape repeated{size};
+      for (std::int64_t d : x.shape()) repeated.push_back(d);
+      batches.push_back(detail::batched_at(x, level) ? detail::batch_of(x, level) : broadcast_to(x, repeated, loc));
+    }
+    out = Tensor<T>(detail::batched(concat(batches, a + 1, loc), level));
+  } else {
+    out = Tensor<T>(detail::primitive(def, loc, inputs, dtype_of<T>(), shape,
+                                      [def, shape](std::span<const TensorBase> in, const TensorBase& dest) {
+                                        const Device device = detail::device_of(in);
+                                        auto out = detail::output<T>(dest, shape, device);
+                                        def.run(device, in, out);
+                                        return TensorBase(out);
+                                      }));
+  }
   if constexpr (FloatingPoint<T>) {
     if (std::any_of(xs.begin(), xs.end(), [](const auto& x) { return detail::should_record(x); })) {
       std::vector<Shape> parts;

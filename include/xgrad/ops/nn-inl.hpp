@@ -267,6 +267,15 @@ struct SoftmaxCrossEntropy {
   static constexpr Needs<2> differentiable{true, false}, saved{true, true};
   std::int64_t rows = 0, classes = 0;
   bool operator==(const SoftmaxCrossEntropy&) const = default;
+  /// The batch's rows one after the other: rows x batch rows.
+  template <class R, class T> Tensor<R> batch(std::span<const bool> batched, SourceLoc loc, const Tensor<T>& logits,
+                                              const Tensor<std::int32_t>& labels) const {
+    const std::int64_t size = batched[0] ? logits.shape()[0] : labels.shape()[0];
+    const auto loss = detail::apply<R>(SoftmaxCrossEntropy{size * rows, classes}, loc,
+                                       detail::fold_batch(logits, batched[0], size, loc),
+                                       detail::fold_batch(labels, batched[1], size, loc));
+    return reshape(loss, {size, rows}, loc);
+  }
   Shape output_shape() const { return {rows}; }
   void check(std::span<const TensorBase> in, SourceLoc loc) const {
     detail::check_labels("SoftmaxCrossEntropyWithLogits", in[1], classes, loc);
@@ -287,6 +296,14 @@ struct SoftmaxCrossEntropyGrad {
   static constexpr Needs<3> differentiable{true, false, true}, saved{true, true, true};
   std::int64_t rows = 0, classes = 0;
   bool operator==(const SoftmaxCrossEntropyGrad&) const = default;
+  template <class R, class T> Tensor<R> batch(std::span<const bool> batched, SourceLoc loc, const Tensor<T>& logits,
+                                              const Tensor<std::int32_t>& labels, const Tensor<T>& g) const {
+    const std::int64_t size = batched[0] ? logits.shape()[0] : batched[1] ? labels.shape()[0] : g.shape()[0];
+    const auto grad = detail::apply<R>(
+        SoftmaxCrossEntropyGrad{size * rows, classes}, loc, detail::fold_batch(logits, batched[0], size, loc),
+        detail::fold_batch(labels, batched[1], size, loc), detail::fold_batch(g, batched[2], size, loc));
+    return reshape(grad, {size, rows, classes}, loc);
+  }
   Shape output_shape() const { return {rows, classes}; }
   void check(std::span<const TensorBase> in, SourceLoc loc) const { detail::check_labels(name, in[1], classes, loc); }
   template <class T> void run(Device d, const Tensor<T>& logits, const Tensor<std::int32_t>& labels, const Tensor<T>& g,

@@ -1,11 +1,13 @@
 // What an op does besides its kernel, with no backend: naming itself in a failed trace's report
-// (OpScope), describing its inputs in errors, recording its gradient rule on the tape, and
-// giving its output a tangent in forward mode. The
+// (OpScope), describing its inputs in errors, recording its gradient rule on the tape, giving
+// its output a tangent in forward mode, and telling batched (vmap) inputs apart. The
 // op drivers (ops/dispatch.hpp) use these, and so do the layers above ops that record or check
 // like an op: custom_vjp (autograd/functional.hpp), jit's and control flow's tape records, the
 // nn layers.
 #pragma once
 
+#include <algorithm>
+#include <cstdint>
 #include <exception>
 #include <functional>
 #include <initializer_list>
@@ -14,6 +16,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -86,6 +89,8 @@ template <class It> void record_range(const TensorBase& out, std::string_view op
   if (reads_output) {
     node->out_storage = out.impl()->storage;
     node->out_value = out.impl()->value;
+    node->out_physical = out.impl()->physical;
+    node->out_batch_level = out.impl()->batch_level;
     node->out_version = out.version();
   }
   node->out_shape = out.shape();
@@ -106,9 +111,12 @@ inline TensorBase tangent_at(const TensorBase& t, std::uint64_t level) {
 
 /// Forward mode: for each jvp pass in progress at which an input in [first, last) carries a
 /// tangent, gives `out` its tangent there, `rule(tangents)` (the inputs' tangents in order,
-/// undefined where one has none; an undefined result is a zero tangent). The rule runs with its
-/// own pass paused, so that its ops carry the other passes' tangents (nested jvp needs them) but
-/// not a second-order term of this one.
+/// undefined where one has none; an undefined result is a zero tangent), or `rule(tangents,
+/// output)` for a rule that reads the output. The rule runs with its own pass paused, so that
+/// its ops carry the other passes' tangents (nested jvp needs them) but not a second-order term
+/// of this one. `output` is out on a handle of its own (same data and autodiff state, the
+/// tangents out has so far): the rule's ops may keep it on the tape, and out itself would there
+/// hold the very tangent computed from it, a cycle that is never freed.
 template <class It, class Rule> void push_tangents_range(const TensorBase& out, It first, It last, Rule rule) {
   if (context().forward_levels.empty()) [[likely]]
     return;
@@ -125,13 +133,24 @@ template <class It, class Rule> void push_tangents_range(const TensorBase& out, 
     context().forward_levels[i].paused = true;
     TensorBase result;
     try {
-      result = rule(std::span<const TensorBase>(tangents));
+      if constexpr (std::is_invocable_v<Rule, std::span<const TensorBase>, const TensorBase&>)
+        result = rule(std::span<const TensorBase>(tangents), TensorBase(std::make_shared<TensorImpl>(*out.impl())));
+      else
+        result = rule(std::span<const TensorBase>(tangents));
     } catch (...) {
       context().forward_levels[i].paused = false;
       throw;
     }
     context().forward_levels[i].paused = false;
-    if (result.defined()) out.impl()->tangents.push_back({level.id, result.impl()});
+    if (!result.defined()) continue;
+    out.impl()->tangents.push_back({level.id, result.impl()});
+    if (const auto& meta = out.impl()->autograd;
+        meta && meta->grad_fn &&
+        (meta->grad_fn->out_storage || meta->grad_fn->out_value || meta->grad_fn->out_physical)) {
+      auto off_tape = std::make_shared<TensorImpl>(*result.impl());
+      off_tape->autograd.reset();
+      meta->grad_fn->out_tangents.push_back({level.id, std::move(off_tape)});
+    }
   }
 }
 
@@ -175,6 +194,53 @@ inline auto no_tangent_rule(std::string_view op, SourceLoc loc) {
   return [op, loc](std::span<const TensorBase>) -> TensorBase {
     throw AutogradError(concat("jvp: ", op, " (at ", loc.str(), ") has no forward-mode rule yet"));
   };
+}
+
+/// The innermost vmap in progress at which an input is batched (its level), or 0 when none is:
+/// then the op runs its batching rule on the batches instead of its kernel. A batched tensor
+/// kept after its vmap ended is a ValueError naming `op`.
+template <class Range> std::uint64_t batch_level_of(std::string_view op, SourceLoc loc, const Range& inputs) {
+  const auto& levels = context().vmap_levels;
+  if (levels.empty()) [[likely]]
+    return 0;
+  std::uint64_t level = 0;
+  for (const TensorBase& t : inputs) {
+    const TensorImpl& impl = *t.impl();
+    if (!impl.physical) continue;
+    if (std::find(levels.begin(), levels.end(), impl.batch_level) == levels.end())
+      throw_value_error(op, loc, "a batched tensor (", dtype_name(impl.dtype), impl.shape,
+                        ") was kept after its vmap returned; return it from the mapped function instead");
+    level = std::max(level, impl.batch_level);
+  }
+  return level;
+}
+inline std::uint64_t batch_level_of(std::string_view op, SourceLoc loc, TensorRefs inputs) {
+  return batch_level_of<TensorRefs>(op, loc, inputs);
+}
+
+inline bool batched_at(const TensorBase& t, std::uint64_t level) {
+  return t.impl()->physical && t.impl()->batch_level == level;
+}
+
+/// t's batch (the batch on axis 0) where t is batched at `level`, else t itself.
+template <class T> Tensor<T> batch_of(const Tensor<T>& t, std::uint64_t level) {
+  return batched_at(t, level) ? Tensor<T>(t.impl()->physical) : t;
+}
+
+/// [size, s...]: a batch of values shaped s.
+inline Shape with_batch(std::int64_t size, const Shape& s) {
+  Shape out{size};
+  for (std::int64_t d : s) out.push_back(d);
+  return out;
+}
+
+/// The tensor standing for each value of the batch `physical` (on its axis 0) at `level`.
+inline TensorBase batched(const TensorBase& physical, std::uint64_t level) {
+  const Shape& s = physical.shape();
+  auto impl = std::make_shared<TensorImpl>(Shape(s.begin() + 1, s.end()), physical.dtype(), std::shared_ptr<Storage>());
+  impl->physical = physical.impl();
+  impl->batch_level = level;
+  return TensorBase(std::move(impl));
 }
 
 /// record_range over a braced list of inputs: the common case.

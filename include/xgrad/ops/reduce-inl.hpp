@@ -115,6 +115,17 @@ struct SumTo : ReduceTo<SumReducer> {
   static constexpr std::string_view name = "SumTo";
   Shape from;  // the input's shape, which the gradient broadcasts back to
   bool operator==(const SumTo&) const = default;
+  /// Each value summed to `shape`, which may have fewer axes than it: the batch's target has
+  /// them as 1s after the batch axis, then dropped.
+  template <class R, class T> Tensor<R> batch(std::span<const bool>, SourceLoc loc, const Tensor<T>& x) const {
+    const std::int64_t size = x.shape()[0];
+    Shape target{size};
+    for (int i = shape.ndim(); i < from.ndim(); ++i) target.push_back(1);
+    for (std::int64_t d : shape) target.push_back(d);
+    const Tensor<R> summed = detail::apply<R>(SumTo{{target}, x.shape()}, loc, x);
+    return target.ndim() == shape.ndim() + 1 ? summed
+                                             : reshape(summed, detail::with_batch(size, shape).to_vector(), loc);
+  }
   static constexpr Needs<1> differentiable{true}, saved{false};
   static constexpr bool multilinear = true;
   template <class T> autograd::Grads grad(const Tensor<T>& g, Needs<1>, SourceLoc loc, const Tensor<T>&) const {
@@ -147,10 +158,16 @@ template <class Reducer> struct Extremum : ReduceTo<Reducer> {
 struct ReduceMax : Extremum<MaxReducer> {
   static constexpr std::string_view name = "ReduceMax";
   bool operator==(const ReduceMax&) const = default;
+  template <class R, class T> Tensor<R> batch(std::span<const bool>, SourceLoc loc, const Tensor<T>& x) const {
+    return detail::apply<R>(ReduceMax{{detail::with_batch(x.shape()[0], shape)}}, loc, x);
+  }
 };
 struct ReduceMin : Extremum<MinReducer> {
   static constexpr std::string_view name = "ReduceMin";
   bool operator==(const ReduceMin&) const = default;
+  template <class R, class T> Tensor<R> batch(std::span<const bool>, SourceLoc loc, const Tensor<T>& x) const {
+    return detail::apply<R>(ReduceMin{{detail::with_batch(x.shape()[0], shape)}}, loc, x);
+  }
 };
 
 /// The index of the first largest element along `axis`, as int32. An index: no gradient.
@@ -160,6 +177,9 @@ struct Argmax {
   bool keepdims = false;
   std::vector<ir::Attr> attrs() const { return {{"axis", std::to_string(axis)}}; }
   bool operator==(const Argmax&) const = default;
+  template <class R, class T> Tensor<R> batch(std::span<const bool>, SourceLoc loc, const Tensor<T>& x) const {
+    return detail::apply<R>(Argmax{axis + 1, keepdims}, loc, x);
+  }
   Shape output_shape(const Shape& x) const {
     Shape out;
     for (int i = 0; i < x.ndim(); ++i)
