@@ -576,12 +576,32 @@ TEST_CASE("autograd: vmap's errors name the argument or the op") {
                        xg::ones<float>({3}));
                  }),
                  "stands for each value of a batch"));
-  // An op without a batching rule says so.
-  auto conv = [](const xg::Tensor<float>& x) { return xg::conv2d(x, xg::ones<float>({1, 1, 1, 1})); };
-  CHECK(contains(message_of<xg::ValueError>([&] {
-                   (void)xg::vmap(conv)(xg::ones<float>({2, 1, 1, 3, 3}));
-                 }),
-                 "no batching rule for vmap yet"));
+}
+
+TEST_CASE("autograd: vmap folds a convolution's batch into its samples, and loops, counted, over batched weights") {
+  auto conv = [](const xg::Tensor<double>& x, const xg::Tensor<double>& w) { return xg::conv2d(x, w); };
+  const auto xs = xg::randn<double>({3, 2, 1, 5, 5}, 1), ws = xg::randn<double>({3, 4, 1, 3, 3}, 2);
+  auto value = [](const xg::Tensor<double>& batch, std::int64_t i) {
+    std::vector<std::int64_t> begin(static_cast<std::size_t>(batch.ndim()), 0), size = batch.shape().to_vector();
+    begin[0] = i;
+    size[0] = 1;
+    return xg::squeeze(xg::slice(batch, begin, size), {0});
+  };
+  auto loop = [&](bool each_weight) {
+    std::vector<xg::Tensor<double>> out;
+    for (std::int64_t i = 0; i < 3; ++i) out.push_back(conv(value(xs, i), value(ws, each_weight ? i : 0)));
+    return doubles(xg::stack(out, 0));
+  };
+  auto loops = [] {
+    const auto counts = xg::vmap_loop_fallbacks();
+    const auto it = counts.find("Conv2D");
+    return it == counts.end() ? std::int64_t{0} : it->second;
+  };
+  const std::int64_t before = loops();
+  check_close(xg::vmap(conv, xg::in_axes{0, xg::none})(xs, value(ws, 0)), loop(false), 1e-13);
+  CHECK(loops() == before);  // one convolution of 3 x 2 samples
+  check_close(xg::vmap(conv)(xs, ws), loop(true), 1e-13);
+  CHECK(loops() == before + 1);  // per-example weights: one convolution per value, counted
 }
 
 TEST_CASE("autograd: no_grad: nothing is recorded and results do not require grad") {

@@ -284,6 +284,12 @@ TEST_CASE("distributed: forward mode through the collectives agrees with reverse
 
 TEST_CASE("distributed: the errors say what is wrong") {
   join();
+  // The collectives have no batching rule yet: vmap says so instead of exchanging one value.
+  CHECK(contains(
+      message_of<xg::ValueError>([] {
+        (void)xg::vmap([](const xg::Tensor<float>& x) { return dist::all_reduce(x); })(xg::ones<float>({2, 3}));
+      }),
+      "AllReduce: no batching rule for vmap yet"));
   CHECK(contains(
       message_of<xg::ValueError>([] { (void)dist::all_reduce(xg::ones<std::int32_t>({2}), dist::ReduceOp::mean); }),
       "mean of an Int32 tensor"));

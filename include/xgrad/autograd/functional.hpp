@@ -239,8 +239,14 @@ namespace detail {
 /// A forward-mode pass for a scope: a level of its own (never reused), innermost while it lasts.
 class ForwardPass {
  public:
-  ForwardPass() : m_level(++context().forward_levels_made) { context().forward_levels.push_back({m_level}); }
-  ~ForwardPass() { context().forward_levels.pop_back(); }
+  ForwardPass() : m_level(++transform_levels().made) {
+    transform_levels().forward.push_back({m_level});
+    ++context().forward_passes;
+  }
+  ~ForwardPass() {
+    transform_levels().forward.pop_back();
+    --context().forward_passes;
+  }
   ForwardPass(const ForwardPass&) = delete;
   ForwardPass& operator=(const ForwardPass&) = delete;
   std::uint64_t level() const { return m_level; }
@@ -463,8 +469,14 @@ namespace detail {
 /// A vmap in progress for a scope: a level of its own (never reused), innermost while it lasts.
 class VmapLevel {
  public:
-  VmapLevel() : m_level(++context().vmap_levels_made) { context().vmap_levels.push_back(m_level); }
-  ~VmapLevel() { context().vmap_levels.pop_back(); }
+  VmapLevel() : m_level(++transform_levels().made) {
+    transform_levels().vmap.push_back(m_level);
+    ++context().vmaps;
+  }
+  ~VmapLevel() {
+    transform_levels().vmap.pop_back();
+    --context().vmaps;
+  }
   VmapLevel(const VmapLevel&) = delete;
   VmapLevel& operator=(const VmapLevel&) = delete;
   std::uint64_t level() const { return m_level; }

@@ -19,18 +19,31 @@ struct Context {
   int transform_depth = 0;  // how many grad transforms are evaluating their function now
   int trace_depth = 0;      // how many jit traces are running on this thread (tracing::Tracer keeps it)
   int mode_override = -1;   // the Mode a mode_scope set on this thread, or -1 for the process's mode
-  struct ForwardLevel {
-    std::uint64_t id;     // never reused, so a tangent left on a tensor by an ended jvp matches no level
-    bool paused = false;  // while its own tangent rules run
-  };
-  std::vector<ForwardLevel> forward_levels;  // the jvp passes in progress, innermost last
-  std::uint64_t forward_levels_made = 0;
-  std::vector<std::uint64_t> vmap_levels;  // the vmaps in progress, innermost (largest) last; never reused
-  std::uint64_t vmap_levels_made = 0;
+  // How many jvp passes and vmaps are in progress (their levels: transform_levels()). Counts
+  // here keep the Context trivially destructible, which makes every op's look at it a plain
+  // thread-local read.
+  int forward_passes = 0;
+  int vmaps = 0;
 };
 inline Context& context() {
   thread_local Context ctx;
   return ctx;
+}
+
+/// The jvp passes and vmaps in progress on this thread, innermost last. Each has a level of its
+/// own, never reused, so a tangent or batch left on a tensor by an ended one matches none.
+struct TransformLevels {
+  struct Forward {
+    std::uint64_t id;
+    bool paused = false;  // while its own tangent rules run
+  };
+  std::vector<Forward> forward;
+  std::vector<std::uint64_t> vmap;
+  std::uint64_t made = 0;
+};
+inline TransformLevels& transform_levels() {
+  thread_local TransformLevels levels;
+  return levels;
 }
 inline std::atomic<Mode>& process_mode() {
   static std::atomic<Mode> mode{Mode::eager};

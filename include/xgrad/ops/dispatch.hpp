@@ -87,6 +87,33 @@ template <class T> Tensor<T> fold_batch(const Tensor<T>& t, bool is_batched, std
   return reshape(batch, dims, loc);
 }
 
+template <class R, class Def, class... In> Tensor<R> apply(const Def& def, SourceLoc loc, const Tensor<In>&... inputs);
+
+/// Value b of a batch (on axis 0).
+template <class T> Tensor<T> value_of_batch(const Tensor<T>& batch, std::int64_t b, SourceLoc loc) {
+  std::vector<std::int64_t> begin(static_cast<std::size_t>(batch.ndim()), 0), size = batch.shape().to_vector();
+  begin[0] = b;
+  size[0] = 1;
+  return reshape(slice(batch, begin, size, loc), std::vector<std::int64_t>(size.begin() + 1, size.end()), loc);
+}
+
+/// The batching rule of last resort, for inputs a definition's own rule cannot take (a
+/// convolution's batched weights): def on each value of the batch in turn, the results
+/// stacked. Counted and said (count_vmap_loop), never silent.
+template <class R, class Def, class... In>
+Tensor<R> batch_by_loop(const Def& def, std::span<const bool> batched, SourceLoc loc, const Tensor<In>&... inputs) {
+  count_vmap_loop(Def::name);
+  std::int64_t size = 0;
+  std::size_t k = 0;
+  ((size = batched[k++] ? inputs.shape()[0] : size), ...);
+  std::vector<Tensor<R>> values;
+  for (std::int64_t b = 0; b < size; ++b)
+    values.push_back([&]<std::size_t... K>(std::index_sequence<K...>) {
+      return apply<R>(def, loc, (batched[K] ? value_of_batch(inputs, b, loc) : inputs)...);
+    }(std::index_sequence_for<In...>{}));
+  return stack(values, 0, loc);
+}
+
 /// align_batch of t's batch where t is batched at `level`, else t.
 template <class T> Tensor<T> batch_aligned(const Tensor<T>& t, std::uint64_t level, int rank) {
   return batched_at(t, level) ? align_batch(batch_of(t, level), rank) : t;
@@ -263,8 +290,6 @@ void record_gradient(const Def& def, const Tensor<R>& out, SourceLoc loc, const 
       kept);
 }
 
-template <class R, class Def, class... In> Tensor<R> apply(const Def& def, SourceLoc loc, const Tensor<In>&... inputs);
-
 /// The tangent of a definition linear in each differentiable input (`static constexpr bool
 /// multilinear = true`: matmul, conv2d, the shape ops, pooling's adjoints): the sum over those
 /// inputs of def applied with that input replaced by its tangent.
@@ -291,12 +316,11 @@ void record_derivatives(const Def& def, const Tensor<R>& out, SourceLoc loc, con
   if constexpr (FloatingPoint<R>) {
     if constexpr (HasGradient<Def>) record_gradient(def, out, loc, inputs...);
     if constexpr (HasTangentRule<Def, R, In...>)
-      push_tangents(out, {inputs...},
-                    [def, loc, inputs...](std::span<const TensorBase> tangents, const TensorBase& output) {
-                      return TensorBase(def.jvp(tangents, loc, Tensor<R>(output), inputs...));
-                    });
+      push_tangents(out, {inputs...}, [&](std::span<const TensorBase> tangents, const TensorBase& output) {
+        return TensorBase(def.jvp(tangents, loc, Tensor<R>(output), inputs...));
+      });
     else if constexpr (Multilinear<Def>)
-      push_tangents(out, {inputs...}, [def, loc, inputs...](std::span<const TensorBase> tangents) {
+      push_tangents(out, {inputs...}, [&](std::span<const TensorBase> tangents) {
         return multilinear_tangent<R>(def, loc, tangents, std::index_sequence_for<In...>{}, inputs...);
       });
     else
@@ -390,7 +414,7 @@ template <class Op, class T> Tensor<T> unary(const Tensor<T>& x, SourceLoc loc) 
              });
     }
     // The Jacobian is diagonal, so the gradient rule applied to a tangent is the tangent's image.
-    push_tangents(out, {x}, [x](std::span<const TensorBase> t, const TensorBase& y) {
+    push_tangents(out, {x}, [&x](std::span<const TensorBase> t, const TensorBase& y) {
       return TensorBase(Op::grad(x, Tensor<T>(y), Tensor<T>(t[0])));
     });
   }
@@ -435,7 +459,7 @@ Tensor<typename Op::template result<T>> binary(const Tensor<T>& a, const Tensor<
                return autograd::Grads{ga, gb};
              });
     }
-    push_tangents(out, {a, b}, [a, b, shape](std::span<const TensorBase> t, const TensorBase& y) {
+    push_tangents(out, {a, b}, [&](std::span<const TensorBase> t, const TensorBase& y) {
       return elementwise_tangent<T>(t, shape, [&](const Tensor<T>& g, std::size_t k) {
         auto grads = Op::grad(a, b, Tensor<R>(y), g);
         return TensorBase(k == 0 ? std::get<0>(grads) : std::get<1>(grads));
@@ -480,7 +504,7 @@ Tensor<T> ternary(const Tensor<A>& a, const Tensor<T>& b, const Tensor<T>& c, So
         return Op::grad(ka, kb, kc, Tensor<T>(g));  // the engine sums each to its input's shape
       });
     }
-    push_tangents(out, {a, b, c}, [a, b, c, shape](std::span<const TensorBase> t) {
+    push_tangents(out, {a, b, c}, [&](std::span<const TensorBase> t) {
       return elementwise_tangent<T>(
           t, shape, [&](const Tensor<T>& g, std::size_t k) { return TensorBase(Op::grad(a, b, c, g)[k]); });
     });

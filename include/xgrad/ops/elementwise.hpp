@@ -23,25 +23,27 @@ template <class T> using bool_result = bool;
 // The ops as lists, which drive the declarations here, the definitions (ops/elementwise-inl.hpp)
 // and the instances below: fn, Op (its struct, op::Op), the concept of the types it takes, and
 // for a binary op the element type of its result.
-#define XGRAD_UNARY_FUNCTIONS(M, ...)                                                                               \
-  M(neg, Neg, Numeric, __VA_ARGS__)                                                                                 \
-  M(exp, Exp, FloatingPoint, __VA_ARGS__)                                                                           \
-  M(log, Log, FloatingPoint, __VA_ARGS__)                                                                           \
-  M(sqrt, Sqrt, FloatingPoint, __VA_ARGS__)                                                                         \
-  M(rsqrt, Rsqrt, FloatingPoint, __VA_ARGS__)                                                                       \
-  M(tanh, Tanh, FloatingPoint, __VA_ARGS__)                                                                         \
-  M(sigmoid, Sigmoid, FloatingPoint, __VA_ARGS__) M(relu, Relu, Numeric, __VA_ARGS__)                               \
-      M(sign, Sign, Numeric, __VA_ARGS__) M(abs, Abs, Numeric, __VA_ARGS__) M(square, Square, Numeric, __VA_ARGS__) \
-          M(sin, Sin, FloatingPoint, __VA_ARGS__) M(cos, Cos, FloatingPoint, __VA_ARGS__)
-#define XGRAD_BINARY_FUNCTIONS(M, ...)                                                                      \
-  M(add, Add, Numeric, same_result, __VA_ARGS__)                                                            \
-  M(sub, Sub, Numeric, same_result, __VA_ARGS__)                                                            \
-  M(mul, Mul, Numeric, same_result, __VA_ARGS__)                                                            \
-  M(div, Div, Numeric, same_result, __VA_ARGS__)                                                            \
-  M(pow, Pow, Numeric, same_result, __VA_ARGS__)                                                            \
-  M(maximum, Maximum, Numeric, same_result, __VA_ARGS__)                                                    \
-  M(minimum, Minimum, Numeric, same_result, __VA_ARGS__) M(equal, Equal, Element, bool_result, __VA_ARGS__) \
-      M(less, Less, Numeric, bool_result, __VA_ARGS__) M(greater, Greater, Numeric, bool_result, __VA_ARGS__)
+#define XGRAD_UNARY_FUNCTIONS(M, ...)                                                                           \
+  M(neg, Neg, Numeric, __VA_ARGS__)                                                                             \
+  M(exp, Exp, FloatingPoint, __VA_ARGS__)                                                                       \
+  M(log, Log, FloatingPoint, __VA_ARGS__)                                                                       \
+  M(sqrt, Sqrt, FloatingPoint, __VA_ARGS__)                                                                     \
+  M(rsqrt, Rsqrt, FloatingPoint, __VA_ARGS__)                                                                   \
+  M(tanh, Tanh, FloatingPoint, __VA_ARGS__)                                                                     \
+  M(sigmoid, Sigmoid, FloatingPoint, __VA_ARGS__)                                                               \
+  M(relu, Relu, Numeric, __VA_ARGS__)                                                                           \
+  M(sign, Sign, Numeric, __VA_ARGS__) M(abs, Abs, Numeric, __VA_ARGS__) M(square, Square, Numeric, __VA_ARGS__) \
+      M(sin, Sin, FloatingPoint, __VA_ARGS__) M(cos, Cos, FloatingPoint, __VA_ARGS__)
+#define XGRAD_BINARY_FUNCTIONS(M, ...)                   \
+  M(add, Add, Numeric, same_result, __VA_ARGS__)         \
+  M(sub, Sub, Numeric, same_result, __VA_ARGS__)         \
+  M(mul, Mul, Numeric, same_result, __VA_ARGS__)         \
+  M(div, Div, Numeric, same_result, __VA_ARGS__)         \
+  M(pow, Pow, Numeric, same_result, __VA_ARGS__)         \
+  M(maximum, Maximum, Numeric, same_result, __VA_ARGS__) \
+  M(minimum, Minimum, Numeric, same_result, __VA_ARGS__) \
+  M(equal, Equal, Element, bool_result, __VA_ARGS__)     \
+  M(less, Less, Numeric, bool_result, __VA_ARGS__) M(greater, Greater, Numeric, bool_result, __VA_ARGS__)
 
 #define XGRAD_UNARY_DECLARATION(fn, Op, Constraint, ...)       \
   /** Elementwise Op (see op::Op, ops/elementwise-inl.hpp). */ \

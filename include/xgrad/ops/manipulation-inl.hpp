@@ -392,7 +392,7 @@ template <Element T> Tensor<T> concat(const std::vector<Tensor<T>>& xs, std::int
           out, op::Concat::name, loc, refs.begin(), refs.end(), {}, false,
           [def, parts, loc](const TensorBase&, const TensorBase& g) { return def.grad(Tensor<T>(g), loc, parts); });
     }
-    detail::push_tangents_range(out, xs.begin(), xs.end(), [xs, a, loc](std::span<const TensorBase> tangents) {
+    detail::push_tangents_range(out, xs.begin(), xs.end(), [&](std::span<const TensorBase> tangents) {
       std::vector<Tensor<T>> parts;
       for (std::size_t k = 0; k < xs.size(); ++k)
         parts.push_back(tangents[k].defined() ? Tensor<T>(tangents[k]) : zeros_like(xs[k], loc));

@@ -77,6 +77,29 @@ template <class Geometry> struct Windowed {
   bool operator==(const Windowed&) const = default;
 };
 
+/// The batching rule of a windowed primitive: the batch folded into the samples (input k leads
+/// with the samples where `samples[k]`; a convolution's weights do not, and are not batched),
+/// def run once on size x n samples, the result's samples unfolded into [size, n, ...].
+template <class R, class Def, class... In> Tensor<R> fold_samples(Def def, std::span<const bool> batched,
+                                                                  std::array<bool, sizeof...(In)> samples,
+                                                                  SourceLoc loc, const Tensor<In>&... inputs) {
+  std::int64_t size = 0;
+  std::size_t k = 0;
+  ((size = batched[k++] ? inputs.shape()[0] : size), ...);
+  const std::int64_t n = def.geometry.n;
+  def.geometry.n = n * size;
+  auto fold = [&](const auto& x, std::size_t i) {
+    return samples[i] ? detail::fold_batch(x, batched[i], size, loc) : x;
+  };
+  const Tensor<R> out = [&]<std::size_t... K>(std::index_sequence<K...>) {
+    return detail::apply<R>(def, loc, fold(inputs, K)...);
+  }
+  (std::index_sequence_for<In...>{});
+  std::vector<std::int64_t> dims{size, n};
+  for (int i = 1; i < out.ndim(); ++i) dims.push_back(out.shape()[i]);
+  return reshape(out, dims, loc);
+}
+
 // Each primitive of the family: its output shape, its kernel (backend/kernels.hpp) and its
 // gradient rule (below the definitions: the rules run each other's primitives). Each gradient
 // is a primitive too, the pairs adjoint, so gradients of gradients work.
@@ -87,6 +110,11 @@ struct Conv2D : Windowed<cpu::Conv2dGeometry> {
   static constexpr Needs<2> differentiable{true, true}, saved{true, true};
   static constexpr bool multilinear = true;
   Shape output_shape() const { return {geometry.n, geometry.c_out, geometry.out_h, geometry.out_w}; }
+  template <class R, class T>
+  Tensor<R> batch(std::span<const bool> batched, SourceLoc loc, const Tensor<T>& x, const Tensor<T>& w) const {
+    if (batched[1]) return detail::batch_by_loop<R>(*this, batched, loc, x, w);
+    return fold_samples<R>(*this, batched, {true, false}, loc, x, w);
+  }
   template <class T>
   void run(Device d, const Tensor<T>& x, const Tensor<T>& w, Tensor<T>& y, const ir::BlockDone* done) const {
     kernels::conv2d_forward(d, geometry, x.data(), w.data(), y.data(), done);
@@ -100,6 +128,11 @@ struct Conv2DInputGrad : Windowed<cpu::Conv2dGeometry> {
   static constexpr Needs<2> differentiable{true, true}, saved{true, true};
   static constexpr bool multilinear = true;
   Shape output_shape() const { return {geometry.n, geometry.c_in, geometry.h, geometry.w}; }
+  template <class R, class T>
+  Tensor<R> batch(std::span<const bool> batched, SourceLoc loc, const Tensor<T>& gy, const Tensor<T>& w) const {
+    if (batched[1]) return detail::batch_by_loop<R>(*this, batched, loc, gy, w);
+    return fold_samples<R>(*this, batched, {true, false}, loc, gy, w);
+  }
   template <class T> void run(Device d, const Tensor<T>& gy, const Tensor<T>& w, Tensor<T>& gx) const {
     kernels::conv2d_backward_input(d, geometry, gy.data(), w.data(), gx.data());
   }
@@ -112,6 +145,11 @@ struct Conv2DWeightGrad : Windowed<cpu::Conv2dGeometry> {
   static constexpr Needs<2> differentiable{true, true}, saved{true, true};
   static constexpr bool multilinear = true;
   Shape output_shape() const { return {geometry.c_out, geometry.c_in, geometry.kh, geometry.kw}; }
+  /// A sum over the samples: each value's weights gradient is its own.
+  template <class R, class T>
+  Tensor<R> batch(std::span<const bool> batched, SourceLoc loc, const Tensor<T>& x, const Tensor<T>& gy) const {
+    return detail::batch_by_loop<R>(*this, batched, loc, x, gy);
+  }
   template <class T> void run(Device d, const Tensor<T>& x, const Tensor<T>& gy, Tensor<T>& gw) const {
     kernels::conv2d_backward_weight(d, geometry, x.data(), gy.data(), gw.data());
   }
@@ -124,6 +162,9 @@ struct Conv2DWeightGrad : Windowed<cpu::Conv2dGeometry> {
 struct MaxPoolArgmax : Windowed<cpu::Pool2dGeometry> {
   static constexpr std::string_view name = "MaxPoolArgmax";
   Shape output_shape() const { return {geometry.n, geometry.c, geometry.out_h, geometry.out_w}; }
+  template <class R, class T> Tensor<R> batch(std::span<const bool> batched, SourceLoc loc, const Tensor<T>& x) const {
+    return fold_samples<R>(*this, batched, {true}, loc, x);
+  }
   template <class T> void run(Device d, const Tensor<T>& x, Tensor<std::int32_t>& idx) const {
     kernels::max_pool2d_argmax(d, geometry, x.data(), idx.data());
   }
@@ -134,6 +175,10 @@ struct MaxPoolTake : Windowed<cpu::Pool2dGeometry> {
   static constexpr Needs<2> differentiable{true, false}, saved{false, true};
   static constexpr bool multilinear = true;
   Shape output_shape() const { return {geometry.n, geometry.c, geometry.out_h, geometry.out_w}; }
+  template <class R, class T> Tensor<R> batch(std::span<const bool> batched, SourceLoc loc, const Tensor<T>& v,
+                                              const Tensor<std::int32_t>& idx) const {
+    return fold_samples<R>(*this, batched, {true, true}, loc, v, idx);
+  }
   template <class T> void run(Device d, const Tensor<T>& v, const Tensor<std::int32_t>& idx, Tensor<T>& out) const {
     kernels::max_pool2d_take(d, geometry, idx.data(), v.data(), out.data());
   }
@@ -147,6 +192,10 @@ struct MaxPoolPut : Windowed<cpu::Pool2dGeometry> {
   static constexpr Needs<2> differentiable{false, true}, saved{true, false};
   static constexpr bool multilinear = true;
   Shape output_shape() const { return {geometry.n, geometry.c, geometry.h, geometry.w}; }
+  template <class R, class T> Tensor<R> batch(std::span<const bool> batched, SourceLoc loc,
+                                              const Tensor<std::int32_t>& idx, const Tensor<T>& gy) const {
+    return fold_samples<R>(*this, batched, {true, true}, loc, idx, gy);
+  }
   template <class T> void run(Device d, const Tensor<std::int32_t>& idx, const Tensor<T>& gy, Tensor<T>& gx) const {
     kernels::max_pool2d_put(d, geometry, idx.data(), gy.data(), gx.data());
   }
@@ -160,6 +209,9 @@ struct AvgPool : Windowed<cpu::Pool2dGeometry> {
   static constexpr Needs<1> differentiable{true}, saved{false};
   static constexpr bool multilinear = true;
   Shape output_shape() const { return {geometry.n, geometry.c, geometry.out_h, geometry.out_w}; }
+  template <class R, class T> Tensor<R> batch(std::span<const bool> batched, SourceLoc loc, const Tensor<T>& x) const {
+    return fold_samples<R>(*this, batched, {true}, loc, x);
+  }
   template <class T> void run(Device d, const Tensor<T>& x, Tensor<T>& y) const {
     kernels::avg_pool2d_forward(d, geometry, x.data(), y.data());
   }
@@ -171,6 +223,9 @@ struct AvgPoolGrad : Windowed<cpu::Pool2dGeometry> {
   static constexpr Needs<1> differentiable{true}, saved{false};
   static constexpr bool multilinear = true;
   Shape output_shape() const { return {geometry.n, geometry.c, geometry.h, geometry.w}; }
+  template <class R, class T> Tensor<R> batch(std::span<const bool> batched, SourceLoc loc, const Tensor<T>& g) const {
+    return fold_samples<R>(*this, batched, {true}, loc, g);
+  }
   template <class T> void run(Device d, const Tensor<T>& gy, Tensor<T>& gx) const {
     kernels::avg_pool2d_backward(d, geometry, gy.data(), gx.data());
   }
@@ -182,6 +237,9 @@ struct ResizeBilinear : Windowed<ResizeGeometry> {
   static constexpr Needs<1> differentiable{true}, saved{false};
   static constexpr bool multilinear = true;
   Shape output_shape() const { return {geometry.n, geometry.c, geometry.out_h, geometry.out_w}; }
+  template <class R, class T> Tensor<R> batch(std::span<const bool> batched, SourceLoc loc, const Tensor<T>& x) const {
+    return fold_samples<R>(*this, batched, {true}, loc, x);
+  }
   template <class T> void run(Device d, const Tensor<T>& x, Tensor<T>& y) const {
     const ResizeGeometry& r = geometry;
     kernels::resize_bilinear_forward(d, r.n, r.c, r.h, r.w, r.out_h, r.out_w, r.align_corners, x.data(), y.data());
@@ -194,6 +252,9 @@ struct ResizeBilinearGrad : Windowed<ResizeGeometry> {
   static constexpr Needs<1> differentiable{true}, saved{false};
   static constexpr bool multilinear = true;
   Shape output_shape() const { return {geometry.n, geometry.c, geometry.h, geometry.w}; }
+  template <class R, class T> Tensor<R> batch(std::span<const bool> batched, SourceLoc loc, const Tensor<T>& g) const {
+    return fold_samples<R>(*this, batched, {true}, loc, g);
+  }
   template <class T> void run(Device d, const Tensor<T>& gy, Tensor<T>& gx) const {
     const ResizeGeometry& r = geometry;
     kernels::resize_bilinear_backward(d, r.n, r.c, r.h, r.w, r.out_h, r.out_w, r.align_corners, gy.data(), gx.data());
@@ -255,6 +316,9 @@ struct OneHot {
     return out;
   }
   void check(std::span<const TensorBase> in, SourceLoc loc) const { detail::check_labels(name, in[0], depth, loc); }
+  template <class R> Tensor<R> batch(std::span<const bool>, SourceLoc loc, const Tensor<std::int32_t>& labels) const {
+    return detail::apply<R>(OneHot{depth, count * labels.shape()[0]}, loc, labels);
+  }
   template <class T> void run(Device d, const Tensor<std::int32_t>& labels, Tensor<T>& out) const {
     kernels::tabulate(d, out.data(), count * depth, detail::OneHotElement<T>{labels.data(), depth});
   }

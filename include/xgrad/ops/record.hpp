@@ -8,11 +8,14 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <exception>
 #include <functional>
 #include <initializer_list>
 #include <iterator>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
@@ -109,7 +112,8 @@ inline TensorBase tangent_at(const TensorBase& t, std::uint64_t level) {
   return {};
 }
 
-/// Forward mode: for each jvp pass in progress at which an input in [first, last) carries a
+/// Forward mode (called right after the op, so its rule may take what it reads by reference):
+/// for each jvp pass in progress at which an input in [first, last) carries a
 /// tangent, gives `out` its tangent there, `rule(tangents)` (the inputs' tangents in order,
 /// undefined where one has none; an undefined result is a zero tangent), or `rule(tangents,
 /// output)` for a rule that reads the output. The rule runs with its own pass paused, so that
@@ -118,10 +122,10 @@ inline TensorBase tangent_at(const TensorBase& t, std::uint64_t level) {
 /// tangents out has so far): the rule's ops may keep it on the tape, and out itself would there
 /// hold the very tangent computed from it, a cycle that is never freed.
 template <class It, class Rule> void push_tangents_range(const TensorBase& out, It first, It last, Rule rule) {
-  if (context().forward_levels.empty()) [[likely]]
+  if (context().forward_passes == 0) [[likely]]
     return;
-  for (std::size_t i = 0; i < context().forward_levels.size(); ++i) {
-    const Context::ForwardLevel level = context().forward_levels[i];
+  for (std::size_t i = 0; i < transform_levels().forward.size(); ++i) {
+    const TransformLevels::Forward level = transform_levels().forward[i];
     if (level.paused || tangent_at(out, level.id).defined()) continue;  // out is an input: it has its tangent
     std::vector<TensorBase> tangents;
     bool any = false;
@@ -130,7 +134,7 @@ template <class It, class Rule> void push_tangents_range(const TensorBase& out, 
       any = any || tangents.back().defined();
     }
     if (!any) continue;
-    context().forward_levels[i].paused = true;
+    transform_levels().forward[i].paused = true;
     TensorBase result;
     try {
       if constexpr (std::is_invocable_v<Rule, std::span<const TensorBase>, const TensorBase&>)
@@ -138,10 +142,10 @@ template <class It, class Rule> void push_tangents_range(const TensorBase& out, 
       else
         result = rule(std::span<const TensorBase>(tangents));
     } catch (...) {
-      context().forward_levels[i].paused = false;
+      transform_levels().forward[i].paused = false;
       throw;
     }
-    context().forward_levels[i].paused = false;
+    transform_levels().forward[i].paused = false;
     if (!result.defined()) continue;
     out.impl()->tangents.push_back({level.id, result.impl()});
     if (const auto& meta = out.impl()->autograd;
@@ -164,13 +168,13 @@ template <class Rule> void push_tangents(const TensorBase& out, TensorRefs input
 class TangentsPaused {
  public:
   TangentsPaused() {
-    for (auto& level : context().forward_levels) {
+    for (auto& level : transform_levels().forward) {
       m_paused.push_back(level.paused);
       level.paused = true;
     }
   }
   ~TangentsPaused() {
-    for (std::size_t i = 0; i < m_paused.size(); ++i) context().forward_levels[i].paused = m_paused[i];
+    for (std::size_t i = 0; i < m_paused.size(); ++i) transform_levels().forward[i].paused = m_paused[i];
   }
   TangentsPaused(const TangentsPaused&) = delete;
   TangentsPaused& operator=(const TangentsPaused&) = delete;
@@ -181,7 +185,9 @@ class TangentsPaused {
 
 /// True when a tensor in [first, last) carries a tangent of a jvp pass in progress.
 template <class It> bool carries_tangents(It first, It last) {
-  for (const Context::ForwardLevel& level : context().forward_levels)
+  if (context().forward_passes == 0) [[likely]]
+    return false;
+  for (const TransformLevels::Forward& level : transform_levels().forward)
     if (!level.paused)
       for (It it = first; it != last; ++it)
         if (tangent_at(*it, level.id).defined()) return true;
@@ -200,9 +206,9 @@ inline auto no_tangent_rule(std::string_view op, SourceLoc loc) {
 /// then the op runs its batching rule on the batches instead of its kernel. A batched tensor
 /// kept after its vmap ended is a ValueError naming `op`.
 template <class Range> std::uint64_t batch_level_of(std::string_view op, SourceLoc loc, const Range& inputs) {
-  const auto& levels = context().vmap_levels;
-  if (levels.empty()) [[likely]]
+  if (context().vmaps == 0) [[likely]]
     return 0;
+  const auto& levels = transform_levels().vmap;
   std::uint64_t level = 0;
   for (const TensorBase& t : inputs) {
     const TensorImpl& impl = *t.impl();
@@ -234,6 +240,28 @@ inline Shape with_batch(std::int64_t size, const Shape& s) {
   return out;
 }
 
+/// How often vmap ran each op once per value of a batch, for want of a batched form (by op).
+inline std::map<std::string, std::int64_t, std::less<>>& vmap_loops(std::unique_lock<std::mutex>& lock) {
+  static std::mutex mutex;
+  static std::map<std::string, std::int64_t, std::less<>> loops;
+  lock = std::unique_lock<std::mutex>(mutex);
+  return loops;
+}
+
+/// Counts one loop of vmap over `op`'s batch, and says so on stderr the first time for each op:
+/// a fallback is never silent.
+inline void count_vmap_loop(std::string_view op) {
+  std::unique_lock<std::mutex> lock;
+  auto& loops = vmap_loops(lock);
+  auto [entry, first] = loops.try_emplace(std::string(op), 0);
+  ++entry->second;
+  if (first)
+    std::fprintf(stderr,
+                 "xgrad: vmap runs %.*s once per value of the batch (no batched form for these inputs yet); "
+                 "xg::vmap_loop_fallbacks() counts such loops\n",
+                 static_cast<int>(op.size()), op.data());
+}
+
 /// The tensor standing for each value of the batch `physical` (on its axis 0) at `level`.
 inline TensorBase batched(const TensorBase& physical, std::uint64_t level) {
   const Shape& s = physical.shape();
@@ -250,3 +278,16 @@ inline void record(const TensorBase& out, std::string_view op, SourceLoc loc, Te
 }
 
 }  // namespace xgrad::detail
+
+namespace xgrad {
+
+/// How often vmap has run each op once per value of a batch instead of on the whole batch (an
+/// op whose batching rule cannot take these inputs, such as a convolution with batched weights),
+/// by op name, since the program started.
+inline std::map<std::string, std::int64_t> vmap_loop_fallbacks() {
+  std::unique_lock<std::mutex> lock;
+  const auto& loops = detail::vmap_loops(lock);
+  return {loops.begin(), loops.end()};
+}
+
+}  // namespace xgrad
