@@ -324,121 +324,6 @@ template <class F, FloatingPoint T> auto jvp(F f, const Tensor<T>& primal, const
   return jvp([&f](const Tensor<T>& x) { return f(x); }, std::tuple{primal}, std::tuple{tangent});
 }
 
-namespace detail {
-
-/// The i-th vector of the standard basis of tensors like `like`: 1 at element i, 0 elsewhere.
-template <class T> Tensor<T> basis(const Tensor<T>& like, std::int64_t i) {
-  std::vector<T> values(static_cast<std::size_t>(like.numel()), T(0));
-  values[static_cast<std::size_t>(i)] = T(1);
-  const Tensor<T> e = tensor(values, like.shape());
-  return like.device() == Device::cpu ? e : e.to(like.device());
-}
-
-/// A Jacobian from its parts: one per element of a tensor shaped `index`, each shaped `part`;
-/// shaped index + part with `index_first` (rows, from reverse mode), else part + index
-/// (columns, from forward mode).
-template <class T>
-Tensor<T> jacobian_of(const std::vector<Tensor<T>>& parts, const Shape& index, const Shape& part, bool index_first) {
-  std::vector<std::int64_t> dims;
-  for (std::int64_t d : index_first ? index : part) dims.push_back(d);
-  for (std::int64_t d : index_first ? part : index) dims.push_back(d);
-  if (parts.empty()) return zeros<T>(Shape(dims));
-  return reshape(stack(parts, index_first ? 0 : part.ndim()), dims);
-}
-
-/// f of the arguments `args` with those at I... replaced by `selected`: the function of those
-/// arguments that a transform differentiates.
-template <class F, class Args, std::size_t... I> auto of_selected(const F& f, const Args& args, Argnums<I...>) {
-  return [&f, &args](const auto&... selected) {
-    Args all = args;
-    ((std::get<I>(all) = selected), ...);
-    return std::apply(f, all);
-  };
-}
-
-template <class Out> void check_jacobian_output() {
-  static_assert(is_tensor<std::decay_t<Out>>::value && FloatingPoint<typename std::decay_t<Out>::value_type>,
-                "jacrev / jacfwd / hessian: the function must return one float tensor");
-}
-
-/// One tensor for one argument, the tuple for several.
-template <class Tuple> auto one_or_tuple(Tuple t) {
-  if constexpr (std::tuple_size_v<Tuple> == 1)
-    return std::get<0>(t);
-  else
-    return t;
-}
-
-}  // namespace detail
-
-/// f's Jacobian with respect to the arguments in argnums by reverse mode, one pullback per
-/// element of f's output (JAX's jacrev, MindSpore's ops.jacrev): for an output shaped O and an
-/// argument shaped A, a tensor shaped O + A (one tensor for one index, a tuple for several).
-template <class F, std::size_t... I> auto jacrev(F f, Argnums<I...> which) {
-  static_assert(sizeof...(I) > 0, "jacrev: argnums needs at least one index");
-  return [f, which](const auto&... args) {
-    const auto all = std::make_tuple(args...);
-    const auto [y, pullback] = vjp(detail::of_selected(f, all, which), std::get<I>(all)...);
-    const Shape out_shape = y.shape();  // the lambdas below cannot capture a structured binding (clang 14)
-    detail::check_jacobian_output<decltype(y)>();
-    using T = typename decltype(y)::value_type;
-    std::tuple<std::vector<std::decay_t<decltype(std::get<I>(all))>>...> rows;
-    for (std::int64_t i = 0; i < y.numel(); ++i) {
-      const auto cotangents = pullback(detail::basis<T>(y, i));
-      [&]<std::size_t... K>(std::index_sequence<K...>) { (std::get<K>(rows).push_back(std::get<K>(cotangents)), ...); }
-      (std::make_index_sequence<sizeof...(I)>{});
-    }
-    return detail::one_or_tuple([&]<std::size_t... K>(std::index_sequence<K...>) {
-      return std::tuple{detail::jacobian_of(std::get<K>(rows), out_shape, std::get<I>(all).shape(), true)...};
-    }(std::make_index_sequence<sizeof...(I)>{}));
-  };
-}
-
-/// f's Jacobian with respect to its first argument, by reverse mode.
-template <class F> auto jacrev(F f) { return jacrev(std::move(f), argnums<0>); }
-
-/// f's Jacobian with respect to the arguments in argnums by forward mode, one jvp per element of
-/// each argument (JAX's jacfwd, MindSpore's ops.jacfwd): shaped as jacrev's.
-template <class F, std::size_t... I> auto jacfwd(F f, Argnums<I...> which) {
-  static_assert(sizeof...(I) > 0, "jacfwd: argnums needs at least one index");
-  return [f, which](const auto&... args) {
-    const auto all = std::make_tuple(args...);
-    const auto selected = std::make_tuple(std::get<I>(all)...);
-    const auto g = detail::of_selected(f, all, which);
-    using Y = std::decay_t<decltype(std::apply(g, selected))>;
-    detail::check_jacobian_output<Y>();
-    auto jacobian = [&]<std::size_t K>(std::integral_constant<std::size_t, K>) {
-      const auto& x = std::get<K>(selected);
-      std::vector<Y> columns;
-      Shape out_shape;
-      for (std::int64_t j = 0; j < x.numel(); ++j) {
-        auto tangents = std::apply([](const auto&... s) { return std::tuple{zeros_like(s)...}; }, selected);
-        std::get<K>(tangents) = detail::basis(x, j);
-        auto [y, ty] = jvp(g, selected, tangents);
-        out_shape = y.shape();
-        columns.push_back(ty);
-      }
-      if (columns.empty()) out_shape = std::apply(g, selected).shape();
-      return detail::jacobian_of(columns, x.shape(), out_shape, false);
-    };
-    return detail::one_or_tuple([&]<std::size_t... K>(std::index_sequence<K...>) {
-      return std::tuple{jacobian(std::integral_constant<std::size_t, K>{})...};
-    }(std::make_index_sequence<sizeof...(I)>{}));
-  };
-}
-
-/// f's Jacobian with respect to its first argument, by forward mode.
-template <class F> auto jacfwd(F f) { return jacfwd(std::move(f), argnums<0>); }
-
-/// The Hessian of f with respect to argument I: jacfwd of jacrev, forward over reverse; for an
-/// output shaped O and an argument shaped A, shaped O + A + A (A + A for a scalar f).
-template <class F, std::size_t I> auto hessian(F f, Argnums<I> which) {
-  return jacfwd(jacrev(std::move(f), which), which);
-}
-
-/// The Hessian of f with respect to its first argument.
-template <class F> auto hessian(F f) { return hessian(std::move(f), argnums<0>); }
-
 /// vmap's mark for an argument that is not mapped over: `xg::in_axes{0, xg::none}`.
 struct None {};
 inline constexpr None none{};
@@ -550,6 +435,125 @@ template <class F> auto vmap(F f, in_axes axes = {}, std::int64_t out_axis = 0, 
       return std::apply([&](const auto&... ys) { return std::tuple{unwrap(ys)...}; }, out);
   };
 }
+
+namespace detail {
+
+/// The standard basis of tensors like `like`, stacked along a new axis 0: [numel, like's
+/// shape...], value i holding a 1 at element i.
+template <class T> Tensor<T> basis(const Tensor<T>& like) {
+  const auto n = static_cast<std::size_t>(like.numel());
+  std::vector<T> values(n * n, T(0));
+  for (std::size_t i = 0; i < n; ++i) values[i * n + i] = T(1);
+  const Tensor<T> e = tensor(values, with_batch(like.numel(), like.shape()));
+  return like.device() == Device::cpu ? e : e.to(like.device());
+}
+
+/// [out..., in...] as a Jacobian's shape.
+inline std::vector<std::int64_t> jacobian_shape(const Shape& out, const Shape& in) {
+  std::vector<std::int64_t> dims = out.to_vector();
+  for (std::int64_t d : in) dims.push_back(d);
+  return dims;
+}
+
+/// f of the arguments `args` with those at I... replaced by `selected`: the function of those
+/// arguments that a transform differentiates.
+template <class F, class Args, std::size_t... I> auto of_selected(const F& f, const Args& args, Argnums<I...>) {
+  return [&f, &args](const auto&... selected) {
+    Args all = args;
+    ((std::get<I>(all) = selected), ...);
+    return std::apply(f, all);
+  };
+}
+
+template <class Out> void check_jacobian_output() {
+  static_assert(is_tensor<std::decay_t<Out>>::value && FloatingPoint<typename std::decay_t<Out>::value_type>,
+                "jacrev / jacfwd / hessian: the function must return one float tensor");
+}
+
+/// One tensor for one argument, the tuple for several.
+template <class Tuple> auto one_or_tuple(Tuple t) {
+  if constexpr (std::tuple_size_v<Tuple> == 1)
+    return std::get<0>(t);
+  else
+    return t;
+}
+
+}  // namespace detail
+
+/// f's Jacobian with respect to the arguments in argnums by reverse mode (JAX's jacrev,
+/// MindSpore's ops.jacrev): the pullback of every basis vector of the output at once, under
+/// vmap. For an output shaped O and an argument shaped A, a tensor shaped O + A (one tensor for
+/// one index, a tuple for several).
+template <class F, std::size_t... I> auto jacrev(F f, Argnums<I...> which) {
+  static_assert(sizeof...(I) > 0, "jacrev: argnums needs at least one index");
+  return [f, which](const auto&... args) {
+    const auto all = std::make_tuple(args...);
+    const auto result = vjp(detail::of_selected(f, all, which), std::get<I>(all)...);
+    const auto& y = result.first;
+    const auto& pullback = result.second;
+    detail::check_jacobian_output<decltype(y)>();
+    using T = typename std::decay_t<decltype(y)>::value_type;
+    auto jacobian = [&](const auto& rows, const auto& x) {
+      using X = std::decay_t<decltype(x)>;
+      const auto dims = detail::jacobian_shape(y.shape(), x.shape());
+      return y.numel() == 0 ? zeros<typename X::value_type>(Shape(dims)) : reshape(rows, dims);
+    };
+    if (y.numel() == 0) return detail::one_or_tuple(std::tuple{jacobian(std::get<I>(all), std::get<I>(all))...});
+    const auto rows = vmap([&pullback](const Tensor<T>& u) { return pullback(u); })(detail::basis(y));
+    return detail::one_or_tuple([&]<std::size_t... K>(std::index_sequence<K...>) {
+      return std::tuple{jacobian(std::get<K>(rows), std::get<I>(all))...};
+    }(std::make_index_sequence<sizeof...(I)>{}));
+  };
+}
+
+/// f's Jacobian with respect to its first argument, by reverse mode.
+template <class F> auto jacrev(F f) { return jacrev(std::move(f), argnums<0>); }
+
+/// f's Jacobian with respect to the arguments in argnums by forward mode (JAX's jacfwd,
+/// MindSpore's ops.jacfwd): the tangents of every basis vector of each argument at once, under
+/// vmap; shaped as jacrev's.
+template <class F, std::size_t... I> auto jacfwd(F f, Argnums<I...> which) {
+  static_assert(sizeof...(I) > 0, "jacfwd: argnums needs at least one index");
+  return [f, which](const auto&... args) {
+    const auto all = std::make_tuple(args...);
+    const auto selected = std::make_tuple(std::get<I>(all)...);
+    const auto g = detail::of_selected(f, all, which);
+    using Y = std::decay_t<decltype(std::apply(g, selected))>;
+    detail::check_jacobian_output<Y>();
+    auto jacobian = [&]<std::size_t K>(std::integral_constant<std::size_t, K>) {
+      const auto& x = std::get<K>(selected);
+      using X = std::decay_t<decltype(x)>;
+      if (x.numel() == 0)
+        return zeros<typename Y::value_type>(Shape(detail::jacobian_shape(std::apply(g, selected).shape(), x.shape())));
+      const Y columns = vmap([&](const X& t) {
+        auto tangents = std::apply([](const auto&... s) { return std::tuple{zeros_like(s)...}; }, selected);
+        std::get<K>(tangents) = t;
+        return jvp(g, selected, tangents).second;
+      })(detail::basis(x));
+      // [n, out...] -> [out..., n] -> [out..., x's shape...]
+      std::vector<std::int64_t> perm;
+      for (int i = 1; i < columns.ndim(); ++i) perm.push_back(i);
+      perm.push_back(0);
+      const Shape out_shape(columns.shape().begin() + 1, columns.shape().end());
+      return reshape(transpose(columns, perm), detail::jacobian_shape(out_shape, x.shape()));
+    };
+    return detail::one_or_tuple([&]<std::size_t... K>(std::index_sequence<K...>) {
+      return std::tuple{jacobian(std::integral_constant<std::size_t, K>{})...};
+    }(std::make_index_sequence<sizeof...(I)>{}));
+  };
+}
+
+/// f's Jacobian with respect to its first argument, by forward mode.
+template <class F> auto jacfwd(F f) { return jacfwd(std::move(f), argnums<0>); }
+
+/// The Hessian of f with respect to argument I: jacfwd of jacrev, forward over reverse; for an
+/// output shaped O and an argument shaped A, shaped O + A + A (A + A for a scalar f).
+template <class F, std::size_t I> auto hessian(F f, Argnums<I> which) {
+  return jacfwd(jacrev(std::move(f), which), which);
+}
+
+/// The Hessian of f with respect to its first argument.
+template <class F> auto hessian(F f) { return hessian(std::move(f), argnums<0>); }
 
 namespace detail {
 template <class... Ts, std::size_t... I>

@@ -112,6 +112,16 @@ inline TensorBase tangent_at(const TensorBase& t, std::uint64_t level) {
   return {};
 }
 
+/// `t`'s value, off the tape: its batch and its own tangents too (any of them on the tape could
+/// lead back to the node that keeps it).
+inline std::shared_ptr<TensorImpl> off_tape(const std::shared_ptr<TensorImpl>& t) {
+  auto copy = std::make_shared<TensorImpl>(*t);
+  copy->autograd.reset();
+  if (copy->physical) copy->physical = off_tape(copy->physical);
+  for (Tangent& tangent : copy->tangents) tangent.value = off_tape(tangent.value);
+  return copy;
+}
+
 /// Forward mode (called right after the op, so its rule may take what it reads by reference):
 /// for each jvp pass in progress at which an input in [first, last) carries a
 /// tangent, gives `out` its tangent there, `rule(tangents)` (the inputs' tangents in order,
@@ -151,9 +161,7 @@ template <class It, class Rule> void push_tangents_range(const TensorBase& out, 
     if (const auto& meta = out.impl()->autograd;
         meta && meta->grad_fn &&
         (meta->grad_fn->out_storage || meta->grad_fn->out_value || meta->grad_fn->out_physical)) {
-      auto off_tape = std::make_shared<TensorImpl>(*result.impl());
-      off_tape->autograd.reset();
-      meta->grad_fn->out_tangents.push_back({level.id, std::move(off_tape)});
+      meta->grad_fn->out_tangents.push_back({level.id, off_tape(result.impl())});
     }
   }
 }
