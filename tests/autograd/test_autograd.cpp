@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <set>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -602,6 +603,67 @@ TEST_CASE("autograd: vmap folds a convolution's batch into its samples, and loop
   CHECK(loops() == before);  // one convolution of 3 x 2 samples
   check_close(xg::vmap(conv)(xs, ws), loop(true), 1e-13);
   CHECK(loops() == before + 1);  // per-example weights: one convolution per value, counted
+}
+
+namespace {
+
+/// The buffers the tape from `out` keeps for its backward pass (saved inputs and outputs).
+std::set<const xg::Storage*> kept_buffers(const xg::TensorBase& out) {
+  std::set<const xg::Storage*> kept;
+  std::set<const xg::autograd::Node*> seen;
+  std::vector<std::shared_ptr<xg::autograd::Node>> todo{out.impl()->autograd->grad_fn};
+  while (!todo.empty()) {
+    const auto node = todo.back();
+    todo.pop_back();
+    if (!node || !seen.insert(node.get()).second) continue;
+    for (const auto& saved : node->saved)
+      if (saved.storage) kept.insert(saved.storage.get());
+    if (node->out_storage) kept.insert(node->out_storage.get());
+    for (const auto& in : node->inputs)
+      if (in.meta) todo.push_back(in.meta->grad_fn);
+  }
+  return kept;
+}
+
+}  // namespace
+
+TEST_CASE("autograd: checkpoint keeps only its inputs for the backward pass and recomputes the rest") {
+  int calls = 0;
+  auto block = [&calls](const xg::Tensor<double>& x, const xg::Tensor<double>& w) {
+    ++calls;
+    const auto h = xg::tanh(xg::matmul(x, w));
+    return xg::sigmoid(h) * h;
+  };
+  auto loss = [&](bool remat) {
+    return [&block, remat](const xg::Tensor<double>& x, const xg::Tensor<double>& w) {
+      return xg::sum(remat ? xg::checkpoint(block)(x, w) : block(x, w));
+    };
+  };
+  const auto x0 = xg::randn<double>({4, 3}, 1), w0 = xg::randn<double>({3, 5}, 2);
+  const auto plain = xg::grad(loss(false), xg::argnums<0, 1>)(x0, w0);
+  calls = 0;
+  const auto remat = xg::grad(loss(true), xg::argnums<0, 1>)(x0, w0);
+  CHECK(calls == 2);  // the forward pass, then again in the backward pass
+  check_close(std::get<0>(remat), doubles(std::get<0>(plain)), 1e-14);
+  check_close(std::get<1>(remat), doubles(std::get<1>(plain)), 1e-14);
+
+  // The tape of the checkpointed block keeps its two inputs; the plain one its intermediates too.
+  const auto x = x0.detach().set_requires_grad(true), w = w0.detach().set_requires_grad(true);
+  const auto kept = kept_buffers(loss(true)(x, w));
+  CHECK(kept == std::set<const xg::Storage*>{x.impl()->storage.get(), w.impl()->storage.get()});
+  CHECK(kept_buffers(loss(false)(x, w)).size() > kept.size());
+
+  // Second order (the recomputation is recorded), compiled, and forward mode through it.
+  const auto v = xg::randn<double>({4, 3}, 3);
+  auto hvp = [&](bool remat) {
+    return xg::jvp(xg::grad(loss(remat)), std::tuple{x0, w0}, std::tuple{v, xg::zeros_like(w0)}).second;
+  };
+  check_close(hvp(true), doubles(hvp(false)), 1e-12);
+  check_close(xg::jit(xg::grad(loss(true)))(x0, w0), doubles(std::get<0>(plain)), 1e-14);
+  auto second = [&](bool remat) {
+    return xg::grad([&](const xg::Tensor<double>& a) { return xg::sum(xg::grad(loss(remat))(a, w0) * v); })(x0);
+  };
+  check_close(second(true), doubles(second(false)), 1e-12);
 }
 
 TEST_CASE("autograd: no_grad: nothing is recorded and results do not require grad") {

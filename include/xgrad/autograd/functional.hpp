@@ -1,4 +1,5 @@
-// Function transforms: grad, value_and_grad, vjp, jvp, jacrev, jacfwd, hessian, vmap, custom_vjp.
+// Function transforms: grad, value_and_grad, vjp, jvp, jacrev, jacfwd, hessian, vmap, checkpoint,
+// custom_vjp.
 #pragma once
 
 #include <cstddef>
@@ -595,6 +596,46 @@ auto custom_vjp(Forward forward, Backward backward, SourceLoc loc = SourceLoc::c
                          });
     // The rule reads every input: check their versions at backward like any op's.
     for (const auto& in : saved) out.impl()->autograd->grad_fn->saved.push_back(autograd::Node::Saved::of(in));
+    return out;
+  };
+}
+
+/// Rematerialization (JAX's checkpoint, MindSpore's Cell.recompute): f's value, with nothing
+/// of f kept for the backward pass but its inputs; the backward pass runs f again, recording
+/// it, and differentiates that. Memory for compute: f's intermediates never wait for the
+/// backward pass. f takes tensors and returns one tensor.
+template <class F> auto checkpoint(F f, SourceLoc loc = SourceLoc::current()) {
+  return [f, loc](const auto&... inputs) {
+    static_assert((detail::is_tensor<std::decay_t<decltype(inputs)>>::value && ...),
+                  "checkpoint: the function's arguments are tensors");
+    auto out = [&] {
+      no_grad off;
+      return f(inputs...);
+    }();
+    static_assert(detail::is_tensor<decltype(out)>::value, "checkpoint: the function returns one tensor");
+    if (!detail::should_record(inputs...)) return out;
+    const std::vector<TensorBase> saved{inputs...};
+    detail::record_range(out, "Checkpoint", loc, saved.begin(), saved.end(), {inputs...}, false,
+                         [f, saved](const TensorBase&, const TensorBase& g) {
+                           // The backward pass records when it is itself differentiated.
+                           const bool create_graph = is_grad_enabled();
+                           enable_grad on;
+                           const auto again =
+                               std::apply([&](const auto&... in) { return f(in...); },
+                                          detail::typed_inputs<std::decay_t<decltype(inputs)>...>(saved));
+                           autograd::Grads grads(saved.size());
+                           if (!again.requires_grad()) return grads;
+                           std::vector<std::shared_ptr<AutogradMeta>> targets;
+                           std::vector<std::size_t> of_target;
+                           for (std::size_t k = 0; k < saved.size(); ++k)
+                             if (saved[k].requires_grad()) {
+                               targets.push_back(saved[k].impl()->autograd);
+                               of_target.push_back(k);
+                             }
+                           const auto found = autograd::run_backward({again}, {g}, targets, create_graph);
+                           for (std::size_t i = 0; i < found.size(); ++i) grads[of_target[i]] = found[i];
+                           return grads;
+                         });
     return out;
   };
 }
