@@ -600,6 +600,21 @@ auto custom_vjp(Forward forward, Backward backward, SourceLoc loc = SourceLoc::c
   };
 }
 
+namespace detail {
+/// Scope guard: the ops inside recompute a checkpoint's function (traced, their nodes carry a
+/// number of their own, so CSE keeps them apart from the forward pass's).
+class Recomputing {
+ public:
+  Recomputing() : m_previous(context().recompute) { context().recompute = ++context().recomputes_made; }
+  ~Recomputing() { context().recompute = m_previous; }
+  Recomputing(const Recomputing&) = delete;
+  Recomputing& operator=(const Recomputing&) = delete;
+
+ private:
+  std::uint64_t m_previous;
+};
+}  // namespace detail
+
 /// Rematerialization (JAX's checkpoint, MindSpore's Cell.recompute): f's value, with nothing
 /// of f kept for the backward pass but its inputs; the backward pass runs f again, recording
 /// it, and differentiates that. Memory for compute: f's intermediates never wait for the
@@ -620,16 +635,27 @@ template <class F> auto checkpoint(F f, SourceLoc loc = SourceLoc::current()) {
                            // The backward pass records when it is itself differentiated.
                            const bool create_graph = is_grad_enabled();
                            enable_grad on;
-                           const auto again =
-                               std::apply([&](const auto&... in) { return f(in...); },
-                                          detail::typed_inputs<std::decay_t<decltype(inputs)>...>(saved));
+                           detail::Recomputing recomputing;
+                           // f runs on aliases of its inputs (a recorded view of each): the
+                           // gradients stop there, not flowing on into the inputs' own history
+                           // (the enclosing backward pass does that), yet stay connected to it.
+                           std::vector<TensorBase> aliases;
+                           const auto again = std::apply(
+                               [&](const auto&... in) {
+                                 auto alias = [&](const auto& x) {
+                                   aliases.push_back(x.requires_grad() ? reshape(x, x.shape().to_vector()) : x);
+                                   return std::decay_t<decltype(x)>(aliases.back());
+                                 };
+                                 return std::apply([&](const auto&... a) { return f(a...); }, std::tuple{alias(in)...});
+                               },
+                               detail::typed_inputs<std::decay_t<decltype(inputs)>...>(saved));
                            autograd::Grads grads(saved.size());
                            if (!again.requires_grad()) return grads;
                            std::vector<std::shared_ptr<AutogradMeta>> targets;
                            std::vector<std::size_t> of_target;
-                           for (std::size_t k = 0; k < saved.size(); ++k)
+                           for (std::size_t k = 0; k < aliases.size(); ++k)
                              if (saved[k].requires_grad()) {
-                               targets.push_back(saved[k].impl()->autograd);
+                               targets.push_back(aliases[k].impl()->autograd);
                                of_target.push_back(k);
                              }
                            const auto found = autograd::run_backward({again}, {g}, targets, create_graph);

@@ -24,6 +24,8 @@ struct Context {
   // thread-local read.
   int forward_passes = 0;
   int vmaps = 0;
+  std::uint64_t recompute = 0;  // nonzero while a checkpoint recomputes its function (its number)
+  std::uint64_t recomputes_made = 0;
 };
 inline Context& context() {
   thread_local Context ctx;

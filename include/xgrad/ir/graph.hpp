@@ -4,6 +4,7 @@
 #pragma once
 
 #include <array>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <span>
@@ -119,6 +120,9 @@ struct Node {
   std::string scope;  // the Module path, e.g. "LeNet5/conv1"
   OpTraits traits;
   bool has_effect = false;  // must run even when no output is used (print)
+  // Nonzero for a checkpoint's recomputation in the backward pass (its own number): CSE never
+  // merges it with the forward pass's nodes, which would keep their results alive instead.
+  std::uint64_t recompute = 0;
   std::vector<std::shared_ptr<const Graph>> subgraphs;
   Kernel kernel;
   EpilogueKernel epilogue_kernel;  // ops whose output can be finished part by part (MatMul)

@@ -85,6 +85,7 @@ XGRAD_API std::vector<TensorBase> Tracer::emit(std::shared_ptr<const ir::Primiti
   node->kernel = std::move(kernel);
   node->subgraphs = std::move(subgraphs);
   node->has_effect = has_effect;
+  node->recompute = xgrad::detail::context().recompute;
   for (const auto& in : inputs) node->inputs.push_back(resolve(in));
   std::vector<TensorBase> out;
   for (const auto& [dtype, shape] : outputs) {

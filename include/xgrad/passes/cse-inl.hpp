@@ -17,7 +17,7 @@ struct CseKey {
   const ir::Node* node;
   bool operator==(const CseKey& other) const {
     const ir::Node &a = *node, &b = *other.node;
-    if (a.inputs != b.inputs || a.outputs.size() != b.outputs.size()) return false;
+    if (a.inputs != b.inputs || a.outputs.size() != b.outputs.size() || a.recompute != b.recompute) return false;
     for (std::size_t i = 0; i < a.outputs.size(); ++i)
       if (a.outputs[i]->dtype != b.outputs[i]->dtype || !(a.outputs[i]->shape == b.outputs[i]->shape)) return false;
     return a.primitive->equals(*b.primitive);
