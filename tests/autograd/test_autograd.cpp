@@ -611,16 +611,16 @@ namespace {
 std::set<const xg::Storage*> kept_buffers(const xg::TensorBase& out) {
   std::set<const xg::Storage*> kept;
   std::set<const xg::autograd::Node*> seen;
-  std::vector<std::shared_ptr<xg::autograd::Node>> todo{out.impl()->autograd->grad_fn};
-  while (!todo.empty()) {
-    const auto node = todo.back();
-    todo.pop_back();
+  std::vector<std::shared_ptr<xg::autograd::Node>> pending{out.impl()->autograd->grad_fn};
+  while (!pending.empty()) {
+    const auto node = pending.back();
+    pending.pop_back();
     if (!node || !seen.insert(node.get()).second) continue;
     for (const auto& saved : node->saved)
       if (saved.storage) kept.insert(saved.storage.get());
     if (node->out_storage) kept.insert(node->out_storage.get());
     for (const auto& in : node->inputs)
-      if (in.meta) todo.push_back(in.meta->grad_fn);
+      if (in.meta) pending.push_back(in.meta->grad_fn);
   }
   return kept;
 }

@@ -97,15 +97,21 @@ template <class T> Tensor<T> value_of_batch(const Tensor<T>& batch, std::int64_t
   return reshape(slice(batch, begin, size, loc), std::vector<std::int64_t>(size.begin() + 1, size.end()), loc);
 }
 
+/// The size of a batching rule's batch: axis 0 of its batched inputs.
+template <class... In> std::int64_t batch_size(std::span<const bool> batched, const Tensor<In>&... inputs) {
+  std::int64_t size = 0;
+  std::size_t k = 0;
+  ((size = batched[k++] ? inputs.shape()[0] : size), ...);
+  return size;
+}
+
 /// The batching rule of last resort, for inputs a definition's own rule cannot take (a
 /// convolution's batched weights): def on each value of the batch in turn, the results
 /// stacked. Counted and said (count_vmap_loop), never silent.
 template <class R, class Def, class... In>
 Tensor<R> batch_by_loop(const Def& def, std::span<const bool> batched, SourceLoc loc, const Tensor<In>&... inputs) {
   count_vmap_loop(Def::name);
-  std::int64_t size = 0;
-  std::size_t k = 0;
-  ((size = batched[k++] ? inputs.shape()[0] : size), ...);
+  const std::int64_t size = batch_size(batched, inputs...);
   std::vector<Tensor<R>> values;
   for (std::int64_t b = 0; b < size; ++b)
     values.push_back([&]<std::size_t... K>(std::index_sequence<K...>) {

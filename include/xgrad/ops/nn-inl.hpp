@@ -83,9 +83,7 @@ template <class Geometry> struct Windowed {
 template <class R, class Def, class... In> Tensor<R> fold_samples(Def def, std::span<const bool> batched,
                                                                   std::array<bool, sizeof...(In)> samples,
                                                                   SourceLoc loc, const Tensor<In>&... inputs) {
-  std::int64_t size = 0;
-  std::size_t k = 0;
-  ((size = batched[k++] ? inputs.shape()[0] : size), ...);
+  const std::int64_t size = detail::batch_size(batched, inputs...);
   const std::int64_t n = def.geometry.n;
   def.geometry.n = n * size;
   auto fold = [&](const auto& x, std::size_t i) {
@@ -334,7 +332,7 @@ struct SoftmaxCrossEntropy {
   /// The batch's rows one after the other: rows x batch rows.
   template <class R, class T> Tensor<R> batch(std::span<const bool> batched, SourceLoc loc, const Tensor<T>& logits,
                                               const Tensor<std::int32_t>& labels) const {
-    const std::int64_t size = batched[0] ? logits.shape()[0] : labels.shape()[0];
+    const std::int64_t size = detail::batch_size(batched, logits, labels);
     const auto loss = detail::apply<R>(SoftmaxCrossEntropy{size * rows, classes}, loc,
                                        detail::fold_batch(logits, batched[0], size, loc),
                                        detail::fold_batch(labels, batched[1], size, loc));
@@ -362,7 +360,7 @@ struct SoftmaxCrossEntropyGrad {
   bool operator==(const SoftmaxCrossEntropyGrad&) const = default;
   template <class R, class T> Tensor<R> batch(std::span<const bool> batched, SourceLoc loc, const Tensor<T>& logits,
                                               const Tensor<std::int32_t>& labels, const Tensor<T>& g) const {
-    const std::int64_t size = batched[0] ? logits.shape()[0] : batched[1] ? labels.shape()[0] : g.shape()[0];
+    const std::int64_t size = detail::batch_size(batched, logits, labels, g);
     const auto grad = detail::apply<R>(
         SoftmaxCrossEntropyGrad{size * rows, classes}, loc, detail::fold_batch(logits, batched[0], size, loc),
         detail::fold_batch(labels, batched[1], size, loc), detail::fold_batch(g, batched[2], size, loc));
