@@ -111,3 +111,75 @@ TEST_CASE("control flow: the errors say what is wrong") {
   });
   CHECK(pred.find("Cond: the predicate must be a bool tensor with one element, got Bool[3]") != std::string::npos);
 }
+
+TEST_CASE("control flow under vmap: a batched predicate picks value by value, eagerly and under jit") {
+  auto w = xg::tensor<double>({1.5, 0.5, -0.7});
+  // Rows take different branches and their while loops run different counts.
+  auto xs = xg::tensor<double>({0.3, -0.1, 0.5, -0.3, -0.1, -0.5, 2.0, 1.0, 0.5}, {3, 3});
+  auto mapped = xg::vmap(program, xg::in_axes{0, xg::none});
+  auto eager = mapped(xs, w);
+  for (std::int64_t b = 0; b < 3; ++b) {
+    CAPTURE(b);
+    auto row = xg::reshape(xg::slice(xs, {b, 0}, {1, 3}), {3});
+    xgt::check_close(xg::reshape(xg::slice(eager, {b, 0}, {1, 3}), {3}), program(row, w), 1e-12);
+  }
+  xgt::check_close(xg::jit(mapped)(xs, w), eager, 1e-12);
+  xgt::check_close(xg::vmap(xg::jit(program), xg::in_axes{0, xg::none})(xs, w), eager, 1e-12);
+  // Traced inside vmap, control flow runs as ops of the graph: no Cond node, a select instead.
+  auto ir = xg::jit(mapped).lower(xs, w).ir();
+  CHECK(ir.find("= Cond(") == std::string::npos);
+  CHECK(ir.find("= Select(") != std::string::npos);
+
+  // A while loop whose condition depends on the value stops each value at its own count.
+  auto halve = [](const T& x) {
+    return xg::while_loop([](const T& v) { return xg::sum(v) > 1.0; }, [](const T& v) { return v * 0.5; }, x,
+                          {.max_iters = 20});
+  };
+  auto starts = xg::tensor<double>({8.0, 0.5, 3.0}, {3, 1});
+  const std::vector<double> halved{1.0, 0.5, 0.75};
+  CHECK(xg::vmap(halve)(starts).to_vector() == halved);
+  CHECK(xg::jit(xg::vmap(halve))(starts).to_vector() == halved);
+}
+
+TEST_CASE("control flow: per-example gradients, jvp, Jacobians and Hessians agree eagerly and under jit") {
+  auto w = xg::tensor<double>({1.5, 0.5, -0.7});
+  auto xs = xg::tensor<double>({0.3, -0.1, 0.5, -0.3, -0.1, -0.5}, {2, 3});
+  auto loss = [](const T& x, const T& v) { return xg::sum(program(x, v)); };
+  auto per_example = xg::vmap(xg::grad(loss, xg::argnums<1>), xg::in_axes{0, xg::none});
+  auto eager = per_example(xs, w);
+  xgt::check_close(xg::jit(per_example)(xs, w), eager, 1e-12);
+  for (std::int64_t b = 0; b < 2; ++b) {
+    auto row = xg::reshape(xg::slice(xs, {b, 0}, {1, 3}), {3});
+    xgt::check_close(xg::reshape(xg::slice(eager, {b, 0}, {1, 3}), {3}), xg::grad(loss, xg::argnums<1>)(row, w), 1e-12);
+  }
+
+  for (auto x : {xg::tensor<double>({0.3, -0.1, 0.5}), xg::tensor<double>({-0.3, -0.1, -0.5})}) {
+    CAPTURE(x.to_vector());
+    auto of_x = [&w](const T& a) { return program(a, w); };
+    auto v = xg::tensor<double>({0.2, -1.0, 0.4});
+    auto tangent = [&](const T& a, const T& t) { return xg::jvp(of_x, a, t).second; };
+    auto expected = (of_x(x + v * 1e-6) - of_x(x - v * 1e-6)) / 2e-6;
+    xgt::check_close(tangent(x, v), expected, 1e-6);
+    xgt::check_close(xg::jit(tangent)(x, v), tangent(x, v), 1e-12);
+
+    auto jac = xg::jacrev(of_x)(x);
+    xgt::check_close(xg::jacfwd(of_x)(x), jac, 1e-12);
+    xgt::check_close(xg::jit(xg::jacrev(of_x))(x), jac, 1e-12);
+    xgt::check_close(xg::jit(xg::jacfwd(of_x))(x), jac, 1e-12);
+    auto scalar_f = [&w](const T& a) { return xg::sum(program(a, w)); };
+    auto hess = xg::hessian(scalar_f)(x);
+    xgt::check_close(xg::jit(xg::hessian(scalar_f))(x), hess, 1e-12);
+    // Forward over reverse: the Hessian-vector product is the Hessian times v.
+    auto hvp = [&](const T& a, const T& t) { return xg::jvp(xg::grad(scalar_f), a, t).second; };
+    xgt::check_close(xg::jit(hvp)(x, v), xg::sum(hess * xg::reshape(v, {1, 3}), {1}), 1e-12);
+  }
+
+  auto unbounded = [](const T& a) {
+    return xg::while_loop([](const T& v) { return xg::sum(v) < 10.0; }, [](const T& v) { return v * 2.0; }, a);
+  };
+  auto msg = message_of<xg::ValueError>([&] { xg::jit(xg::vmap(unbounded))(xg::ones<double>({2, 3})); });
+  CHECK(msg.find("While") != std::string::npos);
+  CHECK(msg.find("max_iters") != std::string::npos);
+  // Eagerly a batched condition needs no bound: the loop runs while some value's holds.
+  CHECK(xg::vmap(unbounded)(xg::tensor<double>({1.0, 4.0}, {2, 1})).to_vector() == std::vector<double>{16.0, 16.0});
+}

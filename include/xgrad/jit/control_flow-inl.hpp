@@ -11,7 +11,9 @@
 #include <vector>
 
 #include "xgrad/jit/control_flow.hpp"
+#include "xgrad/ops/manipulation.hpp"
 #include "xgrad/ops/record.hpp"
+#include "xgrad/ops/reduce.hpp"
 
 namespace xgrad::tracing::detail {
 
@@ -41,6 +43,39 @@ inline void check_predicate(std::string_view op, const TensorBase& pred, SourceL
                       pred.shape());
 }
 
+/// True while a vmap or a jvp pass is in progress. Traced control flow then runs as ops of the
+/// enclosing graph instead of a node with subgraphs: every transform already carries the ops
+/// (batches, tangents, gradients), including those on tensors a branch or body reads from outside.
+inline bool transforms_active() {
+  const auto& ctx = xgrad::detail::context();
+  return ctx.vmaps > 0 || ctx.forward_passes > 0;
+}
+
+/// where(pick, a, b) on tensors of any dtype.
+inline TensorBase select(const Tensor<bool>& pick, const TensorBase& a, const TensorBase& b, SourceLoc loc) {
+  switch (a.dtype()) {
+    case DType::float32:
+      return where(pick, Tensor<float>(a), Tensor<float>(b), loc);
+    case DType::float64:
+      return where(pick, Tensor<double>(a), Tensor<double>(b), loc);
+    case DType::int32:
+      return where(pick, Tensor<std::int32_t>(a), Tensor<std::int32_t>(b), loc);
+    case DType::int64:
+      return where(pick, Tensor<std::int64_t>(a), Tensor<std::int64_t>(b), loc);
+    case DType::boolean:
+      return where(pick, Tensor<bool>(a), Tensor<bool>(b), loc);
+  }
+  return a;
+}
+
+/// A bool tensor of one element that is true where it is true for some value of its batches
+/// (reduced level by level for nested vmaps): whether a batched loop condition still holds
+/// anywhere.
+inline TensorBase holds_anywhere(TensorBase c) {
+  while (c.impl()->physical) c = xgrad::max(cast<std::int32_t>(Tensor<bool>(TensorBase(c.impl()->physical)))) > 0;
+  return c;
+}
+
 /// Sums b into a (gradients of loop-invariant tensors, one per iteration).
 inline void accumulate(TensorBase& a, const TensorBase& b) { a = autograd::detail::add_grads(a, b); }
 
@@ -48,11 +83,6 @@ inline void accumulate(TensorBase& a, const TensorBase& b) { a = autograd::detai
 /// rule(k, g) returns the gradient of output k's cotangent g for each input.
 template <class Rule> void record_outputs(std::string_view op, SourceLoc loc, const std::vector<TensorBase>& inputs,
                                           std::vector<TensorBase>& outputs, Rule rule) {
-  // The branches and bodies were traced on tangent-free arguments: forward mode through a
-  // traced control-flow node needs a rule of its own (eagerly, the ops in them carry tangents).
-  for (const TensorBase& out : outputs)
-    if (is_float(out))
-      xgrad::detail::push_tangents_range(out, inputs.begin(), inputs.end(), xgrad::detail::no_tangent_rule(op, loc));
   if (!is_grad_enabled()) return;
   bool any = false;
   for (const auto& in : inputs) any = any || in.requires_grad();
@@ -86,11 +116,28 @@ inline autograd::Grads place_grads(std::span<const TensorBase> grads, std::span<
   return out;
 }
 
+/// cond as ops: both branches run and each output is taken from the one pred picks. This is
+/// cond's batching rule (a batched predicate picks value by value, as JAX's select) and its form
+/// in a graph traced inside vmap or jvp (see transforms_active); the branches must therefore be
+/// free of side effects.
+inline std::vector<TensorBase> select_branches(const TensorBase& pred, const FlatFn& then_fn, const FlatFn& else_fn,
+                                               const std::vector<TensorBase>& operands, SourceLoc loc) {
+  auto outs = then_fn(operands);
+  const auto others = else_fn(operands);
+  if (types_of(outs) != types_of(others))
+    throw_shape_error(op::Cond::name, loc, "the branches return different types: then ", types_text(types_of(outs)),
+                      ", else ", types_text(types_of(others)));
+  const Tensor<bool> pick = reshape(Tensor<bool>(pred), std::vector<std::int64_t>{}, loc);
+  for (std::size_t k = 0; k < outs.size(); ++k) outs[k] = select(pick, outs[k], others[k], loc);
+  return outs;
+}
+
 XGRAD_API std::vector<TensorBase> cond_flat(const TensorBase& pred, const FlatFn& then_fn, const FlatFn& else_fn,
                                             const std::vector<TensorBase>& operands, SourceLoc loc) {
   auto* tracer = Tracer::active();
-  if (!tracer) {
+  if (!tracer || transforms_active()) {
     check_predicate(op::Cond::name, pred, loc);
+    if (tracer || pred.impl()->physical) return select_branches(pred, then_fn, else_fn, operands, loc);
     return scalar_bool(pred) ? then_fn(operands) : else_fn(operands);
   }
   xgrad::detail::OpScope scope(op::Cond::name, loc, {pred});
@@ -179,25 +226,43 @@ inline std::vector<TensorBase> loop_gradient(const LoopSpec& spec, const std::ve
                                              const std::vector<TensorBase>& captures, std::size_t k,
                                              const TensorBase& g);
 
+/// The loop as ops, one iteration after another: eagerly, and in a graph traced inside vmap or
+/// jvp (see transforms_active). A batched condition (vmap) keeps the loop going while it holds
+/// for some value of the batch, and a value whose condition failed keeps its carry. Traced, the
+/// condition's value is unknown, so a while_loop runs its max_iters iterations, each carry kept
+/// from the iteration its condition fails on.
+inline std::vector<TensorBase> loop_as_ops(const LoopSpec& spec, const std::vector<TensorBase>& init) {
+  const bool traced = Tracer::active() != nullptr;
+  if (traced && spec.keep_going && spec.max_iters < 0)
+    throw ValueError(xgrad::detail::op_message(
+        op::While::name, spec.loc,
+        "inside vmap or jvp under jit a while_loop runs as ops, iteration by iteration up to a bound, and this "
+        "one has none: pass {.max_iters = N}"));
+  std::vector<TensorBase> carry = init;
+  for (std::int64_t it = 0; spec.max_iters < 0 || it < spec.max_iters; ++it) {
+    std::optional<Tensor<bool>> holds;  // where the body's result replaces the carry
+    if (spec.keep_going) {
+      auto c = spec.keep_going(carry);
+      check_predicate(spec.op(), c.at(0), spec.loc);
+      if (!traced && !scalar_bool(holds_anywhere(c[0]))) break;
+      if (traced || c[0].impl()->physical) holds = reshape(Tensor<bool>(c[0]), std::vector<std::int64_t>{}, spec.loc);
+    }
+    std::vector<TensorBase> args{scalar<std::int32_t>(static_cast<std::int32_t>(spec.lo + it))};
+    args.insert(args.end(), carry.begin(), carry.end());
+    auto next = spec.body(args);
+    if (types_of(next) != types_of(init))
+      throw_shape_error(spec.op(), spec.loc, "the body returns ", types_text(types_of(next)), " for a carry of ",
+                        types_text(types_of(init)), "; it must return the carry's types");
+    if (holds)
+      for (std::size_t k = 0; k < next.size(); ++k) next[k] = select(*holds, next[k], carry[k], spec.loc);
+    carry = std::move(next);
+  }
+  return carry;
+}
+
 XGRAD_API std::vector<TensorBase> loop_flat(const LoopSpec& spec, const std::vector<TensorBase>& init) {
   auto* tracer = Tracer::active();
-  if (!tracer) {
-    std::vector<TensorBase> carry = init;
-    for (std::int64_t it = 0; spec.max_iters < 0 || it < spec.max_iters; ++it) {
-      if (spec.keep_going) {
-        auto c = spec.keep_going(carry);
-        check_predicate(spec.op(), c.at(0), spec.loc);
-        if (!scalar_bool(c[0])) break;
-      }
-      std::vector<TensorBase> args{scalar<std::int32_t>(static_cast<std::int32_t>(spec.lo + it))};
-      args.insert(args.end(), carry.begin(), carry.end());
-      carry = spec.body(args);
-      if (types_of(carry) != types_of(init))
-        throw_shape_error(spec.op(), spec.loc, "the body returns ", types_text(types_of(carry)), " for a carry of ",
-                          types_text(types_of(init)), "; it must return the carry's types");
-    }
-    return carry;
-  }
+  if (!tracer || transforms_active()) return loop_as_ops(spec, init);
   xgrad::detail::OpScope scope(spec.op(), spec.loc, {});
   TracedLoop loop = trace_loop(spec, init);
   std::vector<TensorBase> inputs = init;
@@ -232,10 +297,18 @@ inline std::vector<TensorBase> loop_gradient(const LoopSpec& spec, const std::ve
         xgrad::detail::op_message(op::While::name, spec.loc,
                                   "reverse-mode gradients of a traced while_loop need a bound on its iterations; pass "
                                   "{.max_iters = N} (the backward pass keeps the carry of each iteration)"));
+  const std::size_t n = init.size();
+  if (transforms_active()) {  // a batched or tangent-carrying cotangent: differentiate the loop as ops
+    std::vector<TensorBase> cots(n);
+    cots[k] = g;
+    const FlatFn as_ops = [spec](std::span<const TensorBase> in) {
+      return loop_as_ops(spec, std::vector<TensorBase>(in.begin(), in.end()));
+    };
+    return vjp_of(as_ops, init, cots, requiring_grad(captures));
+  }
   if (is_grad_enabled())
     throw AutogradError(xgrad::detail::op_message(spec.op(), spec.loc,
                                                   "gradients of gradients through a traced loop are not supported"));
-  const std::size_t n = init.size();
   auto targets = requiring_grad(captures);
   std::vector<std::size_t> float_carries;
   for (std::size_t j = 0; j < n; ++j)
