@@ -439,6 +439,34 @@ TEST_CASE("autograd: jvp: composes with grad, with itself and with jit") {
   check_close(xg::jvp(jitted, x, v).second, doubles(xg::exp(x) * 2.0 * v), 1e-14);
 }
 
+TEST_CASE("autograd: linearize: the outputs, and a compiled linear function of the tangent with no primal work") {
+  auto w = xg::tensor<double>({0.5, -1.0, 2.0, 0.25, 1.5, -0.75}, {3, 2});
+  auto f = [&w](const xg::Tensor<double>& x) { return xg::sum(xg::exp(xg::matmul(x, w)), {1}); };
+  auto x = xg::tensor<double>({0.1, 0.2, -0.3, 0.4, 0.0, -0.5}, {2, 3});
+  auto [y, f_jvp] = xg::linearize(f, x);
+  check_close(y, doubles(f(x)), 1e-15);
+  for (auto t : {xg::ones<double>({2, 3}), xg::tensor<double>({1.0, -2.0, 0.5, 3.0, 0.0, 1.0}, {2, 3})}) {
+    check_close(f_jvp(t), doubles(xg::jvp(f, x, t).second), 1e-14);
+    check_close(f_jvp(t * 3.0), doubles(f_jvp(t) * 3.0), 1e-13);  // linear
+  }
+  // The primal work (matmul of x, exp) ran once while tracing: the graph has the tangent's
+  // matmul and the product with exp's value, which it reads as a constant.
+  const std::string ir = f_jvp.lower(x).ir();
+  CHECK(ir.find("Exp(") == std::string::npos);
+  CHECK(ir.find("MatMul(") != std::string::npos);
+  CHECK(f_jvp.cache_size() == 1);
+
+  // Several primals and outputs.
+  auto g = [](const xg::Tensor<double>& a, const xg::Tensor<double>& b) { return std::tuple{a * b, xg::sin(a)}; };
+  auto a = xg::tensor<double>({0.3, -1.2}), b = xg::tensor<double>({2.0, 0.5});
+  auto [outs, g_jvp] = xg::linearize(g, a, b);
+  check_close(std::get<0>(outs), doubles(a * b), 1e-15);
+  auto ta = xg::tensor<double>({1.0, 2.0}), tb = xg::tensor<double>({-1.0, 0.5});
+  auto [t0, t1] = g_jvp(ta, tb);
+  check_close(t0, doubles(ta * b + a * tb), 1e-15);
+  check_close(t1, doubles(xg::cos(a) * ta), 1e-15);
+}
+
 TEST_CASE("autograd: jvp: errors name what is wrong") {
   auto f = [](const xg::Tensor<float>& x) { return x * 2.0f; };
   CHECK(contains(message_of<xg::ShapeError>([&] {

@@ -223,6 +223,55 @@ TEST_CASE("nn: Sequential runs its layers in order and names them by position") 
   check_gradients(seq, x);
 }
 
+TEST_CASE("nn: recompute() gives the same values, gradients and state updates, eagerly and compiled") {
+  ModeGuard mode;
+  // Two copies of a block with state (BatchNorm2d's statistics, Dropout's key), one recomputing.
+  auto block = [] {
+    xg::init::set_seed(11);
+    auto seq = std::make_unique<xg::nn::Sequential>();
+    seq->emplace<xg::nn::Conv2d>(2, 3, 3);
+    seq->emplace<xg::nn::BatchNorm2d>(3);
+    seq->emplace<xg::nn::ReLU>();
+    seq->emplace<xg::nn::Dropout>(0.3f, 5);
+    seq->emplace<xg::nn::Flatten>();
+    seq->emplace<xg::nn::Dense>(3 * 6 * 6, 4);  // Conv2d pads to keep 6x6 by default
+    return seq;
+  };
+  for (xg::Mode m : {xg::Mode::eager, xg::Mode::graph}) {
+    CAPTURE(m == xg::Mode::graph);
+    xg::set_mode(m);
+    auto plain = block(), remat = block();
+    remat->recompute();
+    CHECK(remat->recomputes());
+    CHECK_FALSE(plain->recomputes());
+    const auto x = xg::randn<float>({2, 2, 6, 6}, 3);
+    for (int step = 0; step < 2; ++step) {
+      CAPTURE(step);
+      auto loss_of = [](xg::nn::Module& net) {
+        return [&net](const Tensor<float>& in) { return xg::sum(xg::square(net(in))); };
+      };
+      const auto [loss, grads] = xg::value_and_grad(loss_of(*plain), plain->parameters())(x);
+      const auto [remat_loss, remat_grads] = xg::value_and_grad(loss_of(*remat), remat->parameters())(x);
+      CHECK(loss.item() == doctest::Approx(remat_loss.item()).epsilon(1e-6));
+      REQUIRE(grads.size() == remat_grads.size());
+      for (std::size_t k = 0; k < grads.size(); ++k) {
+        CAPTURE(k);
+        CHECK(xg::max(xg::abs(grads[k])).item() > 0.0f);  // every parameter gets a gradient
+        const auto a = values(grads[k]), b = values(remat_grads[k]);
+        for (std::size_t i = 0; i < a.size(); ++i) CHECK(b[i] == doctest::Approx(a[i]).epsilon(1e-5));
+      }
+      // The state moved once per step, as without recompute.
+      const auto state = plain->named_buffers(), remat_state = remat->named_buffers();
+      REQUIRE(state.size() == remat_state.size());
+      auto& bn = dynamic_cast<xg::nn::BatchNorm2d&>((*remat)[1]);
+      auto& plain_bn = dynamic_cast<xg::nn::BatchNorm2d&>((*plain)[1]);
+      CHECK(values(bn.moving_mean) == values(plain_bn.moving_mean));
+      CHECK(dynamic_cast<xg::nn::Dropout&>((*remat)[3]).key.item() ==
+            dynamic_cast<xg::nn::Dropout&>((*plain)[3]).key.item());
+    }
+  }
+}
+
 TEST_CASE("nn: initializers draw from the seed sequence and have the stated spread") {
   xg::init::set_seed(3);
   xg::nn::Dense a(100, 50);

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <optional>
@@ -613,57 +614,79 @@ class Recomputing {
  private:
   std::uint64_t m_previous;
 };
-}  // namespace detail
 
-/// Rematerialization (JAX's checkpoint, MindSpore's Cell.recompute): f's value, with nothing
-/// of f kept for the backward pass but its inputs; the backward pass runs f again, recording
-/// it, and differentiates that. Memory for compute: f's intermediates never wait for the
-/// backward pass. f takes tensors and returns one tensor.
-template <class F> auto checkpoint(F f, SourceLoc loc = SourceLoc::current()) {
-  return [f, loc](const auto&... inputs) {
-    static_assert((detail::is_tensor<std::decay_t<decltype(inputs)>>::value && ...),
+/// checkpoint below, for an f that also reads `reads` from outside (a module's parameters):
+/// their gradients flow too. `replay`, when set, runs just before the backward pass runs f
+/// again, and the function it returns right after (a module puts back, for the second run, the
+/// state its forward saw, then the state it has now).
+template <class F> auto checkpoint_reading(F f, std::vector<TensorBase> reads,
+                                           std::function<std::function<void()>()> replay, SourceLoc loc) {
+  return [f, reads, replay, loc](const auto&... inputs) {
+    static_assert((is_tensor<std::decay_t<decltype(inputs)>>::value && ...),
                   "checkpoint: the function's arguments are tensors");
     auto out = [&] {
       no_grad off;
       return f(inputs...);
     }();
-    static_assert(detail::is_tensor<decltype(out)>::value, "checkpoint: the function returns one tensor");
-    if (!detail::should_record(inputs...)) return out;
-    const std::vector<TensorBase> saved{inputs...};
-    detail::record_range(out, "Checkpoint", loc, saved.begin(), saved.end(), {inputs...}, false,
-                         [f, saved](const TensorBase&, const TensorBase& g) {
-                           // The backward pass records when it is itself differentiated.
-                           const bool create_graph = is_grad_enabled();
-                           enable_grad on;
-                           detail::Recomputing recomputing;
-                           // f runs on aliases of its inputs (a recorded view of each): the
-                           // gradients stop there, not flowing on into the inputs' own history
-                           // (the enclosing backward pass does that), yet stay connected to it.
-                           std::vector<TensorBase> aliases;
-                           const auto again = std::apply(
-                               [&](const auto&... in) {
-                                 auto alias = [&](const auto& x) {
-                                   aliases.push_back(x.requires_grad() ? reshape(x, x.shape().to_vector()) : x);
-                                   return std::decay_t<decltype(x)>(aliases.back());
-                                 };
-                                 return std::apply([&](const auto&... a) { return f(a...); }, std::tuple{alias(in)...});
-                               },
-                               detail::typed_inputs<std::decay_t<decltype(inputs)>...>(saved));
-                           autograd::Grads grads(saved.size());
-                           if (!again.requires_grad()) return grads;
-                           std::vector<std::shared_ptr<AutogradMeta>> targets;
-                           std::vector<std::size_t> of_target;
-                           for (std::size_t k = 0; k < aliases.size(); ++k)
-                             if (saved[k].requires_grad()) {
-                               targets.push_back(aliases[k].impl()->autograd);
-                               of_target.push_back(k);
-                             }
-                           const auto found = autograd::run_backward({again}, {g}, targets, create_graph);
-                           for (std::size_t i = 0; i < found.size(); ++i) grads[of_target[i]] = found[i];
-                           return grads;
-                         });
+    static_assert(is_tensor<decltype(out)>::value, "checkpoint: the function returns one tensor");
+    bool reads_tracked = false;
+    for (const auto& r : reads) reads_tracked = reads_tracked || r.requires_grad();
+    if (!should_record(inputs...) && !(reads_tracked && is_grad_enabled())) return out;
+    std::vector<TensorBase> recorded{inputs...};
+    const std::size_t num_inputs = recorded.size();
+    recorded.insert(recorded.end(), reads.begin(), reads.end());
+    record_range(out, "Checkpoint", loc, recorded.begin(), recorded.end(), {inputs...}, false,
+                 [f, recorded, num_inputs, replay](const TensorBase&, const TensorBase& g) {
+                   // The backward pass records when it is itself differentiated.
+                   const bool create_graph = is_grad_enabled();
+                   enable_grad on;
+                   Recomputing recomputing;
+                   std::function<void()> undo = replay ? replay() : std::function<void()>();
+                   struct Undo {
+                     std::function<void()>& undo;
+                     ~Undo() {
+                       if (undo) undo();
+                     }
+                   } undo_at_exit{undo};
+                   // f runs on aliases of its inputs (a recorded view of each): the gradients
+                   // stop there, not flowing on into the inputs' own history (the enclosing
+                   // backward pass does that), yet stay connected to it.
+                   std::vector<TensorBase> aliases;
+                   const auto again = std::apply(
+                       [&](const auto&... in) {
+                         auto alias = [&](const auto& x) {
+                           aliases.push_back(x.requires_grad() ? reshape(x, x.shape().to_vector()) : x);
+                           return std::decay_t<decltype(x)>(aliases.back());
+                         };
+                         return std::apply([&](const auto&... a) { return f(a...); }, std::tuple{alias(in)...});
+                       },
+                       typed_inputs<std::decay_t<decltype(inputs)>...>(recorded));
+                   autograd::Grads grads(recorded.size());
+                   if (!again.requires_grad()) return grads;
+                   std::vector<std::shared_ptr<AutogradMeta>> targets;
+                   std::vector<std::size_t> of_target;
+                   for (std::size_t k = 0; k < recorded.size(); ++k)
+                     if (recorded[k].requires_grad()) {
+                       targets.push_back((k < num_inputs ? aliases[k] : recorded[k]).impl()->autograd);
+                       of_target.push_back(k);
+                     }
+                   const auto found = autograd::run_backward({again}, {g}, targets, create_graph);
+                   for (std::size_t i = 0; i < found.size(); ++i) grads[of_target[i]] = found[i];
+                   return grads;
+                 });
     return out;
   };
+}
+
+}  // namespace detail
+
+/// Rematerialization (JAX's checkpoint, MindSpore's Cell.recompute): f's value, with nothing
+/// of f kept for the backward pass but its inputs; the backward pass runs f again, recording
+/// it, and differentiates that. Memory for compute: f's intermediates never wait for the
+/// backward pass. f takes tensors and returns one tensor; a tensor f reads from outside (not an
+/// argument) gets no gradient through it (nn::Module::recompute passes a module's parameters).
+template <class F> auto checkpoint(F f, SourceLoc loc = SourceLoc::current()) {
+  return detail::checkpoint_reading(std::move(f), {}, {}, loc);
 }
 
 }  // namespace xgrad

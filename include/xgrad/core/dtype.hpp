@@ -43,6 +43,24 @@ template <Element T> constexpr DType dtype_of() {
     return DType::boolean;
 }
 
+/// f.template operator()<T>() for d's element type T: code written once for every dtype of a
+/// tensor known only at run time.
+template <class F> decltype(auto) visit_element(DType d, F&& f) {
+  switch (d) {
+    case DType::float32:
+      return f.template operator()<float>();
+    case DType::float64:
+      return f.template operator()<double>();
+    case DType::int32:
+      return f.template operator()<std::int32_t>();
+    case DType::int64:
+      return f.template operator()<std::int64_t>();
+    case DType::boolean:
+      break;
+  }
+  return f.template operator()<bool>();
+}
+
 /// MindSpore's spelling: Float32, Int32, Bool...
 constexpr std::string_view dtype_name(DType d) {
   switch (d) {

@@ -2,6 +2,7 @@
 // (src/ir.cpp) otherwise.
 #pragma once
 
+#include <algorithm>
 #include <memory>
 #include <span>
 #include <stdexcept>
@@ -49,7 +50,7 @@ XGRAD_API ir::Value* Tracer::resolve(const TensorBase& t) {
   if (impl->physical)
     throw ValueError(xgrad::detail::concat("jit: a batched tensor (", dtype_name(impl->dtype), impl->shape,
                                            ", inside vmap) reached an op that has no batching rule for vmap yet "
-                                           "(print, or cond / while_loop / fori_loop traced by jit)"));
+                                           "(print, a collective)"));
   if (auto it = m_lifted.find(impl); it != m_lifted.end()) return it->second;
   if (impl->value && impl->value->graph == m_graph.get()) return impl->value.get();
   ir::Value* v = nullptr;
@@ -76,6 +77,12 @@ XGRAD_API std::vector<TensorBase> Tracer::emit(std::shared_ptr<const ir::Primiti
                                                const std::vector<std::pair<DType, Shape>>& outputs, ir::Kernel kernel,
                                                OpTraits traits, std::vector<std::shared_ptr<const ir::Graph>> subgraphs,
                                                bool has_effect) {
+  if (m_evaluate_concrete && subgraphs.empty() && !has_effect &&
+      std::all_of(inputs.begin(), inputs.end(), [](const TensorBase& t) { return t.impl()->storage != nullptr; })) {
+    std::vector<TensorBase> out(outputs.size());
+    kernel(inputs, out);
+    return out;
+  }
   auto node = std::make_unique<ir::Node>();
   node->primitive = std::move(primitive);
   SourceLoc forward = GradientScope::location();

@@ -95,6 +95,12 @@ class Tracer {
   /// reference for a top-level graph; the enclosing graph's tensors for a subgraph.
   const std::vector<TensorBase>& captures() const { return m_captures; }
 
+  /// From now on, an op whose inputs are all concrete tensors (none comes from an argument) runs
+  /// at once and its result joins the graph as a constant: the graph keeps only the work that
+  /// depends on its arguments (linearize's linear function), and reads those tensors as they
+  /// are now, not at each call.
+  void evaluate_concrete_ops() { m_evaluate_concrete = true; }
+
   /// A new graph argument, as a symbolic tensor.
   XGRAD_API TensorBase add_argument(DType dtype, const Shape& shape, std::string name);
 
@@ -133,6 +139,7 @@ class Tracer {
   std::shared_ptr<ir::Graph> m_graph;
   Tracer* m_parent;
   std::uint64_t m_first_serial = 0;
+  bool m_evaluate_concrete = false;
   std::vector<TensorBase> m_captures;
   std::unordered_map<const TensorImpl*, ir::Value*> m_lifted;          // tensors from outside, and rebound ones
   std::unordered_map<const ir::Value*, std::size_t> m_input_of_value;  // input values -> position

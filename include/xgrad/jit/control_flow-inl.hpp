@@ -53,19 +53,7 @@ inline bool transforms_active() {
 
 /// where(pick, a, b) on tensors of any dtype.
 inline TensorBase select(const Tensor<bool>& pick, const TensorBase& a, const TensorBase& b, SourceLoc loc) {
-  switch (a.dtype()) {
-    case DType::float32:
-      return where(pick, Tensor<float>(a), Tensor<float>(b), loc);
-    case DType::float64:
-      return where(pick, Tensor<double>(a), Tensor<double>(b), loc);
-    case DType::int32:
-      return where(pick, Tensor<std::int32_t>(a), Tensor<std::int32_t>(b), loc);
-    case DType::int64:
-      return where(pick, Tensor<std::int64_t>(a), Tensor<std::int64_t>(b), loc);
-    case DType::boolean:
-      return where(pick, Tensor<bool>(a), Tensor<bool>(b), loc);
-  }
-  return a;
+  return visit_element(a.dtype(), [&]<class T>() { return TensorBase(where(pick, Tensor<T>(a), Tensor<T>(b), loc)); });
 }
 
 /// A bool tensor of one element that is true where it is true for some value of its batches

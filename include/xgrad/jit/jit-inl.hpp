@@ -229,6 +229,7 @@ XGRAD_API std::shared_ptr<const Entry> Cache::compile(const Flat& flat, const st
   Signature signature = Signature::of(flat);
   check_retrace(signature, relabel);
   Tracer tracer(m_config.name);
+  if (m_config.fold_captures) tracer.evaluate_concrete_ops();
   TraceResult result = traced(tracer, body);
   std::vector<bool> from_captures;
   for (const auto& out : result.outputs) from_captures.push_back(out.requires_grad());

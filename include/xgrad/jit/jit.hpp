@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "xgrad/autograd/functional.hpp"
 #include "xgrad/core/config.hpp"
 #include "xgrad/jit/function.hpp"
 #include "xgrad/jit/tree.hpp"
@@ -42,6 +43,11 @@ struct JitConfig {
   /// Debugging: fill each arena buffer with 0xFF bytes when the memory plan frees it, so a
   /// read after the planned last use gives NaNs rather than plausible stale values.
   bool poison_freed_buffers = false;
+  /// Run the ops that read no argument (only tensors from outside the function) once, while
+  /// tracing, and keep their results as constants: each call then does only the work that
+  /// depends on its arguments, and sees those tensors as they were when it traced. linearize's
+  /// linear function is compiled so.
+  bool fold_captures = false;
 };
 
 /// Throws ValueError for a JitConfig that would otherwise be read in a way its writer did not
@@ -438,6 +444,23 @@ template <class F> class Jitted {
 /// per input signature: `auto fast = xg::jit([](auto x, auto y) { return x * y; });`.
 template <class F> Jitted<F> jit(F f, JitConfig config = {}, SourceLoc loc = SourceLoc::current()) {
   return Jitted<F>(std::move(f), std::move(config), loc);
+}
+
+/// f's outputs at `primals` and f linearized there (JAX's linearize): `auto [y, f_jvp] =
+/// linearize(f, x)`, then `f_jvp(t)` is J·t, jvp(f, x, t)'s tangent, for any tangent of x's
+/// dtype and shape (one per primal; a tuple for a function returning a tuple). The linear
+/// function is compiled now, with the primal computation run once while tracing: its graph holds
+/// only the tangent's ops, reading the primal values they need as constants. Later writes into
+/// the primals do not reach it.
+template <class F, class... Ts> auto linearize(F f, const Tensor<Ts>&... primals) {
+  static_assert(sizeof...(Ts) > 0, "linearize: give at least one primal");
+  static_assert((FloatingPoint<Ts> && ...), "linearize: every primal must be a float or double tensor");
+  auto outputs = f(primals...);
+  auto linear = jit([f, point = std::tuple{primals.detach()...}](
+                        const Tensor<Ts>&... tangents) { return jvp(f, point, std::tuple{tangents...}).second; },
+                    {.name = "linearize", .fold_captures = true});
+  (void)linear.lower(zeros_like(primals)...);
+  return std::pair{outputs, linear};
 }
 
 }  // namespace xgrad

@@ -92,6 +92,40 @@ XGRAD_API void Module::set_train(bool on) {
   for (auto& [name, child] : m_children) child->set_train(on);
 }
 
+namespace detail {
+
+/// A copy of each tensor (eagerly its data; traced, its value now, whatever is written later).
+inline std::vector<TensorBase> copies(const std::vector<std::pair<std::string, TensorBase>>& tensors) {
+  std::vector<TensorBase> out;
+  for (const auto& [name, t] : tensors)
+    out.push_back(
+        visit_element(t.dtype(), [&]<class T>() { return TensorBase(zeros_like(Tensor<T>(t)).assign(Tensor<T>(t))); }));
+  return out;
+}
+
+/// Writes values[k] into tensor k.
+inline void put(const std::vector<std::pair<std::string, TensorBase>>& tensors, const std::vector<TensorBase>& values) {
+  no_grad off;
+  for (std::size_t k = 0; k < tensors.size(); ++k)
+    visit_element(tensors[k].second.dtype(), [&]<class T>() {
+      Tensor<T> target(tensors[k].second);
+      target.assign(Tensor<T>(values[k]));
+      return 0;
+    });
+}
+
+}  // namespace detail
+
+XGRAD_API std::function<std::function<void()>()> Module::state_replay() const {
+  auto buffers = named_buffers();
+  if (buffers.empty()) return {};
+  return [buffers, seen = detail::copies(buffers)] {
+    auto now = detail::copies(buffers);
+    detail::put(buffers, seen);
+    return std::function<void()>([buffers, now] { detail::put(buffers, now); });
+  };
+}
+
 XGRAD_API Jitted<Module::Forward>& Module::compiled() {
   const std::size_t which = m_training ? 1 : 0;
   std::call_once(m_compile_once[which], [this, which] {

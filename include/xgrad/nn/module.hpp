@@ -3,6 +3,7 @@
 // input signature in Mode::graph.
 #pragma once
 
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <mutex>
@@ -83,6 +84,14 @@ class Module {
   XGRAD_API void set_train(bool on = true);
   bool training() const { return m_training; }
 
+  /// MindSpore's Cell.recompute (JAX's checkpoint for a module): forward keeps nothing for the
+  /// backward pass but its inputs, and the backward pass runs it again, trading compute for
+  /// memory. The second run sees the state the first saw (Dropout's key, BatchNorm2d's running
+  /// statistics are put back for it, then restored), so it computes the same values and the
+  /// state is updated once. Holds for this module's calls in every mode, compiled included.
+  void recompute(bool on = true) { m_recompute = on; }
+  bool recomputes() const { return m_recompute; }
+
   /// The registered children, in order.
   const std::vector<std::pair<std::string, Module*>>& children() const { return m_children; }
 
@@ -109,15 +118,29 @@ class Module {
     Module* self;
     template <class... Xs> Tensor<float> operator()(const Xs&... xs) const {
       tracing::NameScope scope(self->name());
-      return self->forward(xs...);
+      return self->run(xs...);
     }
   };
 
   template <class... Xs> Tensor<float> call(const Xs&... xs) {
     if (tracing::Tracer::active()) return Forward{this}(xs...);
-    if (get_mode() == Mode::eager) return forward(xs...);
+    if (get_mode() == Mode::eager) return run(xs...);
     return compiled()(xs...);
   }
+
+  /// forward, checkpointed when recompute() is on.
+  template <class... Xs> Tensor<float> run(const Xs&... xs) {
+    if (!m_recompute) return forward(xs...);
+    std::vector<TensorBase> params;
+    for (auto& [name, p] : named_parameters()) params.push_back(std::move(p));
+    return xgrad::detail::checkpoint_reading([this](const Xs&... in) { return forward(in...); }, std::move(params),
+                                             state_replay(), call_site())(xs...);
+  }
+
+  /// What recompute() runs around the second run of forward: puts back the buffers as they are
+  /// now (before the first run), and returns what restores them as they will be then. Empty for
+  /// a module without buffers.
+  XGRAD_API std::function<std::function<void()>()> state_replay() const;
 
   /// The compiled forward for the current train/eval behaviour (a trace bakes the behaviour in).
   XGRAD_API Jitted<Forward>& compiled();
@@ -134,6 +157,7 @@ class Module {
   std::vector<std::pair<std::string, TensorBase>> m_buffers;
   std::vector<std::pair<std::string, Module*>> m_children;
   bool m_training = true;
+  bool m_recompute = false;
   std::once_flag m_compile_once[2];  // [0] eval, [1] training
   std::unique_ptr<Jitted<Forward>> m_compiled[2];
 };

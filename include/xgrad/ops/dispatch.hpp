@@ -161,7 +161,7 @@ TensorBase primitive_with_epilogue(const P& def, SourceLoc loc, std::initializer
                                    const Shape& shape, Compute compute, OpTraits traits = {}) {
   auto plain = [compute](std::span<const TensorBase> in, const TensorBase& dest) { return compute(in, dest, nullptr); };
   TensorBase out = primitive(def, loc, inputs, dtype, shape, plain, traits);
-  if (auto* tracer = tracing::Tracer::active())
+  if (auto* tracer = tracing::Tracer::active(); tracer && !out.impl()->storage)
     tracer->graph().nodes.back()->epilogue_kernel =  // the node primitive() just appended
         [compute](std::span<const TensorBase> in, const TensorBase& dest, const ir::BlockDone& done) {
           compute(in, dest, &done);
