@@ -467,8 +467,12 @@ Tensor<typename Op::template result<T>> binary(const Tensor<T>& a, const Tensor<
     }
     push_tangents(out, {a, b}, [&](std::span<const TensorBase> t, const TensorBase& y) {
       return elementwise_tangent<T>(t, shape, [&](const Tensor<T>& g, std::size_t k) {
-        auto grads = Op::grad(a, b, Tensor<R>(y), g);
-        return TensorBase(k == 0 ? std::get<0>(grads) : std::get<1>(grads));
+        if constexpr (requires { Op::tangent(k, a, b, Tensor<R>(y), g); }) {
+          return TensorBase(Op::tangent(k, a, b, Tensor<R>(y), g));
+        } else {
+          auto grads = Op::grad(a, b, Tensor<R>(y), g);
+          return TensorBase(k == 0 ? std::get<0>(grads) : std::get<1>(grads));
+        }
       });
     });
   }

@@ -187,6 +187,11 @@ struct Sub : BinaryDefaults {
   template <class T> static auto grad(const Tensor<T>&, const Tensor<T>&, const Tensor<T>&, const Tensor<T>& g) {
     return std::pair{g, -g};
   }
+  // Forward mode wants one input's part at a time; grad makes both.
+  template <class T>
+  static Tensor<T> tangent(std::size_t k, const Tensor<T>&, const Tensor<T>&, const Tensor<T>&, const Tensor<T>& t) {
+    return k == 0 ? t : -t;
+  }
 };
 
 struct Mul : BinaryDefaults {
@@ -195,6 +200,10 @@ struct Mul : BinaryDefaults {
   template <class V> XGRAD_HD static V apply(const V& a, const V& b) { return math::mul(a, b); }
   template <class T> static auto grad(const Tensor<T>& a, const Tensor<T>& b, const Tensor<T>&, const Tensor<T>& g) {
     return std::pair{g * b, g * a};
+  }
+  template <class T> static Tensor<T> tangent(std::size_t k, const Tensor<T>& a, const Tensor<T>& b, const Tensor<T>&,
+                                              const Tensor<T>& t) {
+    return k == 0 ? t * b : a * t;
   }
 };
 
@@ -206,6 +215,10 @@ struct Div : BinaryDefaults {
   template <class T> static auto grad(const Tensor<T>&, const Tensor<T>& b, const Tensor<T>& y, const Tensor<T>& g) {
     auto ga = g / b;
     return std::pair{ga, -(ga * y)};
+  }
+  template <class T> static Tensor<T> tangent(std::size_t k, const Tensor<T>&, const Tensor<T>& b, const Tensor<T>& y,
+                                              const Tensor<T>& t) {
+    return k == 0 ? t / b : -(t / b * y);
   }
 };
 
