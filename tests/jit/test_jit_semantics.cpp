@@ -347,6 +347,19 @@ TEST_CASE("jit captures: C++ side effects run once per trace; xg::print runs on 
   int prints = 0;
   for (std::size_t at = text.find("a Tensor("); at != std::string::npos; at = text.find("a Tensor(", at + 1)) ++prints;
   CHECK(prints == 3);
+
+  // Inside vmap, print shows the whole batch, eagerly and compiled.
+  xgrad::testing::CoutCapture batch_out;
+  auto show = [](const TD& v) {
+    xg::print("v", v);
+    return v * 2.0;
+  };
+  const auto batch = xg::tensor<double>({1, 2, 3, 4}, {2, 2});
+  CHECK(xg::vmap(show)(batch).to_vector() == std::vector<double>{2, 4, 6, 8});
+  CHECK(xg::jit(xg::vmap(show))(batch).to_vector() == std::vector<double>{2, 4, 6, 8});
+  const std::string shown = batch_out.text.str();
+  CHECK(contains(shown, "v (vmap: the batch, along axis 0) Tensor("));
+  CHECK(shown.find("v (vmap", shown.find("v (vmap") + 1) != std::string::npos);  // both calls printed
 }
 
 TEST_CASE("set_mode is process-wide; mode_scope is per thread") {

@@ -71,9 +71,20 @@ template <class T> Tensor<T> extreme_share(const Tensor<T>& x, const Tensor<T>& 
   return holds / all_reduce(holds, ReduceOp::sum, loc);
 }
 
+/// x with its first two axes swapped: a batch's axis and a per-rank axis trade places.
+template <class T> Tensor<T> swap_leading_axes(const Tensor<T>& x, SourceLoc loc) {
+  std::vector<std::int64_t> perm{1, 0};
+  for (std::int64_t i = 2; i < x.ndim(); ++i) perm.push_back(i);
+  return transpose(x, perm, loc);
+}
+
 }  // namespace distributed::detail
 
 namespace op {
+
+// Batching rules (vmap): the whole batch is exchanged in one collective, each value reduced,
+// gathered or scattered with the same value of the other ranks (every rank maps over a batch of
+// the same size; a rank that does not is told the ranks disagree).
 
 /// The collectives' nodes: effects (never folded, merged or removed, and run in program order),
 /// since each is a message every rank must send. `loc` is the caller's line, for the errors the
@@ -113,6 +124,9 @@ struct AllReduce {
       return distributed::all_reduce(Tensor<T>(t[0]), reduce, loc);
     return distributed::all_reduce(Tensor<T>(t[0]) * distributed::detail::extreme_share(x, y, loc), ReduceOp::sum, loc);
   }
+  template <class R, class T> Tensor<R> batch(std::span<const bool>, SourceLoc loc, const Tensor<T>& x) const {
+    return distributed::all_reduce(x, reduce, loc);
+  }
 };
 
 struct AllGather {
@@ -140,6 +154,10 @@ struct AllGather {
   static constexpr bool multilinear = true;
   template <class T> autograd::Grads grad(const Tensor<T>& g, Needs<1>, SourceLoc loc, const Tensor<T>&) const {
     return {distributed::reduce_scatter(g, distributed::ReduceOp::sum, loc)};
+  }
+  template <class R, class T> Tensor<R> batch(std::span<const bool>, SourceLoc loc, const Tensor<T>& x) const {
+    return distributed::detail::swap_leading_axes(distributed::all_gather(x, loc),
+                                                  loc);  // [world, batch, ...] -> [batch, world, ...]
   }
 };
 
@@ -179,6 +197,10 @@ struct ReduceScatter {
     return distributed::reduce_scatter(
         tangent * distributed::detail::extreme_share(x, distributed::all_gather(y, loc), loc), ReduceOp::sum, loc);
   }
+  template <class R, class T> Tensor<R> batch(std::span<const bool>, SourceLoc loc, const Tensor<T>& x) const {
+    return distributed::reduce_scatter(distributed::detail::swap_leading_axes(x, loc), reduce,
+                                       loc);  // scatter the ranks' axis
+  }
 };
 
 struct Broadcast {
@@ -204,6 +226,9 @@ struct Broadcast {
   template <class T> autograd::Grads grad(const Tensor<T>& g, Needs<1>, SourceLoc loc, const Tensor<T>&) const {
     const Tensor<T> sum = distributed::all_reduce(g, distributed::ReduceOp::sum, loc);
     return {is_root ? sum : zeros_like(sum, loc)};
+  }
+  template <class R, class T> Tensor<R> batch(std::span<const bool>, SourceLoc loc, const Tensor<T>& x) const {
+    return distributed::broadcast(x, root, loc);
   }
 };
 

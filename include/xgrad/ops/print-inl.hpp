@@ -25,6 +25,10 @@ struct Print {
 }  // namespace op
 
 template <Element T> void print(const std::string& label, const Tensor<T>& t, SourceLoc loc) {
+  if (const auto& batch = t.impl()->physical) {  // inside vmap: every value, one after the other on axis 0
+    print(label + " (vmap: the batch, along axis 0)", Tensor<T>(TensorBase(batch)), loc);
+    return;
+  }
   auto show = [label](const Tensor<T>& value) { std::cout << label << ' ' << value << std::endl; };
   if (auto* tracer = tracing::Tracer::active()) {
     const TensorBase inputs[] = {t};
