@@ -692,6 +692,16 @@ TEST_CASE("autograd: checkpoint keeps only its inputs for the backward pass and 
     return xg::grad([&](const xg::Tensor<double>& a) { return xg::sum(xg::grad(loss(remat))(a, w0) * v); })(x0);
   };
   check_close(second(true), doubles(second(false)), 1e-12);
+
+  // A weight read from outside the arguments would get no gradient through the checkpoint:
+  // the backward pass says so rather than leave it out.
+  auto weight = xg::Parameter<double>(w0.detach(), "block.weight");
+  auto reads_weight = xg::checkpoint([&](const xg::Tensor<double>& a) { return block(a, weight); });
+  const std::string what = message_of<xg::AutogradError>(
+      [&] { (void)xg::grad([&](const xg::Tensor<double>& a) { return xg::sum(reads_weight(a)); })(x0); });
+  CHECK(contains(what, "Checkpoint"));
+  CHECK(contains(what, "'block.weight'"));
+  CHECK(contains(what, "from outside its arguments"));
 }
 
 TEST_CASE("autograd: checkpoint in a compiled gradient recomputes each block in the backward pass, at a smaller peak") {

@@ -300,8 +300,9 @@ TEST_CASE("distributed: vmap over the collectives exchanges the whole batch, as 
        [](const xg::Tensor<double>& x) { return dist::reduce_scatter(x, dist::ReduceOp::mean); }},
       {"broadcast", [](const xg::Tensor<double>& x) { return dist::broadcast(x, 0); }},
   };
-  for (const auto& [what, f] : collectives) {
-    CAPTURE(what);
+  for (const auto& named : collectives) {
+    CAPTURE(named.first);
+    const auto& f = named.second;
     const auto mapped = xg::vmap(f)(xs);
     const auto compiled = xg::jit(xg::vmap(f))(xs);
     REQUIRE(mapped.shape()[0] == batch);

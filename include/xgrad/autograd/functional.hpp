@@ -2,6 +2,7 @@
 // custom_vjp.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -615,6 +616,33 @@ class Recomputing {
   std::uint64_t m_previous;
 };
 
+/// Throws when the tape of `out` reaches a tensor that requires grad other than through `known`
+/// (a checkpoint's arguments and declared reads): its gradient could not leave the checkpoint,
+/// whose tape entry links only those.
+inline void check_only_known_reads(const TensorBase& out, const std::vector<TensorBase>& known, SourceLoc loc) {
+  std::vector<const AutogradMeta*> stops;
+  for (const auto& t : known)
+    if (t.impl()->autograd) stops.push_back(t.impl()->autograd.get());
+  std::vector<const AutogradMeta*> pending{out.impl()->autograd.get()};
+  std::vector<const autograd::Node*> seen;
+  while (!pending.empty()) {
+    const AutogradMeta* meta = pending.back();
+    pending.pop_back();
+    if (!meta || std::find(stops.begin(), stops.end(), meta) != stops.end()) continue;
+    if (const autograd::Node* node = meta->grad_fn.get()) {
+      if (std::find(seen.begin(), seen.end(), node) != seen.end()) continue;
+      seen.push_back(node);
+      for (const auto& in : node->inputs) pending.push_back(in.meta.get());
+    } else if (meta->requires_grad) {
+      throw AutogradError(
+          op_message("Checkpoint", loc, "the function reads a tensor that requires grad (",
+                     meta->name.empty() ? std::string("unnamed") : "'" + meta->name + "'",
+                     ") from outside its arguments: a checkpoint differentiates its arguments only; pass it as one "
+                     "(nn::Module::recompute() passes a module's parameters)"));
+    }
+  }
+}
+
 /// checkpoint below, for an f that also reads `reads` from outside (a module's parameters):
 /// their gradients flow too. `replay`, when set, runs just before the backward pass runs f
 /// again, and the function it returns right after (a module puts back, for the second run, the
@@ -636,7 +664,7 @@ template <class F> auto checkpoint_reading(F f, std::vector<TensorBase> reads,
     const std::size_t num_inputs = recorded.size();
     recorded.insert(recorded.end(), reads.begin(), reads.end());
     record_range(out, "Checkpoint", loc, recorded.begin(), recorded.end(), {inputs...}, false,
-                 [f, recorded, num_inputs, replay](const TensorBase&, const TensorBase& g) {
+                 [f, recorded, num_inputs, replay, loc](const TensorBase&, const TensorBase& g) {
                    // The backward pass records when it is itself differentiated.
                    const bool create_graph = is_grad_enabled();
                    enable_grad on;
@@ -663,6 +691,10 @@ template <class F> auto checkpoint_reading(F f, std::vector<TensorBase> reads,
                        typed_inputs<std::decay_t<decltype(inputs)>...>(recorded));
                    autograd::Grads grads(recorded.size());
                    if (!again.requires_grad()) return grads;
+                   std::vector<TensorBase> known = aliases;
+                   known.insert(known.end(), recorded.begin() + static_cast<std::ptrdiff_t>(num_inputs),
+                                recorded.end());
+                   check_only_known_reads(again, known, loc);
                    std::vector<std::shared_ptr<AutogradMeta>> targets;
                    std::vector<std::size_t> of_target;
                    for (std::size_t k = 0; k < recorded.size(); ++k)
@@ -683,8 +715,9 @@ template <class F> auto checkpoint_reading(F f, std::vector<TensorBase> reads,
 /// Rematerialization (JAX's checkpoint, MindSpore's Cell.recompute): f's value, with nothing
 /// of f kept for the backward pass but its inputs; the backward pass runs f again, recording
 /// it, and differentiates that. Memory for compute: f's intermediates never wait for the
-/// backward pass. f takes tensors and returns one tensor; a tensor f reads from outside (not an
-/// argument) gets no gradient through it (nn::Module::recompute passes a module's parameters).
+/// backward pass. f takes tensors and returns one tensor. Only its arguments are differentiated:
+/// a tensor requiring grad that f reads from outside is an AutogradError in the backward pass
+/// (nn::Module::recompute passes a module's parameters).
 template <class F> auto checkpoint(F f, SourceLoc loc = SourceLoc::current()) {
   return detail::checkpoint_reading(std::move(f), {}, {}, loc);
 }
