@@ -272,6 +272,54 @@ TEST_CASE("nn: recompute() gives the same values, gradients and state updates, e
   }
 }
 
+TEST_CASE("nn: vmap of a module's forward shares its parameters; value_and_grad inside gives per-example gradients") {
+  ModeGuard mode;
+  xg::init::set_seed(3);
+  xg::nn::Sequential net;
+  net.emplace<xg::nn::Dense>(4, 3);
+  net.emplace<xg::nn::ReLU>();
+  net.emplace<xg::nn::Dense>(3, 2);
+  const auto xs = xg::randn<float>({5, 1, 4}, 8);  // 5 examples, each a batch of one
+  const auto ys = xg::tensor<std::int32_t>({0, 1, 1, 0, 1}, {5, 1});
+  const auto params = net.parameters();
+  auto example_grads = [&](const Tensor<float>& x, const Tensor<std::int32_t>& y) {
+    auto loss = [&](const Tensor<float>& in, const Tensor<std::int32_t>& label) {
+      return xg::softmax_cross_entropy(net(in), label);
+    };
+    const auto grads = xg::value_and_grad(loss, params)(x, y).second;
+    return std::tuple{grads[0], grads[1], grads[2], grads[3]};
+  };
+  const auto row = [](const auto& t, std::int64_t b) {
+    std::vector<std::int64_t> begin(static_cast<std::size_t>(t.ndim()), 0), size = t.shape().to_vector();
+    begin[0] = b;
+    size[0] = 1;
+    return xg::reshape(xg::slice(t, begin, size), std::vector<std::int64_t>(size.begin() + 1, size.end()));
+  };
+  for (xg::Mode m : {xg::Mode::eager, xg::Mode::graph}) {
+    CAPTURE(m == xg::Mode::graph);
+    xg::set_mode(m);
+    const auto outs = xg::vmap([&](const Tensor<float>& x) { return net(x); })(xs);
+    REQUIRE(outs.shape() == xg::Shape{5, 1, 2});
+    const auto per_example = xg::vmap(example_grads)(xs, ys);
+    for (std::int64_t b = 0; b < 5; ++b) {
+      CAPTURE(b);
+      const auto want = values(net(row(xs, b)));
+      const auto got = values(row(outs, b));
+      for (std::size_t i = 0; i < want.size(); ++i) CHECK(got[i] == doctest::Approx(want[i]).epsilon(1e-6));
+      const auto expected = example_grads(row(xs, b), row(ys, b));
+      auto compare = [&](const Tensor<float>& batch, const Tensor<float>& one) {
+        const auto a = values(row(batch, b)), e = values(one);
+        REQUIRE(a.size() == e.size());
+        for (std::size_t i = 0; i < a.size(); ++i) CHECK(a[i] == doctest::Approx(e[i]).epsilon(1e-5));
+      };
+      compare(std::get<0>(per_example), std::get<0>(expected));
+      compare(std::get<1>(per_example), std::get<1>(expected));
+      compare(std::get<2>(per_example), std::get<2>(expected));
+      compare(std::get<3>(per_example), std::get<3>(expected));
+    }
+  }
+}
+
 TEST_CASE("nn: initializers draw from the seed sequence and have the stated spread") {
   xg::init::set_seed(3);
   xg::nn::Dense a(100, 50);
