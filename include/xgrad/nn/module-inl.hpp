@@ -97,9 +97,11 @@ namespace detail {
 /// A copy of each tensor (eagerly its data; traced, its value now, whatever is written later).
 inline std::vector<TensorBase> copies(const std::vector<std::pair<std::string, TensorBase>>& tensors) {
   std::vector<TensorBase> out;
-  for (const auto& [name, t] : tensors)
+  for (const auto& named : tensors) {
+    const TensorBase& t = named.second;
     out.push_back(
         visit_element(t.dtype(), [&]<class T>() { return TensorBase(zeros_like(Tensor<T>(t)).assign(Tensor<T>(t))); }));
+  }
   return out;
 }
 
