@@ -23,8 +23,27 @@ struct MatMul {
   }
   bool operator==(const MatMul&) const = default;
   /// The batch axis leads, with axes of 1 after it where the other operand has more batch axes.
+  /// A batch of matrices times one matrix is one larger product: the batch folds into the rows
+  /// of the left operand, or the columns of the right (jacfwd's tangents, a Hessian's columns).
   template <class R, class T>
   Tensor<R> batch(std::span<const bool> batched, SourceLoc loc, const Tensor<T>& a, const Tensor<T>& b) const {
+    if (batched[0] != batched[1] && a.ndim() + b.ndim() == 5) {
+      const Tensor<T>& x = batched[0] ? a : b;  // [size, r, c]
+      const std::int64_t size = x.shape()[0], rows = x.shape()[1], cols = x.shape()[2];
+      if (batched[0]) {  // [size * m, k] @ b
+        const Tensor<T> folded = transpose_a ? reshape(transpose(x, {0, 2, 1}, loc), {size * cols, rows}, loc)
+                                             : reshape(x, {size * rows, cols}, loc);
+        const Tensor<R> out = detail::apply<R>(MatMul{false, transpose_b}, loc, folded, b);
+        return reshape(out, {size, out.shape()[0] / size, out.shape()[1]}, loc);
+      }
+      // Each value's product transposed, op(b_i)^T op(a)^T, stacked: [size * n, k] @ op(a)^T. For
+      // a batch of vectors (n = 1) no transpose here copies anything.
+      const std::int64_t n = transpose_b ? rows : cols;
+      const Tensor<T> folded = transpose_b ? reshape(x, {size * rows, cols}, loc)
+                                           : reshape(transpose(x, {0, 2, 1}, loc), {size * cols, rows}, loc);
+      const Tensor<R> out = detail::apply<R>(MatMul{false, !transpose_a}, loc, folded, a);
+      return transpose(reshape(out, {size, n, out.shape()[1]}, loc), {0, 2, 1}, loc);
+    }
     const int rank = std::max(a.ndim() - batched[0], b.ndim() - batched[1]);
     return detail::apply<R>(*this, loc, batched[0] ? detail::align_batch(a, rank) : a,
                             batched[1] ? detail::align_batch(b, rank) : b);

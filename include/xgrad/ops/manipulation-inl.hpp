@@ -264,6 +264,17 @@ template <Element T> Tensor<T> transpose(const Tensor<T>& x, std::vector<std::in
     if (seen[p]) throw_shape_error(op::Transpose::name, loc, "perm ", Shape(perm), " repeats axis ", p);
     seen[p] = true;
   }
+  // Moving only axes of length 1 leaves the elements in order: a reshape, which copies nothing.
+  std::vector<std::int64_t> dims;
+  bool in_order = true;
+  std::int64_t last = -1;  // the last axis longer than 1 taken so far
+  for (std::int64_t p : perm) {
+    dims.push_back(x.shape()[static_cast<int>(p)]);
+    if (dims.back() == 1) continue;
+    in_order = in_order && p > last;
+    last = p;
+  }
+  if (in_order) return reshape(x, dims, loc);
   return detail::apply<T>(op::Transpose{perm}, loc, x);
 }
 

@@ -443,6 +443,19 @@ template <class T> void gemm(int64_t m, int64_t n, int64_t k, T alpha, const T* 
     return;
   }
 
+  if (k == 1) {  // an outer product: no sum to block for, and packing would only add traffic
+    for (int64_t i = 0; i < m; ++i) {
+      const T ai = alpha * a[i * a_row_stride];
+      T* row = c + i * ldc;
+      if (beta == T(0))
+        for (int64_t j = 0; j < n; ++j) row[j] = ai * b[j * b_col_stride];
+      else
+        for (int64_t j = 0; j < n; ++j) row[j] = ai * b[j * b_col_stride] + beta * row[j];
+    }
+    if (done) (*done)(0, m, 0, n);
+    return;
+  }
+
   using cfg = detail::GemmConfig<T>;
   // Below about 64^3 multiply-adds, waking workers costs more than it saves.
   constexpr double parallel_threshold = 64.0 * 64.0 * 64.0;
