@@ -5,7 +5,7 @@
 The markdown lists, for every workload, xgrad's fastest implementation against the fastest peer
 (LibTorch, PyTorch eager and torch.compile, JAX eager and jit, MindSpore PyNative and GRAPH),
 and says plainly where xgrad is behind; then each suite's times (median over the rounds, with
-min-max), heap allocations per call and peak memory. A chart shows, per workload, each side's
+min-max), its targets met or missed (TARGETS), heap allocations per call and peak memory. A chart shows, per workload, each side's
 time divided by xgrad's fastest on a log axis: bars left of 1 are faster than xgrad.
 """
 
@@ -15,7 +15,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from workloads import SUITES  # noqa: E402
+from workloads import PEER_REFERENCES, SUITES  # noqa: E402
 
 # Every side, in table order: (id, label, chart colour). Peers are the sides after the references.
 SIDES = [
@@ -31,9 +31,13 @@ SIDES = [
     ("xgrad:dp_2x1", "xgrad 2 processes x 1 thread", "#7fb2e5"),
     ("ref:hand", "hand loop", "#9a9a9a"),
     ("ref:openblas", "OpenBLAS", "#9a9a9a"),
+    ("ref:loop", "xgrad loop of grad", "#9a9a9a"),
+    ("ref:forward", "xgrad forward", "#9a9a9a"),
+    ("ref:fd_pair", "xgrad finite difference", "#c8c8c8"),
     ("libtorch", "LibTorch", "#e8743b"),
     ("pytorch:eager", "PyTorch eager", "#f5b041"),
     ("pytorch:compile", "torch.compile", "#c0392b"),
+    ("pytorch:loop", "PyTorch loop of grad", "#fad7a0"),
     ("jax:eager", "JAX eager", "#82c99b"),
     ("jax:jit", "JAX jit", "#1e8449"),
     ("mindspore:pynative", "MindSpore PyNative", "#c39bd3"),
@@ -41,7 +45,9 @@ SIDES = [
 ]
 LABEL = {side: label for side, label, _ in SIDES}
 XGRAD = [s for s, _, _ in SIDES if s.startswith("xgrad")]
-PEERS = [s for s, _, _ in SIDES if not s.startswith(("xgrad", "ref:"))]
+# A peer's references (its loop of gradients) are baselines, not the peer's own implementation.
+PEER_REFERENCE_SIDES = [f"{peer}:{mode}" for peer, modes in PEER_REFERENCES.items() for mode in modes]
+PEERS = [s for s, _, _ in SIDES if not s.startswith(("xgrad", "ref:")) and s not in PEER_REFERENCE_SIDES]
 # The tables leave out the Thrust device's O0 and O1 (results.json has them) and the data_parallel
 # suite's sides, which that suite alone has (and only they: its comparison is xgrad's two launches).
 TABLE_SIDES = [s for s, _, _ in SIDES
@@ -83,6 +89,8 @@ def absent(results, side, entry):
         return "not installed"
     if side.startswith("xgrad-") and side.split(":")[0][len("xgrad-"):] not in results["devices"]:
         return "not built"
+    if side in PEER_REFERENCE_SIDES and side.split(":")[1] not in entry.get("references", []):
+        return "n/a"
     if side != "libtorch" and not side.startswith(("xgrad", "ref:")):
         status = results["peers"][peer_of(side)]["status"]
         if status != "installed":
@@ -190,6 +198,7 @@ def markdown(results, chart_dir_name):
         if suite in OWN_SIDES:
             lines += [""] + data_parallel_summary(entries)
             continue
+        lines += targets(results, suite)
         lines += ["", "allocs / call · peak MiB:", ""]
         lines += ["| workload | " + " | ".join(LABEL[s] for s in sides) + " |", "|---" * (len(sides) + 1) + "|"]
         for key, entry in entries.items():
@@ -220,6 +229,44 @@ def data_parallel_summary(entries):
             return "–" if value is None else f"{100 * value:.0f}%"
         lines.append(f"| `{key.split('/')[1]}` | {ratio} | {share(one)} | {share(two)} |")
     return lines + [""]
+
+
+# A suite's targets, as the ratio of two sides' times on a workload: (workload, side, reference side, what is
+# compared, the largest ratio that meets the target, or None for a row that gives context).
+TARGETS = {"transforms": [
+    ("transforms/per_example_grads_mlp_b64", "xgrad:eager", "ref:loop",
+     "vmap(grad) at least 10x faster than a loop of grad", 0.1),
+    ("transforms/per_example_grads_mlp_b64", "xgrad:jit_O2", "ref:loop", "the same, jit(vmap(grad))", None),
+    ("transforms/per_example_grads_mlp_b64", "pytorch:eager", "pytorch:loop",
+     "PyTorch: torch.func.vmap against its loop of torch.autograd.grad", None),
+    ("transforms/per_example_grads_mlp_b64", "xgrad:eager", "pytorch:eager",
+     "vmap(grad) not slower than torch.func.vmap", 1.0),
+    ("transforms/jvp_mlp_b64", "xgrad:eager", "ref:forward", "jvp within 1.5x of one forward call", 1.5),
+    ("transforms/jvp_mlp_b64", "xgrad:eager", "ref:fd_pair", "jvp against a finite difference's two forward calls",
+     None),
+]}
+
+
+def targets(results, suite):
+    """The suite's TARGETS as a table, each met or missed (nothing for a suite without targets)."""
+    rows = [t for t in TARGETS.get(suite, []) if t[0] in results["workloads"]]
+    if not rows:
+        return []
+    lines = ["", "Targets, as time ratios (a row without a target gives context):", "",
+             "| workload | compared | time / reference time | target | verdict |", "|---|---|---|---|---|"]
+    for key, side, reference, what, limit in rows:
+        entry = results["workloads"][key]
+        times = [entry["sides"].get(s, {}).get("median_ns") for s in (side, reference)]
+        if None in times:
+            measured, verdict = "not measured", "–"
+        else:
+            ratio = times[0] / times[1]
+            measured = (f"{LABEL[side]} {format_time(times[0])} / {LABEL[reference]} {format_time(times[1])}"
+                        f" = {ratio:.2f}")
+            verdict = "–" if limit is None else "met" if ratio <= limit else "**missed**"
+        lines.append(f"| `{key.split('/')[1]}` | {what} | {measured} | "
+                     f"{'–' if limit is None else f'at most {limit:g}'} | {verdict} |")
+    return lines
 
 
 # The seed notebook's question, asked of every framework: how much faster is the LeNet5 train step

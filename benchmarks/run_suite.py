@@ -8,9 +8,10 @@
 scripts/bench.sh builds xgrad_bench and calls this; benchmarks/README.md describes the suite.
 
 Each round runs, suite by suite, xgrad_bench's rows of the suite (xgrad eager and jit O0/O1/O2,
-the hand-written and OpenBLAS references, LibTorch when it was built), xgrad's rows again on
-Device::thrust when xgrad_bench has the Thrust backend, and then every Python peer's implementations of the same workloads (benchmarks/peers/, one worker process per peer and
-thread count, kept for the whole run). Rounds repeat that, so every side is measured
+the references: hand-written loops, OpenBLAS, the transforms' plain counterparts; LibTorch when it
+was built), xgrad's rows again on Device::thrust when xgrad_bench has the Thrust backend, and then
+every Python peer's implementations of the same workloads and the references it has for them
+(benchmarks/peers/, one worker process per peer and thread count, kept for the whole run). Rounds repeat that, so every side is measured
 A B C A B C ...: a machine that drifts during the run moves all sides alike. Each figure is the
 median over the rounds, with the min and the max.
 
@@ -32,7 +33,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import report  # noqa: E402
-from workloads import PEER_IMPORT, PEER_MODES, SUITES, WORKLOADS  # noqa: E402
+from workloads import PEER_IMPORT, PEER_MODES, PEER_REFERENCES, SUITES, WORKLOADS  # noqa: E402
 
 PIN_CORES = {"jax": True}  # peers whose worker is pinned to as many cores as the workload's threads
 PEER_TIMEOUT_S = 900  # one request; a first torch.compile of a train step takes tens of seconds
@@ -49,7 +50,7 @@ class Peer:
         self.name, self.threads = name, threads
         self.missing = None
         self.version = None
-        python = os.path.join(venvs, name, "bin", "python")
+        python = os.path.abspath(os.path.join(venvs, name, "bin", "python"))  # the worker runs in log_dir
         if not os.path.exists(python):
             self.missing = f"no {python} (bash benchmarks/peers/setup_venv.sh)"
             return
@@ -289,7 +290,8 @@ def main():
                     peer = peers[(name, workload.threads)]
                     if peer is None:
                         continue
-                    for mode in modes:
+                    references = [r for r in PEER_REFERENCES.get(name, []) if r in workload.references]
+                    for mode in modes + references:
                         answer = peer.run(workload.key, mode, min_time)
                         samples.setdefault((workload.key, f"{name}:{mode}"), []).append(answer)
     for peer in peers.values():
@@ -311,7 +313,8 @@ def main():
                       "why": next((p.missing for p in states if p and p.missing), f"{PEER_IMPORT[name]} not importable")}
         results["peers"][name] = status
     for workload in workloads:
-        entry = {"suite": workload.suite, "what": workload.what, "threads": workload.threads, "sides": {}}
+        entry = {"suite": workload.suite, "what": workload.what, "threads": workload.threads,
+                 "references": list(workload.references), "sides": {}}
         for (key, side), answers in samples.items():
             if key != workload.key:
                 continue

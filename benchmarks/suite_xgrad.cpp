@@ -1,5 +1,7 @@
 // The suite's xgrad rows, each workload eagerly and jitted at O0, O1 and O2, and the references
-// that run in this executable: hand-written xsimd loops (`hand`) and OpenBLAS (`openblas`).
+// that run in this executable: hand-written xsimd loops (`hand`), OpenBLAS (`openblas`), and for
+// the transforms a loop of gradients (`loop`), one forward call (`forward`) and a finite
+// difference (`fd_pair`).
 // Workloads, shapes and thread counts: benchmarks/workloads.py.
 #include <benchmark/benchmark.h>
 #include <cblas.h>
@@ -10,6 +12,7 @@
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <xsimd/xsimd.hpp>
@@ -272,6 +275,77 @@ void register_training() {
   });
 }
 
+// ---- transforms: per-example gradients, a Hessian, forward mode ----------------------------------
+
+/// The deep MLP's loss on one example (x [1, 784] and its label [1]: a batch of one) as a function of every weight and
+/// bias, whose gradient per_example_grads maps over the batch.
+xg::Tensor<float> example_loss(const xg::Tensor<float>& w1, const xg::Tensor<float>& b1, const xg::Tensor<float>& w2,
+                               const xg::Tensor<float>& b2, const xg::Tensor<float>& w3, const xg::Tensor<float>& b3,
+                               const xg::Tensor<float>& x, const xg::Tensor<std::int32_t>& label) {
+  return xg::softmax_cross_entropy(mlp_logits(x, {w1, b1, w2, b2, w3, b3}), label);
+}
+
+void register_transforms() {
+  const auto example_grads = xg::grad(example_loss, xg::argnums<0, 1, 2, 3, 4, 5>);
+  const std::int64_t batch = kMlpDeep.batch, features = kMlpDeep.widths.front();
+  register_xgrad("transforms", "per_example_grads_mlp_b64", 1, kEagerAndJit, [=](Impl impl) {
+    const auto p = Mlp(kMlpDeep, 1).params();
+    const MlpBatch data(kMlpDeep);
+    const auto per_example =
+        xg::vmap(example_grads, xg::in_axes{xg::none, xg::none, xg::none, xg::none, xg::none, xg::none, 0, 0});
+    return tensor_call(impl, "per_example_grads", per_example, p[0], p[1], p[2], p[3], p[4], p[5],
+                       xg::reshape(data.x, {batch, 1, features}), xg::reshape(data.labels, {batch, 1}));
+  });
+  // The reference: one gradient per example, the examples sliced before the timing. It keeps
+  // its 64 results, as per-example gradients are kept to be used (clipped, inspected), each
+  // apart where vmap stacks them.
+  register_row("transforms", "per_example_grads_mlp_b64", "loop", 1, [=]() -> Call {
+    const MlpBatch data(kMlpDeep);
+    std::vector<std::pair<xg::Tensor<float>, xg::Tensor<std::int32_t>>> examples;
+    for (std::int64_t i = 0; i < batch; ++i)
+      examples.emplace_back(xg::slice(data.x, {i, 0}, {1, features}), xg::slice(data.labels, {i}, {1}));
+    return [p = Mlp(kMlpDeep, 1).params(), examples, example_grads] {
+      std::vector<decltype(example_grads(p[0], p[1], p[2], p[3], p[4], p[5], examples[0].first, examples[0].second))>
+          grads;
+      grads.reserve(examples.size());
+      for (const auto& [x, label] : examples)
+        grads.push_back(example_grads(p[0], p[1], p[2], p[3], p[4], p[5], x, label));
+      benchmark::DoNotOptimize(grads.data());
+    };
+  });
+
+  // f(x) = sum(tanh(W x)) + 0.5 sum(x * x) sum(sin(x)): every second derivative is nonzero.
+  register_xgrad("transforms", "hessian_100", 1, kEagerAndJit, [](Impl impl) {
+    const auto w = xg::randn<float>({100, 100}, 7) * 0.1f;
+    const auto f = [w](const xg::Tensor<float>& x) {
+      return xg::sum(xg::tanh(xg::matmul(w, xg::reshape(x, {100, 1})))) + 0.5f * xg::sum(x * x) * xg::sum(xg::sin(x));
+    };
+    return tensor_call(impl, "hessian", xg::hessian(f), random_vector(100, 8));
+  });
+
+  // The deep MLP's logits for a batch of 64 as a function of the input, differentiated along a
+  // direction t, against one forward call and the two of a finite difference.
+  const auto logits_of_input = [] {
+    return [params = Mlp(kMlpDeep, 1).params()](const xg::Tensor<float>& x) { return mlp_logits(x, params); };
+  };
+  const auto direction = [=] { return xg::randn<float>({batch, features}, 43); };
+  register_xgrad("transforms", "jvp_mlp_b64", 1, kEagerAndJit, [=](Impl impl) {
+    const auto jvp = [f = logits_of_input()](const xg::Tensor<float>& x, const xg::Tensor<float>& t) {
+      return xg::jvp(f, x, t);
+    };
+    return tensor_call(impl, "jvp", jvp, MlpBatch(kMlpDeep).x, direction());
+  });
+  register_row("transforms", "jvp_mlp_b64", "forward", 1,
+               [=] { return tensor_call(Impl::eager, "forward", logits_of_input(), MlpBatch(kMlpDeep).x); });
+  register_row("transforms", "jvp_mlp_b64", "fd_pair", 1, [=] {
+    const auto fd_pair = [f = logits_of_input()](const xg::Tensor<float>& x, const xg::Tensor<float>& t) {
+      const float h = 1e-3f;
+      return (f(x + h * t) - f(x)) / h;
+    };
+    return tensor_call(Impl::eager, "fd_pair", fd_pair, MlpBatch(kMlpDeep).x, direction());
+  });
+}
+
 }  // namespace
 
 const xgrad::bench::LeNetBatch& xgrad::bench::lenet_batch() {
@@ -295,6 +369,7 @@ const bool kSuiteRegistered = [] {
   register_gemm();
   register_conv();
   register_training();
+  register_transforms();
   return true;
 }();
 

@@ -65,6 +65,21 @@ class ReportTest(unittest.TestCase):
         titles = [e.text for e in root.iter("{http://www.w3.org/2000/svg}title")]
         self.assertEqual(len(titles), 2)
 
+    def test_targets_are_met_or_missed_and_a_peer_reference_is_no_peer(self):
+        results = results_with({"xgrad:eager": 1000.0})
+        times = {"xgrad:eager": 2e6, "ref:loop": 30e6, "pytorch:eager": 1e6, "pytorch:loop": 0.5e6}
+        results["workloads"]["transforms/per_example_grads_mlp_b64"] = {
+            "suite": "transforms", "what": "per-example gradients", "threads": 1, "references": ["loop"],
+            "sides": {side: {"median_ns": ns, "min_ns": ns, "max_ns": ns, "rounds": 3} for side, ns in times.items()}}
+        text = report.markdown(results, "bench")
+        self.assertIn("| vmap(grad) at least 10x faster than a loop of grad | xgrad eager 2 ms / xgrad loop of grad "
+                      "30 ms = 0.07 | at most 0.1 | met |", text)
+        self.assertIn("| vmap(grad) not slower than torch.func.vmap | xgrad eager 2 ms / PyTorch eager 1 ms = 2.00 | "
+                      "at most 1 | **missed** |", text)
+        self.assertIn("**behind PyTorch eager: 2.00x slower**", text)  # not behind the loop: a reference
+        gemm_header = next(line for line in text.splitlines() if line.startswith("| workload | xgrad eager"))
+        self.assertNotIn("loop", gemm_header)  # the references show where a workload has them only
+
     def test_chart_is_svg_with_a_bar_per_measured_side(self):
         sides = {"xgrad:eager": 1000.0, "xgrad:jit_O2": 800.0, "jax:jit": 400.0, "jax:eager": 0}
         svg = report.chart(results_with(sides), "gemm")

@@ -98,6 +98,15 @@ struct Mlp {
   }
 };
 
+/// An MLP's logits for a batch x [n, widths[0]], relu hidden layers, as a function of its
+/// weights and biases (w1, b1, w2, b2, ..., as Mlp::params()): for the transforms, which take
+/// them as arguments.
+inline Tensor<float> mlp_logits(Tensor<float> h, const std::vector<Tensor<float>>& params) {
+  const std::size_t last = params.size() - 2;
+  for (std::size_t l = 0; l < last; l += 2) h = relu(bias_add(matmul(h, params[l]), params[l + 1]));
+  return bias_add(matmul(h, params[last]), params[last + 1]);
+}
+
 /// Inputs N(0, 1), labels i * 7 mod classes.
 struct MlpBatch {
   Tensor<float> x;

@@ -16,7 +16,9 @@ class Workload:
     what: str  # the computation and its shapes, for the report
     threads: int = 1
     eager: bool = True  # has an eager implementation (the compile suite has none)
-    reference: str = ""  # an in-executable reference impl besides the peers: "hand" or "openblas"
+    # Reference impls besides the workload itself: in xgrad_bench ("hand", "openblas", "loop", "forward",
+    # "fd_pair"), and in a peer where PEER_REFERENCES lists them.
+    references: tuple = ()
     peers: bool = True  # the Python peers implement it (data_parallel: xgrad's two launches only)
 
     @property
@@ -37,6 +39,8 @@ SUITES = {
     "data_parallel": "a data-parallel train step in graph mode (Model's data_parallel, the global batch split over "
                      "the ranks), 1 process x 2 threads against 2 processes x 1 thread under mpirun; comm share: "
                      "the part of the step a rank spends in collectives, waiting included",
+    "transforms": "function transforms: per-example gradients (vmap of grad), a Hessian, a Jacobian-vector product "
+                  "(jvp), each against the plain way of computing the same (a loop of gradients, forward calls)",
 }
 
 WORKLOADS = [
@@ -44,18 +48,19 @@ WORKLOADS = [
     Workload("dispatch", "add_1000", "a + b, f32[1000]"),
     Workload("dispatch", "add_grad_1", "a + b, f32[1], a requires grad (the op is recorded for backward)"),
     Workload("cache_hit", "chain7_1", "the 7-op chain on f32[1]"),
-    Workload("elementwise", "add_1e6", "a + b, f32[1e6]", reference="hand"),
-    Workload("elementwise", "exp_1e6", "exp(a), f32[1e6]", reference="hand"),
-    Workload("elementwise", "chain7_1e6", "the 7-op chain, f32[1e6]", reference="hand"),
-    Workload("elementwise", "chain7_1e7", "the 7-op chain, f32[1e7]", reference="hand"),
+    Workload("elementwise", "add_1e6", "a + b, f32[1e6]", references=("hand",)),
+    Workload("elementwise", "exp_1e6", "exp(a), f32[1e6]", references=("hand",)),
+    Workload("elementwise", "chain7_1e6", "the 7-op chain, f32[1e6]", references=("hand",)),
+    Workload("elementwise", "chain7_1e7", "the 7-op chain, f32[1e7]", references=("hand",)),
     Workload("reductions", "sum_1e7", "sum of f32[1e7]"),
     Workload("reductions", "sum_axis0_1024x1024", "sum over axis 0 of f32[1024, 1024]"),
     Workload("reductions", "sum_axis1_1024x1024", "sum over axis 1 of f32[1024, 1024]"),
     Workload("reductions", "softmax_256x1000", "softmax over the last axis of f32[256, 1000]"),
-    Workload("gemm", "matmul_64", "f32[64, 64] @ f32[64, 64]", reference="openblas"),
-    Workload("gemm", "matmul_256", "f32[256, 256] @ f32[256, 256]", reference="openblas"),
-    Workload("gemm", "matmul_1024", "f32[1024, 1024] @ f32[1024, 1024]", reference="openblas"),
-    Workload("gemm", "matmul_1024_t2", "f32[1024, 1024] @ f32[1024, 1024], 2 threads", threads=2, reference="openblas"),
+    Workload("gemm", "matmul_64", "f32[64, 64] @ f32[64, 64]", references=("openblas",)),
+    Workload("gemm", "matmul_256", "f32[256, 256] @ f32[256, 256]", references=("openblas",)),
+    Workload("gemm", "matmul_1024", "f32[1024, 1024] @ f32[1024, 1024]", references=("openblas",)),
+    Workload("gemm", "matmul_1024_t2", "f32[1024, 1024] @ f32[1024, 1024], 2 threads", threads=2,
+             references=("openblas",)),
     Workload("conv", "conv1_fwd", "conv2d f32[32, 1, 32, 32] * f32[6, 1, 5, 5]"),
     Workload("conv", "conv2_fwd", "conv2d f32[32, 6, 14, 14] * f32[16, 6, 5, 5]"),
     Workload("conv", "conv1_grad", "d/dw sum(conv2d(x, w)), conv1's shapes"),
@@ -70,6 +75,17 @@ WORKLOADS = [
              peers=False),
     Workload("data_parallel", "mlp_784-256-256-10_b64", "MLP 784-256-256-10, global batch 64, 100 steps", threads=2,
              eager=False, peers=False),
+    Workload("transforms", "per_example_grads_mlp_b64",
+             "the gradients of every weight and bias of the MLP 784-256-256-10 (relu, softmax cross-entropy) for each "
+             "of 64 examples, each a batch of one (x f32[1, 784], an int label): vmap(grad(loss)), the weights shared; "
+             "reference loop: 64 gradient calls, one per example", references=("loop",)),
+    Workload("transforms", "hessian_100",
+             "the Hessian f32[100, 100] of f(x) = sum(tanh(W x)) + 0.5 * sum(x * x) * sum(sin(x)), x f32[100], "
+             "W f32[100, 100] N(0, 0.1^2)"),
+    Workload("transforms", "jvp_mlp_b64",
+             "jvp of the MLP 784-256-256-10's logits for a batch of 64 (f32[64, 784]) along a direction of the input; "
+             "references: one forward call, and a finite difference (f(x + h t) - f(x)) / h",
+             references=("forward", "fd_pair")),
 ]
 
 BY_KEY = {w.key: w for w in WORKLOADS}
@@ -82,6 +98,8 @@ PEER_MODES = {
     "jax": ["eager", "jit"],  # op-by-op dispatch; jax.jit
     "mindspore": ["pynative", "graph"],  # PyNative; mindspore.jit (GRAPH_MODE)
 }
+# References a peer runs besides its modes, for the workloads that list them in `references`.
+PEER_REFERENCES = {"pytorch": ["loop"]}  # one torch.autograd.grad call per example
 PEER_IMPORT = {"pytorch": "torch", "jax": "jax", "mindspore": "mindspore"}
 
 # LeNet5 on the seed's recipe: the 10 classes, SoftmaxCrossEntropy (sparse, mean), Momentum.
@@ -116,6 +134,10 @@ def fashion_mnist_batch():
     normalized = (resized / 255.0 - 0.1307) / 0.3081
     return normalized.astype(np.float32).reshape(LENET_BATCH, 1, 32, 32), labels
 CHAIN7 = "tanh(1.5x + 0.25) * sigmoid(x) + x * x"
+
+
+# The transforms suite's MLP and batch (per_example_grads, jvp): mlp_step's deep MLP.
+TRANSFORMS_MLP, TRANSFORMS_BATCH = [784, 256, 256, 10], 64
 
 
 def mlp_widths(name):

@@ -32,7 +32,7 @@ import time
 import traceback
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from workloads import BY_KEY, CONV  # noqa: E402  (the table lives one directory up)
+from workloads import BY_KEY, CONV, TRANSFORMS_BATCH, TRANSFORMS_MLP  # noqa: E402  (the table lives one directory up)
 
 
 class Unsupported(Exception):
@@ -47,7 +47,10 @@ def function_and_inputs(workload, fw):
       fw.grad(f, argnums, inputs): a function of the inputs giving f's gradients with respect to
         inputs[argnums] (f returns a scalar),
       fw.recorded(x): x requiring grad, so ops on it are recorded for backward (raises
-        Unsupported where the framework has no tape).
+        Unsupported where the framework has no tape);
+    and for the transforms suite (transform_and_inputs) fw.relu, fw.sin, fw.cross_entropy(logits,
+    labels) (sparse labels, mean) and the function transforms fw.grad_of(f) (f's gradient in its
+    first argument), fw.vmap(f, in_axes), fw.hessian(f), fw.jvp(f, x, t) -> (f(x), J t).
     Inputs come from numpy's generator: the same numbers for every peer. The functions are defs,
     not lambdas, because mindspore.jit parses their source."""
     import numpy as np
@@ -97,6 +100,72 @@ def function_and_inputs(workload, fw):
             return fw.sum(fw.conv2d(x, w))
 
         return fw.grad(conv_sum, (0, 1) if input_grad else (1,), inputs), inputs
+    if suite == "transforms":
+        return transform_and_inputs(workload, fw)
+    raise Unsupported(f"no implementation of {workload.key}")
+
+
+def mlp_logits(fw, params, x):
+    """The transforms' MLP: relu hidden layers; params [w1, b1, w2, b2, ...], weights [in, out]."""
+    for i in range(0, len(params) - 2, 2):
+        x = fw.relu(fw.matmul(x, params[i]) + params[i + 1])
+    return fw.matmul(x, params[-2]) + params[-1]
+
+
+def mlp_arrays():
+    """The transforms' MLP and batch as numpy arrays, from the distributions of xgrad's Mlp and MlpBatch
+    (benchmarks/workloads.hpp): [w1, b1, ...] with the hidden layers' weights N(0, 0.05^2), the output
+    layer's N(0, 0.1^2), biases zero; x N(0, 1) [TRANSFORMS_BATCH, 784]; labels i * 7 mod classes (int64)."""
+    import numpy as np
+
+    rng = np.random.default_rng(1)
+    widths, batch, params = TRANSFORMS_MLP, TRANSFORMS_BATCH, []
+    for layer in range(len(widths) - 1):
+        scale = 0.05 if layer + 2 < len(widths) else 0.1
+        params += [(rng.standard_normal((widths[layer], widths[layer + 1])) * scale).astype(np.float32),
+                   np.zeros(widths[layer + 1], np.float32)]
+    x = np.random.default_rng(42).standard_normal((batch, widths[0])).astype(np.float32)
+    return params, x, np.arange(batch) * 7 % widths[-1]
+
+
+def per_example_problem(fw):
+    """(loss, params, xs, labels) of per_example_grads: loss(params, x, label) is the MLP's softmax
+    cross-entropy for one example as a batch of one, x [1, 784] and label [1]; xs [batch, 1, 784] and
+    labels [batch, 1] hold the examples."""
+    params, x, labels = mlp_arrays()
+
+    def loss(params, x, label):
+        return fw.cross_entropy(mlp_logits(fw, params, x), label)
+
+    return loss, [fw.tensor(p) for p in params], fw.tensor(x[:, None, :]), fw.tensor(labels[:, None])
+
+
+def transform_and_inputs(workload, fw):
+    """(f, inputs) of a transforms workload (workloads.py has their definitions)."""
+    import numpy as np
+
+    if workload.name == "per_example_grads_mlp_b64":
+        loss, params, xs, labels = per_example_problem(fw)
+        return fw.vmap(fw.grad_of(loss), (None, 0, 0)), (params, xs, labels)
+    if workload.name == "hessian_100":
+        w = fw.tensor((np.random.default_rng(7).standard_normal((100, 100)) * 0.1).astype(np.float32))
+
+        def f(x):
+            return fw.sum(fw.tanh(fw.matmul(w, x))) + 0.5 * fw.sum(x * x) * fw.sum(fw.sin(x))
+
+        return fw.hessian(f), (fw.tensor(np.random.default_rng(8).standard_normal(100).astype(np.float32)),)
+    if workload.name == "jvp_mlp_b64":
+        params, x, _ = mlp_arrays()
+        params = [fw.tensor(p) for p in params]
+
+        def forward(x):
+            return mlp_logits(fw, params, x)
+
+        def jvp(x, t):
+            return fw.jvp(forward, x, t)
+
+        direction = np.random.default_rng(43).standard_normal(x.shape).astype(np.float32)
+        return jvp, (fw.tensor(x), fw.tensor(direction))
     raise Unsupported(f"no implementation of {workload.key}")
 
 

@@ -57,9 +57,16 @@ def primitives():
     def recorded(x):
         raise Unsupported("JAX records no tape: gradients are function transforms")
 
+    def vmap(f, in_axes):
+        return jax.vmap(f, in_axes=in_axes)
+
+    def jvp(f, x, t):
+        return jax.jvp(f, (x,), (t,))
+
     return types.SimpleNamespace(
         tensor=jnp.asarray, add=jnp.add, exp=jnp.exp, tanh=jnp.tanh, sigmoid=jax.nn.sigmoid, matmul=jnp.matmul,
-        conv2d=conv2d, softmax=softmax, sum=total, grad=grad, recorded=recorded)
+        conv2d=conv2d, softmax=softmax, sum=total, grad=grad, recorded=recorded, relu=jax.nn.relu, sin=jnp.sin,
+        cross_entropy=cross_entropy, grad_of=jax.grad, vmap=vmap, hessian=jax.hessian, jvp=jvp)
 
 
 def dense_init(key, fan_in, fan_out):
@@ -97,12 +104,16 @@ def mlp_forward(params, x):
     return x @ w + b
 
 
+def cross_entropy(logits, labels):
+    """Softmax cross-entropy against sparse labels, the mean over the batch."""
+    return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), labels[:, None], axis=1))
+
+
 def train_step_function(forward):
     """(params, velocity, x, labels) -> (loss, params, velocity): mean cross-entropy, momentum SGD."""
 
     def loss_of(params, x, labels):
-        logits = forward(params, x)
-        return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), labels[:, None], axis=1))
+        return cross_entropy(forward(params, x), labels)
 
     def step(params, velocity, x, labels):
         loss, grads = jax.value_and_grad(loss_of)(params, x, labels)

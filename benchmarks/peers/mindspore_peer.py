@@ -119,6 +119,8 @@ def make_call(workload, mode, threads):
             return ms.jit(step)(x, labels)
 
         return compile_afresh
+    if workload.suite == "transforms":
+        raise Unsupported("the transforms suite has no MindSpore implementation yet")
     if workload.suite in ("mlp_step", "lenet5_step"):
         step, x, labels = model(workload)
         inputs = (x, labels)

@@ -1,4 +1,5 @@
-"""PyTorch worker of the benchmark suite (harness.py has the protocol): eager and torch.compile."""
+"""PyTorch worker of the benchmark suite (harness.py has the protocol): eager and torch.compile, and for
+the per-example gradients a loop of torch.autograd.grad calls ("loop"). The transforms are torch.func's."""
 
 import os
 import types
@@ -45,10 +46,18 @@ def primitives():
 
         return gradients
 
+    def vmap(f, in_axes):
+        return torch.func.vmap(f, in_dims=in_axes)
+
+    def jvp(f, x, t):
+        return torch.func.jvp(f, (x,), (t,))
+
     return types.SimpleNamespace(
         tensor=torch.from_numpy, add=torch.add, exp=torch.exp, tanh=torch.tanh, sigmoid=torch.sigmoid,
         matmul=torch.matmul, conv2d=torch.nn.functional.conv2d, softmax=softmax, sum=total, grad=grad,
-        recorded=lambda x: x.requires_grad_())
+        recorded=lambda x: x.requires_grad_(), relu=torch.relu, sin=torch.sin,
+        cross_entropy=torch.nn.functional.cross_entropy, grad_of=torch.func.grad, vmap=vmap,
+        hessian=torch.func.hessian, jvp=jvp)
 
 
 def lenet5(dense_std=None):
@@ -99,9 +108,26 @@ def model_step(workload):
     return train_step(mlp(widths), inputs, torch.arange(batch) * 7 % widths[-1])
 
 
+def gradient_loop():
+    """The per-example gradients' reference: one torch.autograd.grad call per example."""
+    loss, params, xs, labels = harness.per_example_problem(primitives())
+    for p in params:
+        p.requires_grad_()
+    examples = list(zip(xs, labels))
+
+    def loop():
+        return [torch.autograd.grad(loss(params, x, label), params) for x, label in examples]
+
+    return loop
+
+
 def make_call(workload, mode, threads):
-    if mode not in ("eager", "compile"):
+    if mode not in ("eager", "compile", "loop"):
         raise Unsupported(f"unknown mode {mode}")
+    if mode == "loop":
+        if workload.key != "transforms/per_example_grads_mlp_b64":
+            raise Unsupported("the loop of gradients is the per-example gradients' reference")
+        return gradient_loop()
     if workload.suite == "compile":
         if mode != "compile":
             raise Unsupported("the compile suite times compilers")
