@@ -11,6 +11,7 @@
 #include <optional>
 #include <tuple>
 #include <type_traits>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -624,14 +625,13 @@ inline void check_only_known_reads(const TensorBase& out, const std::vector<Tens
   for (const auto& t : known)
     if (t.impl()->autograd) stops.push_back(t.impl()->autograd.get());
   std::vector<const AutogradMeta*> pending{out.impl()->autograd.get()};
-  std::vector<const autograd::Node*> seen;
+  std::unordered_set<const autograd::Node*> seen;
   while (!pending.empty()) {
     const AutogradMeta* meta = pending.back();
     pending.pop_back();
     if (!meta || std::find(stops.begin(), stops.end(), meta) != stops.end()) continue;
     if (const autograd::Node* node = meta->grad_fn.get()) {
-      if (std::find(seen.begin(), seen.end(), node) != seen.end()) continue;
-      seen.push_back(node);
+      if (!seen.insert(node).second) continue;
       for (const auto& in : node->inputs) pending.push_back(in.meta.get());
     } else if (meta->requires_grad) {
       throw AutogradError(
