@@ -251,7 +251,7 @@ template <class T> xg::Tensor<T> vmapped(const OpFn<T>& f, const std::vector<xg:
 }
 
 /// vmap of the row at T over a batch of 3 against the row applied to each of them, eagerly and
-/// compiled at O0 and O2.
+/// compiled at every level.
 template <class T> void check_batching(const OpCase& c, double tolerance) {
   constexpr std::int64_t batch = 3;
   std::vector<xg::Tensor<T>> stacked;
@@ -282,7 +282,7 @@ template <class T> void check_batching(const OpCase& c, double tolerance) {
   const auto got = vmapped<T>(row_fn<T>(c), stacked);
   CHECK(got.shape() == xg::stack(loop, 0).shape());
   close(got);
-  for (xg::JitLevel level : {xg::JitLevel::O0, xg::JitLevel::O2}) {
+  for (xg::JitLevel level : {xg::JitLevel::O0, xg::JitLevel::O1, xg::JitLevel::O2}) {
     CAPTURE(static_cast<int>(level));
     const OpFn<T>& f = row_fn<T>(c);
     close(xg::jit([&f](std::vector<xg::Tensor<T>> xs) { return vmapped<T>(f, xs); }, {.level = level})(stacked));
