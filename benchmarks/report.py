@@ -185,6 +185,7 @@ def markdown(results, chart_dir_name):
     lines.append("")
 
     lines += headline(results)
+    lines += regressions_section(results)
     for suite, description in SUITES.items():
         entries = {k: e for k, e in results["workloads"].items() if e["suite"] == suite}
         if not entries:
@@ -267,6 +268,48 @@ def targets(results, suite):
         lines.append(f"| `{key.split('/')[1]}` | {what} | {measured} | "
                      f"{'–' if limit is None else f'at most {limit:g}'} | {verdict} |")
     return lines
+
+
+# Suites whose jit rows time compiling, where a higher level is expected to take longer.
+COMPILE_SUITES = {"compile"}
+JIT_LEVELS = ["jit_O0", "jit_O1", "jit_O2"]
+
+
+def level_regressions(results, margin=1.05):
+    """Rows where a jit level is slower than a lower level on the same device beyond noise: its
+    median more than `margin` times the lower level's, and its fastest round slower than the lower
+    level's slowest. [(workload, side, lower side, time ratio)], worst first."""
+    found = []
+    for key, entry in results["workloads"].items():
+        if entry["suite"] in COMPILE_SUITES:
+            continue
+        for device in ("xgrad", "xgrad-thrust"):
+            timed = {level: entry["sides"].get(f"{device}:{level}", {}) for level in JIT_LEVELS}
+            for i, low in enumerate(JIT_LEVELS):
+                for high in JIT_LEVELS[i + 1:]:
+                    a, b = timed[low], timed[high]
+                    if "median_ns" not in a or "median_ns" not in b:
+                        continue
+                    ratio = b["median_ns"] / a["median_ns"]
+                    if ratio > margin and b["min_ns"] > a["max_ns"]:
+                        found.append((key, f"{device}:{high}", f"{device}:{low}", ratio))
+    return sorted(found, key=lambda row: -row[3])
+
+
+def regressions_section(results):
+    """The rule that a higher jit level is never slower than a lower one, and the rows breaking it."""
+    rows = level_regressions(results)
+    lines = ["## Jit levels: a higher level is never slower", "",
+             "Every row where a jit level takes longer than a lower level of the same device beyond noise (its median",
+             "over 1.05x the lower one's and its fastest round slower than the lower one's slowest; the compile suite,",
+             "which times compiling, aside). The tests' quick run of the suite fails on a row over 2x "
+             "(`run_suite.py --fail-on-level-regression 2`).", ""]
+    if not rows:
+        return lines + ["None in this run.", ""]
+    lines += ["| workload | slower | than | time ratio |", "|---|---|---|---|"]
+    for key, side, lower, ratio in rows:
+        lines.append(f"| `{key}` | {LABEL[side]} | {LABEL[lower]} | **{ratio:.2f}** |")
+    return lines + [""]
 
 
 # The seed notebook's question, asked of every framework: how much faster is the LeNet5 train step

@@ -233,6 +233,9 @@ def main():
     parser.add_argument("--docs", help="also write BENCHMARKS.md and the SVG charts into this directory")
     parser.add_argument("--devices", help="comma-separated devices for xgrad's rows, cpu and/or thrust "
                         "(default: both when xgrad_bench has the Thrust backend, else cpu)")
+    parser.add_argument("--fail-on-level-regression", type=float, metavar="RATIO",
+                        help="fail when a jit level takes more than RATIO times a lower level's time on a row "
+                        "(the tests' quick run: a wide margin against noise)")
     args = parser.parse_args()
 
     suites = [s.strip() for s in args.suites.split(",") if s.strip()]
@@ -336,6 +339,11 @@ def main():
     if args.docs:
         written = report.write(results, args.docs)
         log("run_suite: wrote " + ", ".join(written))
+    if args.fail_on_level_regression:
+        for key, side, lower, ratio in report.level_regressions(results, args.fail_on_level_regression):
+            problems.append(f"{key}: {side} takes {ratio:.2f}x the time of {lower} (a higher jit level must not be "
+                            f"slower; --fail-on-level-regression {args.fail_on_level_regression:g})")
+            log(f"run_suite: {problems[-1]}")
     return 1 if problems else 0
 
 

@@ -29,6 +29,18 @@ def results_with(sides, peers_installed=True):
 
 
 class ReportTest(unittest.TestCase):
+    def test_flags_a_jit_level_slower_than_a_lower_one_beyond_noise(self):
+        results = results_with({"xgrad:jit_O0": 1000.0, "xgrad:jit_O1": 1050.0, "xgrad:jit_O2": 3000.0})
+        self.assertEqual([(s, low, round(r, 2)) for _, s, low, r in report.level_regressions(results)],
+                         [("xgrad:jit_O2", "xgrad:jit_O0", 3.0), ("xgrad:jit_O2", "xgrad:jit_O1", 2.86)])
+        self.assertIn("| `gemm/matmul_64` | xgrad jit O2 | xgrad jit O0 | **3.00** |", report.markdown(results, "bench"))
+        # Within noise (overlapping rounds, or under the margin), and the compile suite: not flagged.
+        self.assertEqual(report.level_regressions(results_with({"xgrad:jit_O0": 1000.0, "xgrad:jit_O2": 1150.0})), [])
+        results["workloads"]["gemm/matmul_64"]["suite"] = "compile"
+        self.assertEqual(report.level_regressions(results), [])
+        self.assertEqual(report.level_regressions(results_with({"xgrad:jit_O0": 1000.0, "xgrad:jit_O2": 900.0}), 2),
+                         [])
+
     def test_says_plainly_when_xgrad_is_behind(self):
         text = report.markdown(results_with({"xgrad:eager": 2000.0, "xgrad:jit_O2": 3000.0, "jax:jit": 1000.0}), "bench")
         self.assertIn("**behind JAX jit: 2.00x slower**", text)
