@@ -15,7 +15,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from workloads import PEER_REFERENCES, SUITES  # noqa: E402
+from workloads import BY_KEY, PEER_REFERENCES, SUITES  # noqa: E402
 
 # Every side, in table order: (id, label, chart colour). Peers are the sides after the references.
 SIDES = [
@@ -174,7 +174,7 @@ def markdown(results, chart_dir_name):
               "PyNative or GRAPH). Below 1, xgrad takes less time.", "",
               "| workload | xgrad's fastest | fastest peer | xgrad / peer time | verdict |", "|---|---|---|---|---|"]
     for key, entry in results["workloads"].items():
-        if entry["suite"] in OWN_SIDES:
+        if entry["suite"] in OWN_SIDES or entry["suite"] == "roofline":
             continue
         mine, theirs, ratio, words = verdict(entry)
         lines.append("| " + " | ".join([
@@ -185,6 +185,7 @@ def markdown(results, chart_dir_name):
     lines.append("")
 
     lines += headline(results)
+    lines += roofline_section(results)
     lines += regressions_section(results)
     for suite, description in SUITES.items():
         entries = {k: e for k, e in results["workloads"].items() if e["suite"] == suite}
@@ -312,6 +313,97 @@ def regressions_section(results):
     return lines + [""]
 
 
+# The roofline suite's rows, by thread count: (peak FLOP/s row, bandwidth row).
+LIMIT_ROWS = {1: ("roofline/fma_peak", "roofline/triad_2p24"), 2: ("roofline/fma_peak_t2", "roofline/triad_2p24_t2")}
+
+
+def measured_limits(results):
+    """{threads: (FLOP/s, bytes/s)} from this run's roofline rows (None where one was not run)."""
+    def rate(key, work):
+        side = results["workloads"].get(key, {}).get("sides", {}).get("ref:hand", {})
+        return work / (side["median_ns"] * 1e-9) if "median_ns" in side else None
+
+    return {threads: (rate(fma, BY_KEY[fma].flops), rate(triad, BY_KEY[triad].bytes))
+            for threads, (fma, triad) in LIMIT_ROWS.items()}
+
+
+def roofline_rows(results):
+    """[(workload key, Workload, xgrad's fastest (ns, side), rate, share of the limit or None)] for every
+    row with a FLOP or byte count: FLOP/s against the peak, or bytes/s against the bandwidth, at the
+    row's thread count."""
+    limits = measured_limits(results)
+    rows = []
+    for key, entry in results["workloads"].items():
+        workload = BY_KEY.get(key)
+        if workload is None or workload.suite == "roofline" or not (workload.flops or workload.bytes):
+            continue
+        mine = fastest(entry, XGRAD)
+        if mine is None:
+            continue
+        peak, bandwidth = limits.get(workload.threads, (None, None))
+        rate = (workload.flops or workload.bytes) / (mine[0] * 1e-9)
+        limit = peak if workload.flops else bandwidth
+        rows.append((key, workload, mine, rate, rate / limit if limit else None))
+    return rows
+
+
+def roofline_section(results):
+    """Every compute-bound row's share of the measured FLOP/s peak, every memory-bound row's share of
+    the measured bandwidth (nothing when the roofline suite did not run)."""
+    limits = measured_limits(results)
+    if not any(peak for peak, _ in limits.values()):
+        return []
+    said = "; ".join(f"{threads} thread{'s' if threads > 1 else ''}: "
+                     + (f"{peak / 1e9:.1f} GFLOP/s" if peak else "FMA peak not measured") + ", "
+                     + (f"{bandwidth / 1e9:.1f} GB/s" if bandwidth else "bandwidth not measured")
+                     for threads, (peak, bandwidth) in limits.items())
+    lines = ["## Roofline: each row against the machine's measured limits", "",
+             f"Measured in this run (the `roofline` suite): {said}. A compute-bound row's rate is its FLOPs per",
+             "call (matmuls and convolutions, a multiply-add counted as two; workloads.py) over xgrad's fastest time;",
+             "a memory-bound row's is the bytes it must move at the least (each input read once, the output written",
+             "once). A row whose data fits the caches can pass 100% of the (memory) bandwidth.",
+             "", "![roofline](bench/roofline.svg)", "",
+             "| workload | threads | work per call | xgrad's fastest | rate | share of the measured limit |",
+             "|---|---|---|---|---|---|"]
+    for key, workload, (ns, side), rate, share in roofline_rows(results):
+        compute = bool(workload.flops)
+        work = f"{workload.flops / 1e6:.3g} MFLOP" if compute else f"{workload.bytes / 1e6:.3g} MB"
+        rate_text = f"{rate / 1e9:.1f} {'GFLOP/s' if compute else 'GB/s'}"
+        share_text = "–" if share is None else f"{share * 100:.0f}% of {'peak FLOP/s' if compute else 'bandwidth'}"
+        lines.append(f"| `{key}` | {workload.threads} | {work} | {LABEL[side]} {format_time(ns)} | {rate_text} | "
+                     f"{share_text} |")
+    return lines + [""]
+
+
+def roofline_chart(results):
+    """An SVG: each row's share of the measured limit (peak FLOP/s or bandwidth), as bars."""
+    rows = [(key, bool(w.flops), share) for key, w, _, _, share in roofline_rows(results) if share is not None]
+    left, plot, bar, head = 250, 500, 16, 46
+    top = max([1.0] + [share for _, _, share in rows])
+    height, width = head + len(rows) * bar + 34, left + plot + 60
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+           f'font-family="DejaVu Sans, Arial, sans-serif" font-size="11">',
+           f'<rect width="{width}" height="{height}" fill="white"/>',
+           '<text x="10" y="18" font-size="14" font-weight="bold">roofline: xgrad\'s fastest as a share of the '
+           'measured peak FLOP/s (dark) or bandwidth (light)</text>',
+           f'<text x="10" y="34" fill="#555">{html.escape(results["machine"]["cpu"])}, {results["date"]}</text>']
+    for tick in [i / 4 for i in range(int(top * 4) + 1)]:
+        x = left + plot * tick / top
+        out.append(f'<line x1="{x:.1f}" y1="{head - 4}" x2="{x:.1f}" y2="{height - 24}" '
+                   f'stroke="{"#333" if tick == 1 else "#ddd"}"/>')
+        out.append(f'<text x="{x:.1f}" y="{height - 10}" text-anchor="middle" fill="#555">{tick * 100:.0f}%</text>')
+    y = head
+    for key, compute, share in rows:
+        out.append(f'<text x="{left - 6}" y="{y + bar - 4}" text-anchor="end">{html.escape(key)}</text>')
+        out.append(f'<rect x="{left}" y="{y + 1}" width="{max(plot * share / top, 1):.1f}" height="{bar - 3}" '
+                   f'fill="{"#1f5fa8" if compute else "#7fb2e5"}"><title>{share * 100:.0f}%</title></rect>')
+        out.append(f'<text x="{left + plot * share / top + 4:.1f}" y="{y + bar - 4}" fill="#333">'
+                   f'{share * 100:.0f}%</text>')
+        y += bar
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
 # The seed notebook's question, asked of every framework: how much faster is the LeNet5 train step
 # compiled than op by op? (eager side, compiled side) per framework.
 HEADLINE_PAIRS = [("xgrad", "xgrad:eager", "xgrad:jit_O2"), ("MindSpore", "mindspore:pynative", "mindspore:graph"),
@@ -422,7 +514,7 @@ def write(results, docs_dir):
     for suite in SUITES:
         if any(e["suite"] == suite for e in results["workloads"].values()):
             path = os.path.join(chart_dir, f"{suite}.svg")
-            write_atomically(path, chart(results, suite))
+            write_atomically(path, roofline_chart(results) if suite == "roofline" else chart(results, suite))
             written.append(path)
     path = os.path.join(docs_dir, "BENCHMARKS.md")
     write_atomically(path, markdown(results, "bench"))

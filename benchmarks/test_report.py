@@ -29,6 +29,19 @@ def results_with(sides, peers_installed=True):
 
 
 class ReportTest(unittest.TestCase):
+    def test_roofline_reads_each_row_against_the_measured_limits(self):
+        results = results_with({"xgrad:eager": 2000.0, "xgrad:jit_O2": 1000.0})  # matmul_64: 2 * 64^3 FLOPs
+        hand = {"median_ns": 1e6, "min_ns": 1e6, "max_ns": 1e6, "rounds": 3}
+        for key in ("roofline/fma_peak", "roofline/triad_2p24"):
+            results["workloads"][key] = {"suite": "roofline", "what": "", "threads": 1, "sides": {"ref:hand": hand}}
+        # Peak 2^25 FLOPs per ms = 33.6 GFLOP/s; the matmul's 524,288 FLOPs per us = 524 GFLOP/s.
+        text = report.markdown(results, "bench")
+        self.assertIn("1 thread: 33.6 GFLOP/s, 201.3 GB/s", text)
+        self.assertIn("| `gemm/matmul_64` | 1 | 0.524 MFLOP | xgrad jit O2 1 µs | 524.3 GFLOP/s | 1562% of peak FLOP/s |",
+                      text)
+        self.assertIn("<svg", report.roofline_chart(results))
+        self.assertNotIn("roofline/fma_peak` |", text.split("## Roofline")[0])  # not in the peers' table
+
     def test_flags_a_jit_level_slower_than_a_lower_one_beyond_noise(self):
         results = results_with({"xgrad:jit_O0": 1000.0, "xgrad:jit_O1": 1050.0, "xgrad:jit_O2": 3000.0})
         self.assertEqual([(s, low, round(r, 2)) for _, s, low, r in report.level_regressions(results)],

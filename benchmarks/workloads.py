@@ -20,6 +20,11 @@ class Workload:
     # "fd_pair"), and in a peer where PEER_REFERENCES lists them.
     references: tuple = ()
     peers: bool = True  # the Python peers implement it (data_parallel: xgrad's two launches only)
+    # The work of one call, for the roofline: floating-point operations (a multiply-add is two) of a
+    # compute-bound row, or the bytes a memory-bound row must move at the least (each input read once,
+    # the output written once); 0 for neither.
+    flops: float = 0
+    bytes: float = 0
 
     @property
     def key(self):
@@ -39,36 +44,65 @@ SUITES = {
     "data_parallel": "a data-parallel train step in graph mode (Model's data_parallel, the global batch split over "
                      "the ranks), 1 process x 2 threads against 2 processes x 1 thread under mpirun; comm share: "
                      "the part of the step a rank spends in collectives, waiting included",
+    "roofline": "the machine's measured limits, against which the report reads the other rows: fused multiply-adds "
+                "on registers (peak FLOP/s) and STREAM's triad a = b + s c over arrays far beyond the caches "
+                "(bandwidth), at 1 and 2 threads",
     "transforms": "function transforms: per-example gradients (vmap of grad), a Hessian, a Jacobian-vector product "
                   "(jvp), each against the plain way of computing the same (a loop of gradients, forward calls)",
 }
 
+def mlp_step_flops(widths, batch):
+    """An MLP train step's matmul FLOPs: the forward, every weight's gradient (as many again), and
+    the gradient of every layer's input but the first."""
+    forward = sum(2 * batch * a * b for a, b in zip(widths, widths[1:]))
+    inputs = sum(2 * batch * a * b for a, b in zip(widths[1:], widths[2:]))
+    return 2 * forward + inputs
+
+
+CONV1_FLOPS = 2 * 32 * 6 * 28 * 28 * (1 * 5 * 5)  # conv1: [32, 6, 28, 28] outputs of 1 x 5 x 5 multiply-adds
+CONV2_FLOPS = 2 * 32 * 16 * 10 * 10 * (6 * 5 * 5)  # conv2: [32, 16, 10, 10] outputs of 6 x 5 x 5
+# LeNet5's step: conv1 forward and its weights' gradient; conv2 forward, its weights' and its input's
+# gradients; the dense 400-120-84-10 forward, its weights' and its inputs' gradients (pooling and
+# activations aside): about 72 MFLOP.
+LENET5_DENSE_FLOPS = 2 * 32 * (400 * 120 + 120 * 84 + 84 * 10)
+LENET5_STEP_FLOPS = 2 * CONV1_FLOPS + 3 * CONV2_FLOPS + 3 * LENET5_DENSE_FLOPS
+FMA_FLOPS_PER_THREAD = 2**25  # suite_xgrad.cpp, kFmaFlopsPerThread
+TRIAD_BYTES = 3 * 4 * 2**24  # STREAM's count: b and c read, a written
+
 WORKLOADS = [
+    Workload("roofline", "fma_peak", "fused multiply-adds on 16 register accumulators, 2^25 FLOPs per thread",
+             eager=False, peers=False, references=("hand",), flops=FMA_FLOPS_PER_THREAD),
+    Workload("roofline", "fma_peak_t2", "the same on each of 2 threads", threads=2, eager=False, peers=False,
+             references=("hand",), flops=2 * FMA_FLOPS_PER_THREAD),
+    Workload("roofline", "triad_2p24", "a = b + 3 c over f32[2^24] arrays (3 x 64 MiB)", eager=False, peers=False,
+             references=("hand",), bytes=TRIAD_BYTES),
+    Workload("roofline", "triad_2p24_t2", "the same on 2 threads", threads=2, eager=False, peers=False,
+             references=("hand",), bytes=TRIAD_BYTES),
     Workload("dispatch", "add_1", "a + b, f32[1]"),
     Workload("dispatch", "add_1000", "a + b, f32[1000]"),
     Workload("dispatch", "add_grad_1", "a + b, f32[1], a requires grad (the op is recorded for backward)"),
     Workload("cache_hit", "chain7_1", "the 7-op chain on f32[1]"),
-    Workload("elementwise", "add_1e6", "a + b, f32[1e6]", references=("hand",)),
-    Workload("elementwise", "exp_1e6", "exp(a), f32[1e6]", references=("hand",)),
-    Workload("elementwise", "chain7_1e6", "the 7-op chain, f32[1e6]", references=("hand",)),
-    Workload("elementwise", "chain7_1e7", "the 7-op chain, f32[1e7]", references=("hand",)),
-    Workload("reductions", "sum_1e7", "sum of f32[1e7]"),
-    Workload("reductions", "sum_axis0_1024x1024", "sum over axis 0 of f32[1024, 1024]"),
-    Workload("reductions", "sum_axis1_1024x1024", "sum over axis 1 of f32[1024, 1024]"),
-    Workload("reductions", "softmax_256x1000", "softmax over the last axis of f32[256, 1000]"),
-    Workload("gemm", "matmul_64", "f32[64, 64] @ f32[64, 64]", references=("openblas",)),
-    Workload("gemm", "matmul_256", "f32[256, 256] @ f32[256, 256]", references=("openblas",)),
-    Workload("gemm", "matmul_1024", "f32[1024, 1024] @ f32[1024, 1024]", references=("openblas",)),
+    Workload("elementwise", "add_1e6", "a + b, f32[1e6]", references=("hand",), bytes=12e6),
+    Workload("elementwise", "exp_1e6", "exp(a), f32[1e6]", references=("hand",), bytes=8e6),
+    Workload("elementwise", "chain7_1e6", "the 7-op chain, f32[1e6]", references=("hand",), bytes=8e6),
+    Workload("elementwise", "chain7_1e7", "the 7-op chain, f32[1e7]", references=("hand",), bytes=8e7),
+    Workload("reductions", "sum_1e7", "sum of f32[1e7]", bytes=4e7),
+    Workload("reductions", "sum_axis0_1024x1024", "sum over axis 0 of f32[1024, 1024]", bytes=4 * (1024 * 1024 + 1024)),
+    Workload("reductions", "sum_axis1_1024x1024", "sum over axis 1 of f32[1024, 1024]", bytes=4 * (1024 * 1024 + 1024)),
+    Workload("reductions", "softmax_256x1000", "softmax over the last axis of f32[256, 1000]", bytes=2 * 4 * 256 * 1000),
+    Workload("gemm", "matmul_64", "f32[64, 64] @ f32[64, 64]", references=("openblas",), flops=2 * 64**3),
+    Workload("gemm", "matmul_256", "f32[256, 256] @ f32[256, 256]", references=("openblas",), flops=2 * 256**3),
+    Workload("gemm", "matmul_1024", "f32[1024, 1024] @ f32[1024, 1024]", references=("openblas",), flops=2 * 1024**3),
     Workload("gemm", "matmul_1024_t2", "f32[1024, 1024] @ f32[1024, 1024], 2 threads", threads=2,
-             references=("openblas",)),
-    Workload("conv", "conv1_fwd", "conv2d f32[32, 1, 32, 32] * f32[6, 1, 5, 5]"),
-    Workload("conv", "conv2_fwd", "conv2d f32[32, 6, 14, 14] * f32[16, 6, 5, 5]"),
-    Workload("conv", "conv1_grad", "d/dw sum(conv2d(x, w)), conv1's shapes"),
-    Workload("conv", "conv2_grad", "d/dx and d/dw sum(conv2d(x, w)), conv2's shapes"),
-    Workload("mlp_step", "784-128-10_b32", "MLP 784-128-10, batch 32"),
-    Workload("mlp_step", "784-256-256-10_b64", "MLP 784-256-256-10, batch 64"),
-    Workload("lenet5_step", "b32_t1", "LeNet5, batch 32 of f32[1, 32, 32], 1 thread"),
-    Workload("lenet5_step", "b32_t2", "LeNet5, batch 32 of f32[1, 32, 32], 2 threads", threads=2),
+             references=("openblas",), flops=2 * 1024**3),
+    Workload("conv", "conv1_fwd", "conv2d f32[32, 1, 32, 32] * f32[6, 1, 5, 5]", flops=CONV1_FLOPS),
+    Workload("conv", "conv2_fwd", "conv2d f32[32, 6, 14, 14] * f32[16, 6, 5, 5]", flops=CONV2_FLOPS),
+    Workload("conv", "conv1_grad", "d/dw sum(conv2d(x, w)), conv1's shapes", flops=CONV1_FLOPS),
+    Workload("conv", "conv2_grad", "d/dx and d/dw sum(conv2d(x, w)), conv2's shapes", flops=2 * CONV2_FLOPS),
+    Workload("mlp_step", "784-128-10_b32", "MLP 784-128-10, batch 32", flops=mlp_step_flops([784, 128, 10], 32)),
+    Workload("mlp_step", "784-256-256-10_b64", "MLP 784-256-256-10, batch 64", flops=mlp_step_flops([784, 256, 256, 10], 64)),
+    Workload("lenet5_step", "b32_t1", "LeNet5, batch 32 of f32[1, 32, 32], 1 thread", flops=LENET5_STEP_FLOPS),
+    Workload("lenet5_step", "b32_t2", "LeNet5, batch 32 of f32[1, 32, 32], 2 threads", threads=2, flops=LENET5_STEP_FLOPS),
     Workload("compile", "mlp_784-256-256-10_b64", "the MLP 784-256-256-10 train step (batch 64)", eager=False),
     Workload("compile", "lenet5_step_b32", "the LeNet5 train step (batch 32)", eager=False),
     Workload("data_parallel", "lenet5_b32", "LeNet5, global batch 32, 100 steps", threads=2, eager=False,
