@@ -135,6 +135,8 @@ def run_xgrad_bench(bench, suite, min_time, device, out_dir, processes=None):
     result = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
     if result.returncode != 0 or not os.path.exists(out):
         return {}, [f"xgrad_bench failed on suite {suite} (exit {result.returncode}): {result.stderr[-2000:]}"]
+    if os.path.getsize(out) == 0:  # no row of the suite on this device (the roofline's run on the cpu alone)
+        return {}, []
     with open(out) as file:
         data = json.load(file)
     scale = {"ns": 1.0, "us": 1e3, "ms": 1e6, "s": 1e9}

@@ -17,6 +17,7 @@
 
 #include <xsimd/xsimd.hpp>
 
+#include <xgrad/backend/cpu/peak.hpp>
 #include <xgrad/data/mnist.hpp>
 #include <xgrad/models/lenet5.hpp>
 #include <xgrad/nn/model.hpp>
@@ -277,38 +278,12 @@ void register_training() {
 
 // ---- roofline: the machine's measured limits, which the report reads the other rows against ------
 
-// FLOPs of one thread's call of fma_peak: fixed, whatever the SIMD width (workloads.py has it).
-constexpr std::int64_t kFmaFlopsPerThread = std::int64_t{1} << 25;
-
-/// kFmaFlopsPerThread FLOPs of fused multiply-adds on registers: 16 independent accumulators,
-/// more than the FMA units' latency times their count on these cores, so nothing waits.
-float fma_chains() {
-  using B = xsimd::batch<float>;
-  constexpr int chains = 16;
-  constexpr std::int64_t steps = kFmaFlopsPerThread / (2 * chains * static_cast<std::int64_t>(B::size));
-  // Read through volatile, so that the compiler cannot work the chains out while compiling.
-  static volatile float start = 1.0f, factor = 0.9999999f, term = 1e-7f;
-  std::array<B, chains> acc;
-  for (int c = 0; c < chains; ++c) acc[c] = B(start + 0.001f * static_cast<float>(c));
-  const B scale(factor), shift(term);
-  for (std::int64_t step = 0; step < steps; ++step)
-    for (B& a : acc) a = xsimd::fma(a, scale, shift);
-  B sum = acc[0];
-  for (int c = 1; c < chains; ++c) sum += acc[c];
-  return xsimd::hadd(sum);
-}
-
 void register_roofline() {
   for (int threads : {1, 2}) {
     const std::string suffix = threads == 1 ? "" : "_t2";
+    // The FMA peak as the library measures it (backend/cpu/peak.hpp).
     register_row("roofline", "fma_peak" + suffix, "hand", threads, [threads]() -> Call {
-      return [threads] {
-        std::array<float, 2> sums{};
-        xg::cpu::parallel_for(0, threads, 1, [&sums](std::int64_t lo, std::int64_t hi) {
-          for (std::int64_t t = lo; t < hi; ++t) sums[static_cast<std::size_t>(t)] = fma_chains();
-        });
-        benchmark::DoNotOptimize(sums);
-      };
+      return [threads] { benchmark::DoNotOptimize(xg::cpu::fma_chains_on(threads)); };
     });
     // STREAM's triad, a = b + s c, over arrays far larger than the caches (3 x 64 MiB).
     register_row("roofline", "triad_2p24" + suffix, "hand", threads, [] {

@@ -66,7 +66,7 @@ CONV2_FLOPS = 2 * 32 * 16 * 10 * 10 * (6 * 5 * 5)  # conv2: [32, 16, 10, 10] out
 # activations aside): about 72 MFLOP.
 LENET5_DENSE_FLOPS = 2 * 32 * (400 * 120 + 120 * 84 + 84 * 10)
 LENET5_STEP_FLOPS = 2 * CONV1_FLOPS + 3 * CONV2_FLOPS + 3 * LENET5_DENSE_FLOPS
-FMA_FLOPS_PER_THREAD = 2**25  # suite_xgrad.cpp, kFmaFlopsPerThread
+FMA_FLOPS_PER_THREAD = 2**25  # include/xgrad/backend/cpu/peak.hpp, kFmaChainFlops
 TRIAD_BYTES = 3 * 4 * 2**24  # STREAM's count: b and c read, a written
 
 WORKLOADS = [
