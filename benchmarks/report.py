@@ -358,7 +358,8 @@ def roofline_section(results):
                      + (f"{bandwidth / 1e9:.1f} GB/s" if bandwidth else "bandwidth not measured")
                      for threads, (peak, bandwidth) in limits.items())
     lines = ["## Roofline: each row against the machine's measured limits", "",
-             f"Measured in this run (the `roofline` suite): {said}. A compute-bound row's rate is its FLOPs per",
+             f"Measured in this run (the `roofline` suite): {said}.", "",
+             "A compute-bound row's rate is its FLOPs per",
              "call (matmuls and convolutions, a multiply-add counted as two; workloads.py) over xgrad's fastest time;",
              "a memory-bound row's is the bytes it must move at the least (each input read once, the output written",
              "once). A row whose data fits the caches can pass 100% of the (memory) bandwidth.",
@@ -367,7 +368,9 @@ def roofline_section(results):
              "|---|---|---|---|---|---|"]
     for key, workload, (ns, side), rate, share in roofline_rows(results):
         compute = bool(workload.flops)
-        work = f"{workload.flops / 1e6:.3g} MFLOP" if compute else f"{workload.bytes / 1e6:.3g} MB"
+        amount = workload.flops or workload.bytes
+        scale, prefix = (1e9, "G") if amount >= 1e9 else (1e6, "M")
+        work = f"{amount / scale:.3g} {prefix}{'FLOP' if compute else 'B'}"
         rate_text = f"{rate / 1e9:.1f} {'GFLOP/s' if compute else 'GB/s'}"
         share_text = "–" if share is None else f"{share * 100:.0f}% of {'peak FLOP/s' if compute else 'bandwidth'}"
         lines.append(f"| `{key}` | {workload.threads} | {work} | {LABEL[side]} {format_time(ns)} | {rate_text} | "
