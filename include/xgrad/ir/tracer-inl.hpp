@@ -50,7 +50,7 @@ XGRAD_API ir::Value* Tracer::resolve(const TensorBase& t) {
   if (impl->physical)
     throw ValueError(xgrad::detail::concat("jit: a batched tensor (", dtype_name(impl->dtype), impl->shape,
                                            ", inside vmap) reached an op that has no batching rule for vmap yet "
-                                           "(print, a collective)"));
+                                           "(a collective's start form)"));
   if (auto it = m_lifted.find(impl); it != m_lifted.end()) return it->second;
   if (impl->value && impl->value->graph == m_graph.get()) return impl->value.get();
   ir::Value* v = nullptr;
