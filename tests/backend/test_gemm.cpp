@@ -96,11 +96,32 @@ std::vector<GemmCase> basic_shapes() {
   std::vector<GemmCase> out;
   // {6, 1100, 25}: one panel of A rows, so B is read in place, across several column blocks;
   // {6, 25, 300}: a conv's weight-gradient shape, whose transposed B is one partial panel.
-  const int64_t dims[][3] = {
-      {1, 1, 1},     {1, 7, 1},     {7, 1, 3},     {2, 3, 4},    {7, 13, 5},   {16, 16, 16},
-      {15, 17, 31},  {14, 32, 8},   {13, 31, 9},   {28, 64, 64}, {64, 64, 64}, {65, 33, 129},
-      {33, 65, 257}, {100, 3, 300}, {3, 100, 300}, {1, 300, 70}, {300, 1, 70}, {129, 97, 513},
-      {6, 1100, 25}, {6, 25, 300},  {300, 257, 1}};  // an outer product (per-example weight gradients)
+  const int64_t dims[][3] = {{1, 1, 1},
+                             {1, 7, 1},
+                             {7, 1, 3},
+                             {2, 3, 4},
+                             {7, 13, 5},
+                             {16, 16, 16},
+                             {15, 17, 31},
+                             {14, 32, 8},
+                             {13, 31, 9},
+                             {28, 64, 64},
+                             {64, 64, 64},
+                             {65, 33, 129},
+                             {33, 65, 257},
+                             {100, 3, 300},
+                             {3, 100, 300},
+                             {1, 300, 70},
+                             {300, 1, 70},
+                             {129, 97, 513},
+                             {6, 1100, 25},
+                             {6, 25, 300},
+                             {300, 257, 1},  // an outer product (per-example weight gradients)
+                             // Few outputs over a long k: with B transposed, the dot-product form (conv1's weight
+                             // gradient; odd sizes for the tiles' and k's edges).
+                             {6, 25, 2352},
+                             {3, 5, 1101},
+                             {8, 7, 1031}};
   for (const auto& d : dims) {
     for (int t = 0; t < 4; ++t) {
       out.push_back({d[0], d[1], d[2], (t & 1) != 0, (t & 2) != 0});
@@ -117,7 +138,8 @@ TEST_CASE_TEMPLATE("gemm matches naive reference across shapes and transposes", 
 
 TEST_CASE_TEMPLATE("gemm alpha and beta", T, float, double) {
   std::vector<GemmCase> cases;
-  for (const auto& d : {GemmCase{7, 13, 5}, GemmCase{65, 33, 129}, GemmCase{30, 70, 300}, GemmCase{30, 70, 1}}) {
+  for (const auto& d :
+       {GemmCase{7, 13, 5}, GemmCase{65, 33, 129}, GemmCase{30, 70, 300}, GemmCase{30, 70, 1}, GemmCase{6, 25, 2000}}) {
     for (double alpha : {1.0, 2.0, -0.5}) {
       for (double beta : {0.0, 1.0, 0.25}) {
         GemmCase g = d;
@@ -125,7 +147,9 @@ TEST_CASE_TEMPLATE("gemm alpha and beta", T, float, double) {
         g.beta = beta;
         g.ldc_pad = 3;
         cases.push_back(g);
-        g.trans_a = g.trans_b = true;
+        g.trans_b = true;  // B transposed alone: the dot-product form where it suits
+        cases.push_back(g);
+        g.trans_a = true;
         cases.push_back(g);
       }
     }

@@ -424,6 +424,63 @@ template <class T> void gemm_serial(int64_t m, int64_t n, int64_t k, T alpha, co
   }
 }
 
+/// C's rows [0, RM) x columns [0, RN) of the dot-product form below: RM x RN vector accumulators
+/// running along k, the operands' rows read once per tile.
+template <class T, int RM, int RN>
+void dot_tile(int64_t k, T alpha, const T* a, int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+  using B = xsimd::batch<T>;
+  constexpr auto lanes = static_cast<int64_t>(B::size);
+  std::array<B, RM * RN> acc;
+  acc.fill(B(T(0)));
+  int64_t p = 0;
+  for (; p + lanes <= k; p += lanes) {
+    std::array<B, RN> bs;
+    for (int j = 0; j < RN; ++j) bs[j] = B::load_unaligned(b + j * ldb + p);
+    for (int i = 0; i < RM; ++i) {
+      const B ai = B::load_unaligned(a + i * lda + p);
+      for (int j = 0; j < RN; ++j) acc[i * RN + j] = xsimd::fma(ai, bs[j], acc[i * RN + j]);
+    }
+  }
+  for (int i = 0; i < RM; ++i)
+    for (int j = 0; j < RN; ++j) {
+      T dot = xsimd::hadd(acc[i * RN + j]);
+      for (int64_t q = p; q < k; ++q) dot += a[i * lda + q] * b[j * ldb + q];
+      T& out = c[i * ldc + j];
+      out = beta == T(0) ? alpha * dot : alpha * dot + beta * out;
+    }
+}
+
+/// dot_tile for RM and RN of at most 4, chosen at run time (the edges of C).
+template <class T, int RM = 4, int RN = 4> void dot_tile_upto(int rm, int rn, int64_t k, T alpha, const T* a,
+                                                              int64_t lda, const T* b, int64_t ldb, T beta, T* c,
+                                                              int64_t ldc) {
+  if constexpr (RM > 1) {
+    if (rm < RM) return dot_tile_upto<T, RM - 1, RN>(rm, rn, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  }
+  if constexpr (RN > 1) {
+    if (rn < RN) return dot_tile_upto<T, RM, RN - 1>(rm, rn, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  }
+  dot_tile<T, RM, RN>(k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+/// C = alpha * A B + beta * C as m x n dot products of length k, for A's rows and B's columns
+/// both contiguous along k: the form of a convolution's weight gradient (c_out x c_in * kh * kw
+/// outputs, each summed over every image's positions), where C is too small for the packed
+/// kernels' tiles to pay for their packing.
+template <class T> void gemm_dots(int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b,
+                                  int64_t ldb, T beta, T* c, int64_t ldc) {
+  for (int64_t i = 0; i < m; i += 4)
+    for (int64_t j = 0; j < n; j += 4)
+      dot_tile_upto<T>(static_cast<int>(std::min<int64_t>(4, m - i)), static_cast<int>(std::min<int64_t>(4, n - j)), k,
+                       alpha, a + i * lda, lda, b + j * ldb, ldb, beta, c + i * ldc + j, ldc);
+}
+
+/// Whether gemm_dots suits the product: both operands contiguous along k, a long k, and a C of
+/// few rows or columns, which the packed kernels' 14 x 32 tiles would mostly waste.
+inline bool dots_suit(int64_t m, int64_t n, int64_t k, int64_t a_col_stride, int64_t b_row_stride) {
+  return a_col_stride == 1 && b_row_stride == 1 && k >= 1024 && std::min(m, n) <= 8 && m * n <= 512;
+}
+
 }  // namespace detail
 
 /// C[m x n] = alpha * A[m x k] * B[k x n] + beta * C, with A(i,p) = a[i*a_row_stride +
@@ -461,6 +518,11 @@ template <class T> void gemm(int64_t m, int64_t n, int64_t k, T alpha, const T* 
   constexpr double parallel_threshold = 64.0 * 64.0 * 64.0;
   const double work = static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
   if (num_threads() <= 1 || work <= parallel_threshold || detail::t_in_parallel) {
+    if (detail::dots_suit(m, n, k, a_col_stride, b_row_stride)) {
+      detail::gemm_dots(m, n, k, alpha, a, a_row_stride, b, b_col_stride, beta, c, ldc);
+      if (done) (*done)(0, m, 0, n);
+      return;
+    }
     detail::gemm_serial(m, n, k, alpha, a, a_row_stride, a_col_stride, b, b_row_stride, b_col_stride, beta, c, ldc,
                         done);
     return;
