@@ -33,8 +33,7 @@ TEST_CASE("fuzz regression: a scalar has no axis 0 to reduce, normalize or conca
 
 TEST_CASE("fuzz regression: slice_backward checks that the gradient fits inside the input") {
   CHECK_THROWS_AS(xg::slice_backward(xg::ones<float>({2}), xg::Shape{3}, {}), xg::ShapeError);
-  const auto what =
-      message_of<xg::ShapeError>([] { xg::slice_backward(xg::ones<float>({4}), xg::Shape{2}, {0}); });
+  const auto what = message_of<xg::ShapeError>([] { xg::slice_backward(xg::ones<float>({4}), xg::Shape{2}, {0}); });
   CHECK(contains(what, "SliceGrad"));
   CHECK_THROWS_AS(xg::slice_backward(xg::ones<float>({2}), xg::Shape{3}, {2}), xg::ShapeError);
   CHECK_THROWS_AS(xg::slice_backward(xg::ones<float>({2}), xg::Shape{3}, {-1}), xg::ShapeError);
@@ -43,8 +42,9 @@ TEST_CASE("fuzz regression: slice_backward checks that the gradient fits inside 
 
 TEST_CASE("fuzz regression: slice_backward checks the input shape's size before its strides") {
   // An empty input shape whose non-zero extents multiply past int64: its strides would overflow.
-  const auto what = message_of<xg::ValueError>(
-      [] { xg::slice_backward(xg::zeros<float>({0, 1, 1}), xg::Shape{0, 4198819178854351296, 6}, {0, 0, 0}); });
+  const auto what = message_of<xg::ValueError>([] {
+    xg::slice_backward(xg::zeros<float>({0, 1, 1}), xg::Shape{0, 4198819178854351296, 6}, {0, 0, 0});
+  });
   CHECK(contains(what, "SliceGrad"));
 }
 
@@ -91,4 +91,13 @@ TEST_CASE("fuzz regression: a broadcasting op with an empty output walks no rows
   CHECK(xg::add(a, b).shape() == xg::Shape{huge, 0});
   CHECK(xg::fma(a, b, b).shape() == xg::Shape{huge, 0});
   CHECK(xg::jit([](const xg::Tensor<float>& x, const xg::Tensor<float>& y) { return x * y + y; })(a, b).numel() == 0);
+}
+
+TEST_CASE("fuzz regression: a matmul with an empty output multiplies no matrices") {
+  // 2^40 products of matrices without rows (fuzz_ops' regress-matmul-empty-huge-batch).
+  const std::int64_t huge = std::int64_t{1} << 40;
+  const auto a = xg::ones<float>({huge, 0, 4}), b = xg::ones<float>({4, 3});
+  CHECK(xg::matmul(a, b).shape() == xg::Shape{huge, 0, 3});
+  // A sum over nothing is zero.
+  CHECK(xg::matmul(xg::ones<float>({2, 3, 0}), xg::ones<float>({0, 5})).to_vector() == std::vector<float>(30, 0.0f));
 }

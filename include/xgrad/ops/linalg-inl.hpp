@@ -58,6 +58,8 @@ struct MatMul {
   }
   template <class T>
   void run(Device d, const Tensor<T>& a, const Tensor<T>& b, Tensor<T>& out, const ir::BlockDone* done) const {
+    // An empty product writes nothing; its batch may still count 2^40 matrices without rows.
+    if (out.numel() == 0) return;
     const Shape &sa = a.shape(), &sb = b.shape();
     const Shape batch_a = batch_of(sa), batch_b = batch_of(sb), batch = batch_of(out.shape());
     const std::int64_t m = out.shape()[out.ndim() - 2], n = out.shape().back();
