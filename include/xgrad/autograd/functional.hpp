@@ -374,16 +374,6 @@ class VmapLevel {
   std::uint64_t m_level;
 };
 
-/// x with its axis `from` moved to position `to`, the others in order.
-template <class T> Tensor<T> move_axis(const Tensor<T>& x, int from, int to) {
-  if (from == to) return x;
-  std::vector<std::int64_t> perm;
-  for (int i = 0; i < x.ndim(); ++i)
-    if (i != from) perm.push_back(i);
-  perm.insert(perm.begin() + to, from);
-  return transpose(x, perm);
-}
-
 }  // namespace detail
 
 /// f mapped over a batch (JAX's vmap, MindSpore's ops.vmap): each argument's axis in `axes`

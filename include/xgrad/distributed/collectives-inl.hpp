@@ -71,13 +71,6 @@ template <class T> Tensor<T> extreme_share(const Tensor<T>& x, const Tensor<T>& 
   return holds / all_reduce(holds, ReduceOp::sum, loc);
 }
 
-/// x with its first two axes swapped: a batch's axis and a per-rank axis trade places.
-template <class T> Tensor<T> swap_leading_axes(const Tensor<T>& x, SourceLoc loc) {
-  std::vector<std::int64_t> perm{1, 0};
-  for (std::int64_t i = 2; i < x.ndim(); ++i) perm.push_back(i);
-  return transpose(x, perm, loc);
-}
-
 }  // namespace distributed::detail
 
 namespace op {
@@ -156,8 +149,8 @@ struct AllGather {
     return {distributed::reduce_scatter(g, distributed::ReduceOp::sum, loc)};
   }
   template <class R, class T> Tensor<R> batch(std::span<const bool>, SourceLoc loc, const Tensor<T>& x) const {
-    return distributed::detail::swap_leading_axes(distributed::all_gather(x, loc),
-                                                  loc);  // [world, batch, ...] -> [batch, world, ...]
+    // [world, batch, ...] -> [batch, world, ...]
+    return xgrad::detail::move_axis(distributed::all_gather(x, loc), 1, 0, loc);
   }
 };
 
@@ -198,8 +191,8 @@ struct ReduceScatter {
         tangent * distributed::detail::extreme_share(x, distributed::all_gather(y, loc), loc), ReduceOp::sum, loc);
   }
   template <class R, class T> Tensor<R> batch(std::span<const bool>, SourceLoc loc, const Tensor<T>& x) const {
-    return distributed::reduce_scatter(distributed::detail::swap_leading_axes(x, loc), reduce,
-                                       loc);  // scatter the ranks' axis
+    // The ranks' axis, after the batch in each value, leads for the scatter.
+    return distributed::reduce_scatter(xgrad::detail::move_axis(x, 1, 0, loc), reduce, loc);
   }
 };
 

@@ -248,6 +248,16 @@ inline Shape with_batch(std::int64_t size, const Shape& s) {
   return out;
 }
 
+/// x with its axis `from` moved to position `to`, the others in order.
+template <class T> Tensor<T> move_axis(const Tensor<T>& x, int from, int to, SourceLoc loc = SourceLoc::current()) {
+  if (from == to) return x;
+  std::vector<std::int64_t> perm;
+  for (int i = 0; i < x.ndim(); ++i)
+    if (i != from) perm.push_back(i);
+  perm.insert(perm.begin() + to, from);
+  return transpose(x, perm, loc);
+}
+
 /// How often vmap ran each op once per value of a batch, for want of a batched form (by op).
 inline std::map<std::string, std::int64_t, std::less<>>& vmap_loops(std::unique_lock<std::mutex>& lock) {
   static std::mutex mutex;
