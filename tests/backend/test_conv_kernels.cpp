@@ -135,6 +135,10 @@ const std::vector<ConvCase>& conv_cases() {
       {5, 3, 20, 17, 8, 5, 5, 2, 2, 2, 2, 2, 2, 1, 1},    // large strided
       {40, 6, 14, 14, 16, 5, 5, 1, 1, 0, 0, 0, 0, 1, 1},  // many images per batched GEMM, several GEMMs
       {24, 4, 30, 30, 5, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1},   // batched GEMMs with padding
+      {5, 1, 32, 32, 6, 5, 5, 1, 1, 0, 0, 0, 0, 1, 1},    // LeNet5's first layer (shifted taps, one channel)
+      {2, 32, 9, 11, 10, 3, 3, 1, 1, 0, 0, 0, 0, 1, 1},   // shifted taps: k over one depth block, 8 + 2 rows
+      {2, 2, 6, 70, 3, 3, 4, 1, 1, 0, 0, 0, 0, 1, 1},     // shifted taps: several panels and a partial one
+      {3, 2, 4, 3, 2, 4, 3, 1, 1, 0, 0, 0, 0, 1, 1},      // shifted taps: one output per image
   };
   return cases;
 }
@@ -213,6 +217,9 @@ const std::vector<PoolCase>& pool_cases() {
       {2, 4, 10, 10, 2, 2, 2, 2, 0, 0, 0, 0},   // LeNet5's second: rows shorter than a batch
       {1, 2, 5, 45, 3, 3, 2, 2, 1, 1, 1, 1},    // stride 2, wide, padded: batched interior between edges
       {1, 2, 4, 50, 2, 4, 1, 3, 0, 0, 2, 1},    // kernel > stride along w, padded
+      {2, 3, 7, 9, 2, 2, 2, 2, 0, 0, 0, 0},     // 2x2/2 on odd sizes: the last row and column unread
+      {1, 3, 4, 70, 2, 2, 2, 2, 0, 0, 0, 0},    // 2x2/2, rows of several vectors and a partial one
+      {3, 2, 6, 2, 2, 2, 2, 2, 0, 0, 0, 0},     // 2x2/2, one window per row: vectors span many rows
   };
   return cases;
 }

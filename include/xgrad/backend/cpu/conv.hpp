@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <type_traits>
+#include <vector>
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -79,6 +80,23 @@ inline bool conv_is_pointwise(const Conv2dGeometry& g) {
   assert(g.stride_h > 0 && g.stride_w > 0 && g.dil_h > 0 && g.dil_w > 0);
   return g.kh == 1 && g.kw == 1 && g.stride_h == 1 && g.stride_w == 1 && g.pad_top == 0 && g.pad_left == 0 &&
          g.out_h == g.h && g.out_w == g.w;
+}
+
+/// True for a stride-1, undilated, unpadded convolution: counted on the input's grid (outputs w
+/// apart per row, not out_w), its taps read x at fixed offsets, the form gemm_shifted takes.
+inline bool conv_is_shifted(const Conv2dGeometry& g) {
+  return g.stride_h == 1 && g.stride_w == 1 && g.dil_h == 1 && g.dil_w == 1 && g.pad_top == 0 && g.pad_left == 0 &&
+         g.out_h == g.h - g.kh + 1 && g.out_w == g.w - g.kw + 1 && g.out_h > 0 && g.out_w > 0;
+}
+
+/// The offset in an image of x of each tap (c, ki, kj), in the column matrix's row order.
+inline std::vector<int64_t> conv_tap_offsets(const Conv2dGeometry& g) {
+  std::vector<int64_t> offsets;
+  offsets.reserve(static_cast<std::size_t>(g.c_in * g.kh * g.kw));
+  for (int64_t c = 0; c < g.c_in; ++c)
+    for (int64_t ki = 0; ki < g.kh; ++ki)
+      for (int64_t kj = 0; kj < g.kw; ++kj) offsets.push_back((c * g.h + ki) * g.w + kj);
+  return offsets;
 }
 
 template <class T> std::unique_ptr<T[]> conv_scratch(int64_t size) {
@@ -295,6 +313,20 @@ void conv2d_forward(const Conv2dGeometry& g, const T* x, const T* w, T* y, const
   if (detail::conv_is_pointwise(g)) {
     detail::conv_for_batch(g.n, g.c_out * k * ohw, [&](int64_t lo, int64_t hi) {
       for (int64_t i = lo; i < hi; ++i) image_gemm(i, x + i * x_img, y + i * y_img);
+    });
+    return;
+  }
+  if (detail::conv_is_shifted(g)) {
+    // Each image's outputs on x's grid (rows w apart), then the out_w valid ones of each row.
+    const std::vector<int64_t> taps = detail::conv_tap_offsets(g);
+    const int64_t grid = (g.out_h - 1) * g.w + g.out_w;
+    detail::conv_for_batch(g.n, g.c_out * k * ohw, [&](int64_t lo, int64_t hi) {
+      T* out = detail::conv_workspace<T>().m_mat.get(g.c_out * g.out_h * g.w);
+      for (int64_t i = lo; i < hi; ++i) {
+        detail::gemm_shifted(g.c_out, grid, k, w, k, x + i * x_img, taps.data(), out, g.out_h * g.w);
+        detail::row_spans<false>(out, g.w, y + i * y_img, g.out_w, g.c_out * g.out_h, g.out_w);
+        if (done) (*done)(i * y_img, (i + 1) * y_img);
+      }
     });
     return;
   }

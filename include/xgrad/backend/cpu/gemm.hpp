@@ -249,11 +249,12 @@ template <class T, int64_t NR> void pack_b(int64_t kc, int64_t nc, const T* b, i
 /// Register-blocked tile: C[rows x cols] = alpha * A_panel * B_panel + beta * C, computing MK
 /// rows x NK vectors (MK >= rows, NK * lanes >= cols). A(i,p) is at pa[i * a_row_stride + p]
 /// (see pack_a), B row p at pb + p * ldb: NB * lanes in a packed panel (see pack_b), or B's own
-/// row stride when it is read in place. Full tiles go straight to C, edge tiles through an
+/// row stride when it is read in place; with Shifted, at pb + b_rows[p] instead (B's rows are
+/// windows of one array, see gemm_shifted). Full tiles go straight to C, edge tiles through an
 /// aligned temporary. beta == 0 never reads C.
-template <class T, int MK, int NK, int NB> void micro_kernel(int64_t kc, const T* __restrict pa, const T* __restrict pb,
-                                                             int64_t ldb, T alpha, T beta, T* __restrict c, int64_t ldc,
-                                                             int64_t rows, int64_t cols) {
+template <class T, int MK, int NK, int NB, bool Shifted = false>
+void micro_kernel(int64_t kc, const T* __restrict pa, const T* __restrict pb, int64_t ldb, T alpha, T beta,
+                  T* __restrict c, int64_t ldc, int64_t rows, int64_t cols, const int64_t* b_rows = nullptr) {
   using batch = xsimd::batch<T>;
   constexpr int64_t L = static_cast<int64_t>(batch::size);
   constexpr int64_t AS = GemmConfig<T>::a_row_stride;
@@ -266,9 +267,10 @@ template <class T, int MK, int NK, int NB> void micro_kernel(int64_t kc, const T
 
 #pragma GCC unroll 2
   for (int64_t p = 0; p < kc; ++p) {
+    const T* brow = Shifted ? pb + b_rows[p] : pb;
     batch bv[NK];
 #pragma GCC unroll 4
-    for (int j = 0; j < NK; ++j) bv[j] = batch::load_unaligned(pb + j * L);
+    for (int j = 0; j < NK; ++j) bv[j] = batch::load_unaligned(brow + j * L);
 #pragma GCC unroll 32
     for (int i = 0; i < MK; ++i) {
       const batch av(pa[i * AS]);
@@ -323,23 +325,24 @@ template <class T, int MK, int NK, int NB> void micro_kernel(int64_t kc, const T
   }
 }
 
-template <class T>
-using MicroKernelFn = void (*)(int64_t, const T*, const T*, int64_t, T, T, T*, int64_t, int64_t, int64_t);
+template <class T> using MicroKernelFn = void (*)(int64_t, const T*, const T*, int64_t, T, T, T*, int64_t, int64_t,
+                                                  int64_t, const int64_t*);
 
 /// Kernels for edge tiles, indexed by [rows - 1][vectors - 1]. Row counts round up to even so
 /// the table stays small; a short tile then wastes at most one row of work.
-template <class T, int NB, int MR, int... Is> constexpr auto make_kernel_table(std::integer_sequence<int, Is...>) {
+template <class T, int NB, int MR, bool Shifted, int... Is>
+constexpr auto make_kernel_table(std::integer_sequence<int, Is...>) {
   std::array<std::array<MicroKernelFn<T>, NB>, MR> table{};
   auto fill_row = [&]<int I, int... Js>(std::integer_sequence<int, Js...>) {
     constexpr int mk = std::min(MR, (I + 2) / 2 * 2);
-    ((table[I][Js] = &micro_kernel<T, mk, Js + 1, NB>), ...);
+    ((table[I][Js] = &micro_kernel<T, mk, Js + 1, NB, Shifted>), ...);
   };
   (fill_row.template operator()<Is>(std::make_integer_sequence<int, NB>{}), ...);
   return table;
 }
 
-template <class T, int NB, int MR>
-inline constexpr auto k_kernel_table = make_kernel_table<T, NB, MR>(std::make_integer_sequence<int, MR>{});
+template <class T, int NB, int MR, bool Shifted = false>
+inline constexpr auto k_kernel_table = make_kernel_table<T, NB, MR, Shifted>(std::make_integer_sequence<int, MR>{});
 
 /// Splits `total` into ceil(total / max_block) near-equal blocks, each rounded up to `unit`;
 /// avoids a thin last block (e.g. k = 257 as 256 + 1).
@@ -414,11 +417,67 @@ template <class T> void gemm_serial(int64_t m, int64_t n, int64_t k, T alpha, co
               micro_kernel<T, MR, NB, NB>(kc, pa, pb, ldb, alpha, beta_eff, c_row + jr, ldc, rows, cols);
             } else {
               const auto fn = k_kernel_table<T, NB, MR>[rows - 1][(cols + L - 1) / L - 1];
-              fn(kc, pa, pb, ldb, alpha, beta_eff, c_row + jr, ldc, rows, cols);
+              fn(kc, pa, pb, ldb, alpha, beta_eff, c_row + jr, ldc, rows, cols, nullptr);
             }
           }
         }
         if (done && pc + kc == k) (*done)(row0 + ic, mc, col0 + jc, nc);
+      }
+    }
+  }
+}
+
+/// C[m x n] = A B on the calling thread, where B(p, j) = b[b_rows[p] + j]: B's rows are windows
+/// of one array at the given offsets, read in place. A stride-1 convolution is such a product
+/// when its outputs are counted on the input's grid (row stride w, not out_w): tap (c, ki, kj)
+/// reads x from offset (c * h + ki) * w + kj on, so no column matrix is built. b need only hold
+/// b_rows[p] + j for j < n: a last, partial panel of columns is copied out before it is read.
+template <class T> void gemm_shifted(int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b,
+                                     const int64_t* b_rows, T* c, int64_t ldc) {
+  using cfg = GemmConfig<T>;
+  // Convolutions have few output channels (LeNet5: 6 and 16), so tiles are short and wide: with
+  // 32 registers 8 rows x 3 vectors (24 accumulators, 12 loads per 24 FMAs); else the default.
+  constexpr int MR = cfg::vector_regs >= 32 ? 8 : cfg::mr;
+  constexpr int NB = cfg::vector_regs >= 32 ? 3 : cfg::nb;
+  constexpr int64_t L = cfg::lanes;
+  constexpr int64_t NR = NB * L;
+  constexpr int64_t AS = cfg::a_row_stride;
+  if (m <= 0 || n <= 0) return;
+  if (k <= 0) return scale_c(m, n, T(0), c, ldc);
+  const int64_t kc_max = balanced_block(k, cfg::kc, 1);
+  const int64_t mc_max = balanced_block(m, cfg::mc, MR);
+  auto& ws = gemm_workspace<T>();
+  // pack_a pads to its own micro-panel height; rows are AS apart whatever the tile.
+  T* pa_buf = ws.m_a.get((mc_max + cfg::mr - 1) / cfg::mr * cfg::mr * AS);
+  T* pb_buf = ws.m_b.get(NR * kc_max);
+  const int64_t whole = n / NR * NR;
+  for (int64_t pc = 0; pc < k; pc += kc_max) {
+    const int64_t kc = std::min(kc_max, k - pc);
+    const T beta = pc == 0 ? T(0) : T(1);
+    const int64_t* rows_pc = b_rows + pc;
+    if (whole < n) {
+      for (int64_t p = 0; p < kc; ++p) {
+        const T* src = b + rows_pc[p] + whole;
+        T* dst = pb_buf + p * NR;
+        std::copy(src, src + (n - whole), dst);
+        std::fill(dst + (n - whole), dst + NR, T(0));
+      }
+    }
+    for (int64_t ic = 0; ic < m; ic += mc_max) {
+      const int64_t mc = std::min(mc_max, m - ic);
+      pack_a<T>(mc, kc, a + ic * lda + pc, lda, 1, pa_buf);
+      for (int64_t ir = 0; ir < mc; ir += MR) {
+        const T* pa = pa_buf + ir * AS;
+        const int64_t rows = std::min<int64_t>(MR, mc - ir);
+        T* c_row = c + (ic + ir) * ldc;
+        const auto shifted = k_kernel_table<T, NB, MR, true>[rows - 1][NB - 1];
+        for (int64_t jr = 0; jr < whole; jr += NR)
+          shifted(kc, pa, b + jr, 0, T(1), beta, c_row + jr, ldc, rows, NR, rows_pc);
+        if (whole < n) {
+          const int64_t cols = n - whole;
+          k_kernel_table<T, NB, MR>[rows - 1][(cols + L - 1) / L - 1](kc, pa, pb_buf, NR, T(1), beta, c_row + whole,
+                                                                      ldc, rows, cols, nullptr);
+        }
       }
     }
   }

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cassert>
 #include <climits>
 #include <cmath>
@@ -268,6 +269,96 @@ void max_pool_argmax_chunk(const Pool2dGeometry& g, const T* x, int64_t count, P
       });
 }
 
+/// Whether the pooling is 2 x 2 windows at stride 2 without padding, each output reading its
+/// own four inputs (the common down-sampling, LeNet's and VGG's): max_pool_argmax_2x2 serves it.
+inline bool pool_is_2x2(const Pool2dGeometry& g) {
+  return g.kh == 2 && g.kw == 2 && g.stride_h == 2 && g.stride_w == 2 && g.pad_top == 0 && g.pad_left == 0 &&
+         g.out_h == g.h / 2 && g.out_w == g.w / 2 && g.h * g.w < (int64_t{1} << 24);
+}
+
+/// The first maximum, in row-major order, of the window whose top-left element is at x (rows w apart),
+/// as its offset from x: the scalar form of max_pool_argmax_2x2's lanes.
+template <class T> int32_t first_max_2x2(const T* x, int64_t w) {
+  int64_t best = 0;
+  for (int64_t o : {int64_t{1}, w, w + 1})
+    if (pool_takes_later(x[o], x[best])) best = o;
+  return static_cast<int32_t>(best);
+}
+
+/// max_pool2d_argmax for pool_is_2x2 on planes [first, first + count) of x (x_end bounds the
+/// tensor). A vector of L columns of a row pair finds each column's maximum, then each even lane
+/// compares with the odd lane beside it (the pair swapped in registers); the even lanes' offsets
+/// are gathered to the front and stored as L / 2 outputs. Narrow rows run into the next rows'
+/// elements, whose lanes are never stored; a vector that would read past x_end goes scalar.
+template <class T> void max_pool_argmax_2x2(const Pool2dGeometry& g, const T* x, const T* x_end, int64_t first,
+                                            int64_t count, int32_t* idx) {
+  using V = xsimd::batch<T>;
+  using U = xsimd::batch<xsimd::as_unsigned_integer_t<T>>;
+  constexpr auto L = static_cast<int64_t>(V::size);
+  struct PairSwap {
+    static constexpr unsigned get(unsigned i, unsigned) { return i ^ 1u; }
+  };
+  struct EvensFirst {
+    static constexpr unsigned get(unsigned i, unsigned n) { return (2 * i) % n; }
+  };
+  const auto swap = xsimd::make_batch_constant<U, PairSwap>();
+  const auto evens = xsimd::make_batch_constant<U, EvensFirst>();
+  V lane_offset;  // lane l's column within the vector, as T
+  {
+    alignas(64) std::array<T, L> iota;
+    for (int64_t l = 0; l < L; ++l) iota[l] = static_cast<T>(l);
+    lane_offset = V::load_aligned(iota.data());
+  }
+  const V row_step(static_cast<T>(g.w)), zero(T(0)), one(T(1));
+  const int64_t in_plane = g.h * g.w;
+  const int64_t out_plane = g.out_h * g.out_w;
+  const int32_t* idx_end = idx + (first + count) * out_plane;
+  for (int64_t p = first; p < first + count; ++p) {
+    const T* xp = x + p * in_plane;
+    int32_t* ip = idx + p * out_plane;
+    for (int64_t oh = 0; oh < g.out_h; ++oh) {
+      const T* top = xp + 2 * oh * g.w;
+      int32_t* out = ip + oh * g.out_w;
+      for (int64_t ow = 0; ow < g.out_w; ow += L / 2) {
+        const int64_t outputs = std::min(L / 2, g.out_w - ow);
+        const int64_t col = 2 * ow;
+        const T* a = top + col;
+        if (a + g.w + L > x_end) {
+          for (int64_t t = 0; t < outputs; ++t)
+            out[ow + t] = static_cast<int32_t>(top - xp + col + 2 * t) + first_max_2x2(a + 2 * t, g.w);
+          continue;
+        }
+        // Each column's first maximum of its two rows, and that row (0 or 1).
+        const V upper = V::load_unaligned(a), lower = V::load_unaligned(a + g.w);
+        const auto down = pool_takes_later(lower, upper);
+        const V v = xsimd::select(down, lower, upper);
+        const V r = xsimd::select(down, one, zero);
+        // Even lanes: the left column against the right one beside it.
+        const V v_right = xsimd::swizzle(v, swap), r_right = xsimd::swizzle(r, swap);
+        const auto right = pool_takes(v_right, r_right, v, r);
+        const V offset = xsimd::select(right, r_right * row_step + one, r * row_step) + lane_offset +
+                         V(static_cast<T>(top - xp + col));
+        if constexpr (sizeof(T) == sizeof(int32_t)) {
+          const auto gathered = xsimd::swizzle(xsimd::to_int(offset), evens);
+          // A whole vector when it stays in this call's planes: the lanes past `outputs` land on
+          // outputs stored later.
+          if (out + ow + L <= idx_end) {
+            gathered.store_unaligned(out + ow);
+            continue;
+          }
+          alignas(64) std::array<int32_t, L> lanes;
+          gathered.store_aligned(lanes.data());
+          std::copy_n(lanes.data(), outputs, out + ow);
+        } else {
+          alignas(64) std::array<T, L> lanes;
+          xsimd::swizzle(offset, evens).store_aligned(lanes.data());
+          for (int64_t t = 0; t < outputs; ++t) out[ow + t] = static_cast<int32_t>(lanes[t]);
+        }
+      }
+    }
+  }
+}
+
 }  // namespace detail
 
 /// idx[o] = the offset within its plane of window o's first maximum in x (a NaN beats every
@@ -277,6 +368,12 @@ template <class T> void max_pool2d_argmax(const Pool2dGeometry& g, const T* x, i
   assert(g.h * g.w <= INT32_MAX);
   const int64_t in_plane = g.h * g.w;
   const int64_t out_plane = g.out_h * g.out_w;
+  if (detail::pool_is_2x2(g)) {
+    const T* x_end = x + g.n * g.c * in_plane;
+    parallel_for(0, g.n * g.c, std::max<int64_t>(1, detail::k_pool_min_parallel_work / std::max<int64_t>(1, in_plane)),
+                 [&](int64_t lo, int64_t hi) { detail::max_pool_argmax_2x2(g, x, x_end, lo, hi - lo, idx); });
+    return;
+  }
   detail::for_each_pool_chunk<T>(g, [&](int64_t first, int64_t count, detail::PoolScratch<T>& s) {
     int32_t* ic = idx + first * out_plane;
     detail::max_pool_argmax_chunk(g, x + first * in_plane, count, s,
