@@ -139,6 +139,8 @@ const std::vector<ConvCase>& conv_cases() {
       {2, 32, 9, 11, 10, 3, 3, 1, 1, 0, 0, 0, 0, 1, 1},   // shifted taps: k over one depth block, 8 + 2 rows
       {2, 2, 6, 70, 3, 3, 4, 1, 1, 0, 0, 0, 0, 1, 1},     // shifted taps: several panels and a partial one
       {3, 2, 4, 3, 2, 4, 3, 1, 1, 0, 0, 0, 0, 1, 1},      // shifted taps: one output per image
+      {3, 3, 8, 9, 20, 3, 3, 1, 1, 0, 0, 0, 0, 1, 1},     // direct weight gradient: two channel vectors
+      {2, 3, 5, 6, 12, 3, 3, 1, 1, 0, 0, 0, 0, 1, 1},     // direct weight gradient: fewer outputs than lanes
   };
   return cases;
 }

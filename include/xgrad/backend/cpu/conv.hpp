@@ -2,6 +2,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cassert>
 #include <cstdint>
 #include <memory>
@@ -273,6 +274,253 @@ template <class T> void scatter_images(const T* src, int64_t count, int64_t rows
   for (int64_t i = 0; i < count; ++i) row_spans<false>(src + i * ohw, ld, dst + i * rows * ohw, ohw, rows, ohw);
 }
 
+/// The outputs of a conv_is_shifted convolution on x's grid: (out_h - 1) * w + out_w positions
+/// per channel, output (oh, ow) at oh * w + ow. Positions with ow >= out_w belong to no output.
+inline int64_t conv_grid(const Conv2dGeometry& g) { return (g.out_h - 1) * g.w + g.out_w; }
+
+/// Lays `count` images of gy [count, c_out, out_h, out_w] on x's grid: channel co of image i at
+/// dst + co * co_step + i * image_step, `length` elements with zeros at the positions that belong
+/// to no output and past the grid, so that products over the grid add only real outputs' terms.
+template <class T> void gy_to_grid(const Conv2dGeometry& g, const T* gy, int64_t count, T* dst, int64_t co_step,
+                                   int64_t image_step, int64_t length) {
+  const int64_t ohw = g.out_h * g.out_w;
+  const int64_t grid = conv_grid(g);
+  for (int64_t i = 0; i < count; ++i)
+    for (int64_t co = 0; co < g.c_out; ++co) {
+      const T* src = gy + (i * g.c_out + co) * ohw;
+      T* row = dst + co * co_step + i * image_step;
+      row_spans<false>(src, g.out_w, row, g.w, g.out_h, g.out_w);
+      for (int64_t oh = 0; oh + 1 < g.out_h; ++oh) std::fill(row + oh * g.w + g.out_w, row + (oh + 1) * g.w, T(0));
+      std::fill(row + grid, row + length, T(0));
+    }
+}
+
+/// Each image of gy [count, c_out, ohw] position-major: dst[(i * ohw + p) * ld + co], with
+/// zeros in lanes [c_out, ld). Lanes x lanes blocks go through the in-register transpose.
+template <class T> void gy_by_position(const T* gy, int64_t count, int64_t c_out, int64_t ohw, T* dst, int64_t ld) {
+  constexpr auto L = static_cast<int64_t>(xsimd::batch<T>::size);
+  alignas(64) std::array<T, L * L> block;
+  for (int64_t cb = 0; cb < ld; cb += L) {
+    const int64_t rows = std::clamp<int64_t>(c_out - cb, 0, L);
+    std::fill(block.begin() + rows * L, block.end(), T(0));
+    for (int64_t i = 0; i < count; ++i) {
+      const T* src = gy + (i * c_out + cb) * ohw;
+      T* img = dst + i * ohw * ld + cb;
+      int64_t p = 0;
+      if constexpr (has_simd_transpose<T>) {
+        for (; p + L <= ohw; p += L) {
+          for (int64_t r = 0; r < rows; ++r) std::copy_n(src + r * ohw + p, L, block.data() + r * L);
+          transpose_block(block.data(), L, img + p * ld, ld);
+        }
+      }
+      for (; p < ohw; ++p)
+        for (int64_t r = 0; r < L; ++r) img[p * ld + r] = r < rows ? src[r * ohw + p] : T(0);
+    }
+  }
+}
+
+/// The inverse of gy_by_position for one image: src [ohw][ld] (lanes [0, c) used) into dst [c][ohw].
+template <class T> void positions_to_channels(const T* src, int64_t ohw, int64_t c, int64_t ld, T* dst) {
+  constexpr auto L = static_cast<int64_t>(xsimd::batch<T>::size);
+  alignas(64) std::array<T, L * L> block;
+  for (int64_t cb = 0; cb < c; cb += L) {
+    const int64_t rows = std::min(L, c - cb);
+    int64_t p = 0;
+    if constexpr (has_simd_transpose<T>) {
+      for (; p + L <= ohw; p += L) {
+        transpose_block(src + p * ld + cb, ld, block.data(), L);
+        for (int64_t r = 0; r < rows; ++r) std::copy_n(block.data() + r * L, L, dst + (cb + r) * ohw + p);
+      }
+    }
+    for (; p < ohw; ++p)
+      for (int64_t r = 0; r < rows; ++r) dst[(cb + r) * ohw + p] = src[p * ld + cb + r];
+  }
+}
+
+/// acc[(ki - KI0) * KW + kj] += sum over J outputs j of one output row x_row[ki][j + kj] * g[j],
+/// for the taps of window rows [KI0, KI1): the outputs' gy vectors (lanes = output channels)
+/// loaded once, each x element broadcast once and used by every tap that reads it.
+template <class V, int KI0, int KI1, int KW, int J, class T>
+[[gnu::always_inline]] inline void weight_taps(const T* x_row, int64_t w, const T* g, int64_t g_step,
+                                               std::array<V, (KI1 - KI0) * KW>& acc) {
+  std::array<V, J> gv;
+#pragma GCC unroll 8
+  for (int j = 0; j < J; ++j) gv[j] = V::load_aligned(g + j * g_step);
+#pragma GCC unroll 8
+  for (int ki = KI0; ki < KI1; ++ki)
+#pragma GCC unroll 16
+    for (int d = 0; d < J + KW - 1; ++d) {
+      const V b(x_row[ki * w + d]);
+#pragma GCC unroll 8
+      for (int kj = 0; kj < KW; ++kj)
+        if (d - kj >= 0 && d - kj < J) acc[(ki - KI0) * KW + kj] = xsimd::fma(b, gv[d - kj], acc[(ki - KI0) * KW + kj]);
+    }
+}
+
+/// Window rows [KI0, KI1) of the weight gradient of input channel c for one vector of output
+/// channels, summed over `count` images into out[(ki - KI0) * KW + kj] (lanes are output
+/// channels). Outputs go J = 4 to a step, then 1; rows split so the sums fit the registers.
+template <class V, int KI0, int KI1, int KW, class T>
+void weight_window(const Conv2dGeometry& g, const T* x, const T* gy_pos, int64_t ld, int64_t count, int64_t c, V* out) {
+  const int64_t ohw = g.out_h * g.out_w;
+  const int64_t x_img = g.c_in * g.h * g.w;
+  std::array<V, (KI1 - KI0) * KW> acc;
+  acc.fill(V(0));
+  for (int64_t i = 0; i < count; ++i)
+    for (int64_t oh = 0; oh < g.out_h; ++oh) {
+      const T* x_row = x + i * x_img + (c * g.h + oh) * g.w;
+      const T* g_row = gy_pos + (i * ohw + oh * g.out_w) * ld;
+      int64_t ow = 0;
+      for (; ow + 4 <= g.out_w; ow += 4) weight_taps<V, KI0, KI1, KW, 4>(x_row + ow, g.w, g_row + ow * ld, ld, acc);
+      for (; ow < g.out_w; ++ow) weight_taps<V, KI0, KI1, KW, 1>(x_row + ow, g.w, g_row + ow * ld, ld, acc);
+    }
+  std::copy(acc.begin(), acc.end(), out + KI0 * KW);
+}
+
+/// Whether the direct kernels (conv2d_forward_direct, conv2d_backward_weight_direct) serve the
+/// geometry: conv_is_shifted with a 3 x 3 or 5 x 5 window (the weight gradient's 9 or 25 sums
+/// fill the registers, of which they need 32), and output channels, their vectors' lanes,
+/// filling at least half of them.
+template <class T> bool conv_direct_suits(const Conv2dGeometry& g) {
+  constexpr int64_t L = GemmConfig<T>::lanes;
+  return GemmConfig<T>::vector_regs >= 32 && conv_is_shifted(g) && g.kh == g.kw && (g.kw == 3 || g.kw == 5) &&
+         2 * g.c_out >= (g.c_out + L - 1) / L * L;
+}
+
+/// conv2d_backward_weight for conv_direct_suits: for each input channel and vector of
+/// output channels the kh x kw taps' sums stay in registers over a block's images, each gy
+/// vector (position-major) feeding every tap and each x element broadcast once per tap row: no
+/// column matrix, and no multiply on a position that is not an output. The batch is cut into
+/// blocks fixed by the geometry (reproducible sums), whose partials add in block order.
+template <class T> void conv2d_backward_weight_direct(const Conv2dGeometry& g, const T* x, const T* gy, T* gw) {
+  using V = xsimd::batch<T>;
+  constexpr int64_t L = static_cast<int64_t>(V::size);
+  const int64_t window = g.kh * g.kw;
+  const int64_t k = g.c_in * window;
+  const int64_t ohw = g.out_h * g.out_w;
+  const int64_t x_img = g.c_in * g.h * g.w;
+  const int64_t y_img = g.c_out * ohw;
+  const int64_t gw_size = g.c_out * k;
+  const int64_t ld = (g.c_out + L - 1) / L * L;
+  const int64_t work_per_image = gw_size * ohw;
+  // Blocks of at least 8 images: each block stores and adds its partial gradient once.
+  int64_t blocks = std::min(k_conv_max_weight_blocks, (g.n + 7) / 8);
+  blocks = std::clamp<int64_t>(blocks, 1, std::max<int64_t>(1, g.n * work_per_image / k_conv_min_parallel_work));
+  auto partials = blocks > 1 ? conv_scratch<T>((blocks - 1) * gw_size) : nullptr;
+  auto run_blocks = [&](int64_t block_lo, int64_t block_hi) {
+    auto& ws = conv_workspace<T>();
+    for (int64_t blk = block_lo; blk < block_hi; ++blk) {
+      T* out = blk == 0 ? gw : partials.get() + (blk - 1) * gw_size;
+      const int64_t first = blk * g.n / blocks;
+      const int64_t count = (blk + 1) * g.n / blocks - first;
+      T* gy_pos = ws.m_mat.get(count * ohw * ld);
+      gy_by_position(gy + first * y_img, count, g.c_out, ohw, gy_pos, ld);
+      for (int64_t cv = 0; cv < ld; cv += L)
+        for (int64_t c = 0; c < g.c_in; ++c) {
+          std::array<V, 25> acc;
+          const T* xb = x + first * x_img;
+          if (g.kw == 5) {
+            weight_window<V, 0, 3, 5>(g, xb, gy_pos + cv, ld, count, c, acc.data());
+            weight_window<V, 3, 5, 5>(g, xb, gy_pos + cv, ld, count, c, acc.data());
+          } else {
+            weight_window<V, 0, 3, 3>(g, xb, gy_pos + cv, ld, count, c, acc.data());
+          }
+          alignas(64) std::array<T, L> lanes;
+          for (int64_t tap = 0; tap < window; ++tap) {
+            acc[static_cast<std::size_t>(tap)].store_aligned(lanes.data());
+            for (int64_t co = cv; co < std::min(cv + L, g.c_out); ++co) out[co * k + c * window + tap] = lanes[co - cv];
+          }
+        }
+    }
+  };
+  if (blocks > 1 && conv_split_batch(blocks, work_per_image))
+    parallel_for(0, blocks, 1, run_blocks);
+  else
+    run_blocks(0, blocks);
+  if (blocks > 1) {
+    for (int64_t blk = 1; blk < blocks; ++blk) {
+      const T* part = partials.get() + (blk - 1) * gw_size;
+      for (int64_t j = 0; j < gw_size; ++j) gw[j] += part[j];
+    }
+  }
+}
+
+/// acc[j] += sum over taps (ki, kj) of x_row[ki][j + kj] * wt[(ki * KW + kj) * ld] for J outputs
+/// of one row: each tap row's KW weight vectors (lanes = output channels) loaded once, each x
+/// element broadcast once and used by every output that reads it.
+template <class V, int KW, int J, class T>
+[[gnu::always_inline]] inline void forward_taps(int64_t kh, const T* x_row, int64_t w, const T* wt, int64_t ld,
+                                                std::array<V, J>& acc) {
+  for (int64_t ki = 0; ki < kh; ++ki, x_row += w, wt += KW * ld) {
+    std::array<V, KW> wv;
+#pragma GCC unroll 8
+    for (int kj = 0; kj < KW; ++kj) wv[kj] = V::load_aligned(wt + kj * ld);
+#pragma GCC unroll 24
+    for (int d = 0; d < J + KW - 1; ++d) {
+      const V b(x_row[d]);
+#pragma GCC unroll 8
+      for (int kj = 0; kj < KW; ++kj)
+        if (d - kj >= 0 && d - kj < J) acc[d - kj] = xsimd::fma(b, wv[kj], acc[d - kj]);
+    }
+  }
+}
+
+/// J outputs (oh, ow..ow + J) of one vector of output channels, summed over the input channels,
+/// stored position-major at out (rows ld apart).
+template <class V, int KW, int J, class T>
+void forward_outputs(const Conv2dGeometry& g, const T* x, const T* wt, int64_t ld, int64_t oh, int64_t ow, T* out) {
+  std::array<V, J> acc;
+  acc.fill(V(T(0)));
+  const int64_t window = g.kh * KW;
+  for (int64_t c = 0; c < g.c_in; ++c)
+    forward_taps<V, KW, J>(g.kh, x + (c * g.h + oh) * g.w + ow, g.w, wt + c * window * ld, ld, acc);
+#pragma GCC unroll 16
+  for (int j = 0; j < J; ++j) acc[j].store_aligned(out + j * ld);
+}
+
+/// The outputs of one image for one vector of output channels, position-major into out.
+template <class V, int KW, class T>
+void forward_image(const Conv2dGeometry& g, const T* x, const T* wt, int64_t ld, T* out) {
+  for (int64_t oh = 0; oh < g.out_h; ++oh) {
+    T* row = out + oh * g.out_w * ld;
+    int64_t ow = 0;
+    for (; ow + 8 <= g.out_w; ow += 8) forward_outputs<V, KW, 8>(g, x, wt, ld, oh, ow, row + ow * ld);
+    for (; ow + 2 <= g.out_w; ow += 2) forward_outputs<V, KW, 2>(g, x, wt, ld, oh, ow, row + ow * ld);
+    for (; ow < g.out_w; ++ow) forward_outputs<V, KW, 1>(g, x, wt, ld, oh, ow, row + ow * ld);
+  }
+}
+
+/// conv2d_forward for conv_direct_suits: the weights are laid tap-major (a vector of output
+/// channels per tap), each output accumulates in a register over every tap with x's elements
+/// broadcast, and each image's position-major result is transposed into y. No column matrix,
+/// and no multiply on a position that is not an output.
+template <class T>
+void conv2d_forward_direct(const Conv2dGeometry& g, const T* x, const T* w, T* y, const RangeDone* done) {
+  using V = xsimd::batch<T>;
+  constexpr auto L = static_cast<int64_t>(V::size);
+  const int64_t k = g.c_in * g.kh * g.kw;
+  const int64_t ohw = g.out_h * g.out_w;
+  const int64_t x_img = g.c_in * g.h * g.w;
+  const int64_t y_img = g.c_out * ohw;
+  const int64_t ld = (g.c_out + L - 1) / L * L;
+  std::vector<T, xsimd::aligned_allocator<T>> wt(static_cast<std::size_t>(k * ld), T(0));
+  for (int64_t co = 0; co < g.c_out; ++co)
+    for (int64_t t = 0; t < k; ++t) wt[static_cast<std::size_t>(t * ld + co)] = w[co * k + t];
+  conv_for_batch(g.n, g.c_out * k * ohw, [&](int64_t lo, int64_t hi) {
+    T* out = conv_workspace<T>().m_mat.get(ohw * ld);
+    for (int64_t i = lo; i < hi; ++i) {
+      for (int64_t cv = 0; cv < ld; cv += L) {
+        if (g.kw == 5)
+          forward_image<V, 5>(g, x + i * x_img, wt.data() + cv, ld, out + cv);
+        else
+          forward_image<V, 3>(g, x + i * x_img, wt.data() + cv, ld, out + cv);
+      }
+      positions_to_channels(out, ohw, g.c_out, ld, y + i * y_img);
+      if (done) (*done)(i * y_img, (i + 1) * y_img);
+    }
+  });
+}
+
 }  // namespace detail
 
 /// Unfolds one image x [c_in, h, w] into col [c_in * kh * kw, out_h * out_w] (g.n is ignored).
@@ -316,6 +564,7 @@ void conv2d_forward(const Conv2dGeometry& g, const T* x, const T* w, T* y, const
     });
     return;
   }
+  if (detail::conv_direct_suits<T>(g)) return detail::conv2d_forward_direct(g, x, w, y, done);
   if (detail::conv_is_shifted(g)) {
     // Each image's outputs on x's grid (rows w apart), then the out_w valid ones of each row.
     const std::vector<int64_t> taps = detail::conv_tap_offsets(g);
@@ -372,6 +621,37 @@ template <class T> void conv2d_backward_input(const Conv2dGeometry& g, const T* 
     });
     return;
   }
+  if (detail::conv_is_shifted(g)) {
+    // col [k, count * grid] = w^T gy on x's grid; tap (c, ki, kj)'s row then adds into x from
+    // its offset on as one contiguous run (the grid's gaps carry zeros), not out_h short rows.
+    // The channels' rows alternate, so a row's loads rarely wait on the overlapping stores of
+    // the row before.
+    const std::vector<int64_t> taps = detail::conv_tap_offsets(g);
+    const int64_t grid = detail::conv_grid(g);
+    const int64_t window = g.kh * g.kw;
+    const int64_t cap = detail::conv_images_per_gemm(std::max(k, g.c_out) * grid);
+    detail::conv_for_batch(g.n, g.c_out * k * ohw, [&](int64_t lo, int64_t hi) {
+      auto& ws = detail::conv_workspace<T>();
+      detail::for_each_image_chunk(lo, hi, cap, [&](int64_t first, int64_t count) {
+        const int64_t ld = count * grid;
+        T* gy_grid = ws.m_mat.get(g.c_out * ld);
+        detail::gy_to_grid(g, gy + first * y_img, count, gy_grid, ld, grid, grid);
+        T* col = ws.m_col.get(k * ld);
+        gemm<T>(k, ld, g.c_out, T(1), w, 1, k, gy_grid, ld, 1, T(0), col, ld);
+        T* gx_block = gx + first * x_img;
+        std::fill(gx_block, gx_block + count * x_img, T(0));
+        for (int64_t i = 0; i < count; ++i)
+          for (int64_t tap = 0; tap < window; ++tap)
+            for (int64_t c = 0; c < g.c_in; ++c) {
+              const int64_t t = c * window + tap;
+              const T* src = col + t * ld + i * grid;
+              T* dst = gx_block + i * x_img + taps[static_cast<std::size_t>(t)];
+              for (int64_t q = 0; q < grid; ++q) dst[q] += src[q];
+            }
+      });
+    });
+    return;
+  }
   const int64_t cap = detail::conv_images_per_gemm(std::max(k, g.c_out) * ohw);
   detail::conv_for_batch(g.n, g.c_out * k * ohw, [&](int64_t lo, int64_t hi) {
     auto& ws = detail::conv_workspace<T>();
@@ -409,6 +689,7 @@ template <class T> void conv2d_backward_weight(const Conv2dGeometry& g, const T*
     return;
   }
   const bool pointwise = detail::conv_is_pointwise(g);
+  if (detail::conv_direct_suits<T>(g)) return detail::conv2d_backward_weight_direct(g, x, gy, gw);
 
   // The batch is cut into blocks chosen from the geometry alone (never from the thread count),
   // each block sums its image chunks in order, and the block partials are added in block order.
