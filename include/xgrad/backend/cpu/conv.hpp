@@ -278,23 +278,6 @@ template <class T> void scatter_images(const T* src, int64_t count, int64_t rows
 /// per channel, output (oh, ow) at oh * w + ow. Positions with ow >= out_w belong to no output.
 inline int64_t conv_grid(const Conv2dGeometry& g) { return (g.out_h - 1) * g.w + g.out_w; }
 
-/// Lays `count` images of gy [count, c_out, out_h, out_w] on x's grid: channel co of image i at
-/// dst + co * co_step + i * image_step, `length` elements with zeros at the positions that belong
-/// to no output and past the grid, so that products over the grid add only real outputs' terms.
-template <class T> void gy_to_grid(const Conv2dGeometry& g, const T* gy, int64_t count, T* dst, int64_t co_step,
-                                   int64_t image_step, int64_t length) {
-  const int64_t ohw = g.out_h * g.out_w;
-  const int64_t grid = conv_grid(g);
-  for (int64_t i = 0; i < count; ++i)
-    for (int64_t co = 0; co < g.c_out; ++co) {
-      const T* src = gy + (i * g.c_out + co) * ohw;
-      T* row = dst + co * co_step + i * image_step;
-      row_spans<false>(src, g.out_w, row, g.w, g.out_h, g.out_w);
-      for (int64_t oh = 0; oh + 1 < g.out_h; ++oh) std::fill(row + oh * g.w + g.out_w, row + (oh + 1) * g.w, T(0));
-      std::fill(row + grid, row + length, T(0));
-    }
-}
-
 /// Each image of gy [count, c_out, ohw] position-major: dst[(i * ohw + p) * ld + co], with
 /// zeros in lanes [c_out, ld). Lanes x lanes blocks go through the in-register transpose.
 template <class T> void gy_by_position(const T* gy, int64_t count, int64_t c_out, int64_t ohw, T* dst, int64_t ld) {
@@ -521,6 +504,86 @@ void conv2d_forward_direct(const Conv2dGeometry& g, const T* x, const T* w, T* y
   });
 }
 
+/// conv2d_backward_input for conv_is_shifted geometry. col [k, count * ohw] = w^T gy as one
+/// product over a chunk of images; then each vector of a row of gx sums its window's taps, a
+/// tap's vector being one unaligned load of col (row oh = ih - ki, shifted by kj) with the lanes
+/// outside that output row zeroed. No column matrix is folded back element by element, and no
+/// multiply falls on a position that is not an output.
+template <class T> void conv2d_backward_input_shifted(const Conv2dGeometry& g, const T* gy, const T* w, T* gx) {
+  using V = xsimd::batch<T>;
+  constexpr auto L = static_cast<int64_t>(V::size);
+  const int64_t ohw = g.out_h * g.out_w;
+  const int64_t k = g.c_in * g.kh * g.kw;
+  const int64_t x_img = g.c_in * g.h * g.w;
+  const int64_t y_img = g.c_out * ohw;
+  // masks[b * kw + kj]: the lanes of gx's column block b that tap column kj reaches.
+  const int64_t col_blocks = (g.w + L - 1) / L;
+  std::vector<xsimd::batch_bool<T>> masks;
+  {
+    alignas(64) std::array<T, L> iota;
+    for (int64_t l = 0; l < L; ++l) iota[l] = static_cast<T>(l);
+    const V lane = V::load_aligned(iota.data());
+    for (int64_t b = 0; b < col_blocks; ++b)
+      for (int64_t kj = 0; kj < g.kw; ++kj) {
+        const V ow = lane + V(static_cast<T>(b * L - kj));
+        masks.push_back((ow >= V(T(0))) & (ow < V(static_cast<T>(g.out_w))));
+      }
+  }
+  // A tap's load may start up to kw - 1 elements before col and end a row of x past it.
+  const int64_t front = std::max<int64_t>(L, g.kw);
+  const int64_t back = g.w + L;
+  const int64_t cap = conv_images_per_gemm(std::max(k, g.c_out) * ohw);
+  conv_for_batch(g.n, g.c_out * k * ohw, [&](int64_t lo, int64_t hi) {
+    auto& ws = conv_workspace<T>();
+    for_each_image_chunk(lo, hi, cap, [&](int64_t first, int64_t count) {
+      const int64_t ld = count * ohw;
+      const T* gy_block = gy + first * y_img;
+      if (count > 1) {
+        T* gathered = ws.m_mat.get(g.c_out * ld);
+        gather_images(gy_block, count, g.c_out, ohw, gathered);
+        gy_block = gathered;
+      }
+      T* col = ws.m_col.get(front + k * ld + back) + front;
+      std::fill(col - front, col, T(0));
+      std::fill(col + k * ld, col + k * ld + back, T(0));
+      // col [k, count * ohw] = w^T [k, c_out] * gy_block [c_out, count * ohw]
+      gemm<T>(k, ld, g.c_out, T(1), w, 1, k, gy_block, ld, 1, T(0), col, ld);
+      // Rows of gx in fours: four independent sums keep the adds' latency hidden.
+      constexpr int64_t R = 4;
+      for (int64_t i = 0; i < count; ++i)
+        for (int64_t c = 0; c < g.c_in; ++c)
+          for (int64_t ih0 = 0; ih0 < g.h; ih0 += R)
+            for (int64_t b = 0; b < col_blocks; ++b) {
+              std::array<V, R> acc;
+              acc.fill(V(T(0)));
+              const int64_t ki_lo = std::max<int64_t>(0, ih0 - g.out_h + 1);
+              const int64_t ki_hi = std::min(g.kh, ih0 + R);
+              for (int64_t ki = ki_lo; ki < ki_hi; ++ki) {
+                const T* src = col + ((c * g.kh + ki) * g.kw) * ld + i * ohw + (ih0 - ki) * g.out_w + b * L;
+                for (int64_t kj = 0; kj < g.kw; ++kj, src += ld) {
+                  const auto mask = masks[static_cast<std::size_t>(b * g.kw + kj)];
+                  for (int64_t r = 0; r < R; ++r) {
+                    const int64_t oh = ih0 + r - ki;
+                    if (oh >= 0 && oh < g.out_h)
+                      acc[r] += xsimd::select(mask, V::load_unaligned(src + r * g.out_w - kj), V(T(0)));
+                  }
+                }
+              }
+              for (int64_t r = 0; r < R && ih0 + r < g.h; ++r) {
+                T* gx_row = gx + (first + i) * x_img + (c * g.h + ih0 + r) * g.w + b * L;
+                if (b * L + L <= g.w) {
+                  acc[r].store_unaligned(gx_row);
+                } else {
+                  alignas(64) std::array<T, L> tail;
+                  acc[r].store_aligned(tail.data());
+                  std::copy_n(tail.data(), g.w - b * L, gx_row);
+                }
+              }
+            }
+    });
+  });
+}
+
 }  // namespace detail
 
 /// Unfolds one image x [c_in, h, w] into col [c_in * kh * kw, out_h * out_w] (g.n is ignored).
@@ -568,7 +631,7 @@ void conv2d_forward(const Conv2dGeometry& g, const T* x, const T* w, T* y, const
   if (detail::conv_is_shifted(g)) {
     // Each image's outputs on x's grid (rows w apart), then the out_w valid ones of each row.
     const std::vector<int64_t> taps = detail::conv_tap_offsets(g);
-    const int64_t grid = (g.out_h - 1) * g.w + g.out_w;
+    const int64_t grid = detail::conv_grid(g);
     detail::conv_for_batch(g.n, g.c_out * k * ohw, [&](int64_t lo, int64_t hi) {
       T* out = detail::conv_workspace<T>().m_mat.get(g.c_out * g.out_h * g.w);
       for (int64_t i = lo; i < hi; ++i) {
@@ -622,34 +685,7 @@ template <class T> void conv2d_backward_input(const Conv2dGeometry& g, const T* 
     return;
   }
   if (detail::conv_is_shifted(g)) {
-    // col [k, count * grid] = w^T gy on x's grid; tap (c, ki, kj)'s row then adds into x from
-    // its offset on as one contiguous run (the grid's gaps carry zeros), not out_h short rows.
-    // The channels' rows alternate, so a row's loads rarely wait on the overlapping stores of
-    // the row before.
-    const std::vector<int64_t> taps = detail::conv_tap_offsets(g);
-    const int64_t grid = detail::conv_grid(g);
-    const int64_t window = g.kh * g.kw;
-    const int64_t cap = detail::conv_images_per_gemm(std::max(k, g.c_out) * grid);
-    detail::conv_for_batch(g.n, g.c_out * k * ohw, [&](int64_t lo, int64_t hi) {
-      auto& ws = detail::conv_workspace<T>();
-      detail::for_each_image_chunk(lo, hi, cap, [&](int64_t first, int64_t count) {
-        const int64_t ld = count * grid;
-        T* gy_grid = ws.m_mat.get(g.c_out * ld);
-        detail::gy_to_grid(g, gy + first * y_img, count, gy_grid, ld, grid, grid);
-        T* col = ws.m_col.get(k * ld);
-        gemm<T>(k, ld, g.c_out, T(1), w, 1, k, gy_grid, ld, 1, T(0), col, ld);
-        T* gx_block = gx + first * x_img;
-        std::fill(gx_block, gx_block + count * x_img, T(0));
-        for (int64_t i = 0; i < count; ++i)
-          for (int64_t tap = 0; tap < window; ++tap)
-            for (int64_t c = 0; c < g.c_in; ++c) {
-              const int64_t t = c * window + tap;
-              const T* src = col + t * ld + i * grid;
-              T* dst = gx_block + i * x_img + taps[static_cast<std::size_t>(t)];
-              for (int64_t q = 0; q < grid; ++q) dst[q] += src[q];
-            }
-      });
-    });
+    detail::conv2d_backward_input_shifted(g, gy, w, gx);
     return;
   }
   const int64_t cap = detail::conv_images_per_gemm(std::max(k, g.c_out) * ohw);
