@@ -366,6 +366,51 @@ TEST_CASE_TEMPLATE("conv2d kernels match direct loops", T, float, double) {
   }
 }
 
+TEST_CASE_TEMPLATE("unpadded stride-1 conv2d kernels add an infinity only where it is read", T, float, double) {
+  // Positive values and one +inf in x and in gy: every result the infinity reaches is +inf,
+  // every other stays finite. A kernel that multiplies a zeroed lane by an element outside the
+  // outputs (or adds one in) would make a NaN or a stray infinity. (With padding, the column
+  // matrix's zeros meet the infinity in the products, as in other libraries' im2col.)
+  uint32_t seed = 500;
+  const double inf = std::numeric_limits<double>::infinity();
+  for (const ConvCase& cc : conv_cases()) {
+    const cpu::Conv2dGeometry g = conv_geometry(cc);
+    if (!cpu::detail::conv_is_shifted(g)) continue;
+    CAPTURE(cc.n);
+    CAPTURE(cc.c_in);
+    CAPTURE(cc.h);
+    CAPTURE(cc.w);
+    CAPTURE(cc.c_out);
+    CAPTURE(cc.kh);
+    Vec x = through<T>(random_vec(x_size(g), seed++, 0.5, 1.5));
+    Vec w = through<T>(random_vec(w_size(g), seed++, 0.5, 1.5));
+    Vec gy = through<T>(random_vec(y_size(g), seed++, 0.5, 1.5));
+    x[x.size() / 2] = inf;
+    gy[gy.size() / 2] = inf;
+    const auto xt = cast_vec<T>(x), wt = cast_vec<T>(w), gyt = cast_vec<T>(gy);
+    auto same_class = [](const std::vector<T>& got, const Vec& want, const std::string& what) {
+      int64_t bad = 0, infinite = 0;
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        infinite += std::isinf(want[i]) ? 1 : 0;
+        if (std::isinf(want[i]) != std::isinf(static_cast<double>(got[i])) || std::isnan(static_cast<double>(got[i])))
+          ++bad;
+      }
+      CAPTURE(what);
+      CHECK(infinite > 0);
+      CHECK(bad == 0);
+    };
+    auto y = nan_vec<T>(y_size(g));
+    cpu::conv2d_forward(g, xt.data(), wt.data(), y.data());
+    same_class(y, naive_conv_forward(g, x, w), "forward");
+    auto gx = nan_vec<T>(x_size(g));
+    cpu::conv2d_backward_input(g, gyt.data(), wt.data(), gx.data());
+    same_class(gx, naive_conv_backward_input(g, gy, w), "backward_input");
+    auto gw = nan_vec<T>(w_size(g));
+    cpu::conv2d_backward_weight(g, xt.data(), gyt.data(), gw.data());
+    same_class(gw, naive_conv_backward_weight(g, x, gy), "backward_weight");
+  }
+}
+
 TEST_CASE("conv2d backward kernels are adjoints of forward") {
   uint32_t seed = 1000;
   for (const ConvCase& cc : conv_cases()) {

@@ -428,6 +428,117 @@ template <class T> void conv2d_backward_weight_direct(const Conv2dGeometry& g, c
   }
 }
 
+/// One vector of outputs for row_dot_tile: acc[r * RN + c] += gy[r * ohw] * x[taps[c]], the
+/// lanes outside `tail` zeroed in both when Masked.
+template <bool Masked, class V, int RM, int RN, class T>
+[[gnu::always_inline]] inline void row_dot_step(const T* gy, int64_t ohw, const T* x, const int64_t* taps,
+                                                const typename V::batch_bool_type& tail, std::array<V, RM * RN>& acc) {
+  std::array<V, RN> xv;
+#pragma GCC unroll 8
+  for (int c = 0; c < RN; ++c) {
+    xv[c] = V::load_unaligned(x + taps[c]);
+    if constexpr (Masked) xv[c] = xsimd::select(tail, xv[c], V(0));
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < RM; ++r) {
+    V gv = V::load_unaligned(gy + r * ohw);
+    if constexpr (Masked) gv = xsimd::select(tail, gv, V(0));
+#pragma GCC unroll 8
+    for (int c = 0; c < RN; ++c) acc[r * RN + c] = xsimd::fma(gv, xv[c], acc[r * RN + c]);
+  }
+}
+
+/// part[r * ld + c] (RM x RN vectors in memory) += the lane-wise products, over one image's
+/// output rows, of gy's rows r (output channels, rows of out_w) with x from tap c's offset: the
+/// weight gradient's dot products for few output channels. A row's last vector zeroes its lanes
+/// past out_w in both operands, so nothing outside the outputs is read into a sum.
+template <class T, int RM, int RN> void row_dot_tile(const Conv2dGeometry& g, const T* gy, const T* x,
+                                                     const int64_t* taps, xsimd::batch<T>* part, int64_t ld,
+                                                     xsimd::batch_bool<T> tail) {
+  using V = xsimd::batch<T>;
+  constexpr auto L = static_cast<int64_t>(V::size);
+  const int64_t ohw = g.out_h * g.out_w;
+  const int64_t full = g.out_w / L * L;
+  std::array<V, RM * RN> acc;
+#pragma GCC unroll 8
+  for (int r = 0; r < RM; ++r)
+#pragma GCC unroll 8
+    for (int c = 0; c < RN; ++c) acc[r * RN + c] = part[r * ld + c];
+  for (int64_t oh = 0; oh < g.out_h; ++oh) {
+    const T* gy_row = gy + oh * g.out_w;
+    const T* x_row = x + oh * g.w;
+    for (int64_t ow = 0; ow < full; ow += L)
+      row_dot_step<false, V, RM, RN>(gy_row + ow, ohw, x_row + ow, taps, tail, acc);
+    if (full < g.out_w) row_dot_step<true, V, RM, RN>(gy_row + full, ohw, x_row + full, taps, tail, acc);
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < RM; ++r)
+#pragma GCC unroll 8
+    for (int c = 0; c < RN; ++c) part[r * ld + c] = acc[r * RN + c];
+}
+
+/// row_dot_tile for at most RM rows and RN taps, chosen at run time (the edges).
+template <class T, int RM, int RN> void row_dot_tile_upto(int rm, int rn, const Conv2dGeometry& g, const T* gy,
+                                                          const T* x, const int64_t* taps, xsimd::batch<T>* part,
+                                                          int64_t ld, xsimd::batch_bool<T> tail) {
+  if constexpr (RM > 1) {
+    if (rm < RM) return row_dot_tile_upto<T, RM - 1, RN>(rm, rn, g, gy, x, taps, part, ld, tail);
+  }
+  if constexpr (RN > 1) {
+    if (rn < RN) return row_dot_tile_upto<T, RM, RN - 1>(rm, rn, g, gy, x, taps, part, ld, tail);
+  }
+  row_dot_tile<T, RM, RN>(g, gy, x, taps, part, ld, tail);
+}
+
+/// conv2d_backward_weight for conv_is_shifted geometry with few output channels: each weight's
+/// gradient is a dot product along the output rows of gy and of x from the tap's offset, both
+/// read in place (no column matrix), kept lane-wise in memory over a block's images so each
+/// image is read while it sits in L1. Blocks are fixed by the geometry (reproducible sums) and
+/// their partials add in block order.
+template <class T> void conv2d_backward_weight_rows(const Conv2dGeometry& g, const T* x, const T* gy, T* gw) {
+  using V = xsimd::batch<T>;
+  constexpr auto L = static_cast<int64_t>(V::size);
+  constexpr int RM = 6, RN = 4;
+  const int64_t k = g.c_in * g.kh * g.kw;
+  const int64_t ohw = g.out_h * g.out_w;
+  const int64_t x_img = g.c_in * g.h * g.w;
+  const int64_t y_img = g.c_out * ohw;
+  const int64_t gw_size = g.c_out * k;
+  const std::vector<int64_t> taps = conv_tap_offsets(g);
+  xsimd::batch_bool<T> tail;
+  {
+    alignas(64) std::array<T, L> iota;
+    for (int64_t l = 0; l < L; ++l) iota[l] = static_cast<T>(l);
+    tail = V::load_aligned(iota.data()) < V(static_cast<T>(g.out_w % L));
+  }
+  const int64_t work_per_image = gw_size * ohw;
+  int64_t blocks = std::min(k_conv_max_weight_blocks, (g.n + 7) / 8);
+  blocks = std::clamp<int64_t>(blocks, 1, std::max<int64_t>(1, g.n * work_per_image / k_conv_min_parallel_work));
+  auto partials = blocks > 1 ? conv_scratch<T>((blocks - 1) * gw_size) : nullptr;
+  auto run_blocks = [&](int64_t block_lo, int64_t block_hi) {
+    std::vector<V, xsimd::aligned_allocator<V>> part(static_cast<std::size_t>(gw_size));
+    for (int64_t blk = block_lo; blk < block_hi; ++blk) {
+      T* out = blk == 0 ? gw : partials.get() + (blk - 1) * gw_size;
+      std::fill(part.begin(), part.end(), V(T(0)));
+      for (int64_t i = blk * g.n / blocks; i < (blk + 1) * g.n / blocks; ++i)
+        for (int64_t co = 0; co < g.c_out; co += RM)
+          for (int64_t t = 0; t < k; t += RN)
+            row_dot_tile_upto<T, RM, RN>(static_cast<int>(std::min<int64_t>(RM, g.c_out - co)),
+                                         static_cast<int>(std::min<int64_t>(RN, k - t)), g, gy + i * y_img + co * ohw,
+                                         x + i * x_img, taps.data() + t, part.data() + co * k + t, k, tail);
+      for (int64_t j = 0; j < gw_size; ++j) out[j] = xsimd::hadd(part[static_cast<std::size_t>(j)]);
+    }
+  };
+  if (blocks > 1 && conv_split_batch(blocks, work_per_image))
+    parallel_for(0, blocks, 1, run_blocks);
+  else
+    run_blocks(0, blocks);
+  for (int64_t blk = 1; blk < blocks; ++blk) {
+    const T* part = partials.get() + (blk - 1) * gw_size;
+    for (int64_t j = 0; j < gw_size; ++j) gw[j] += part[j];
+  }
+}
+
 /// acc[j] += sum over taps (ki, kj) of x_row[ki][j + kj] * wt[(ki * KW + kj) * ld] for J outputs
 /// of one row: each tap row's KW weight vectors (lanes = output channels) loaded once, each x
 /// element broadcast once and used by every output that reads it.
@@ -726,6 +837,7 @@ template <class T> void conv2d_backward_weight(const Conv2dGeometry& g, const T*
   }
   const bool pointwise = detail::conv_is_pointwise(g);
   if (detail::conv_direct_suits<T>(g)) return detail::conv2d_backward_weight_direct(g, x, gy, gw);
+  if (detail::conv_is_shifted(g)) return detail::conv2d_backward_weight_rows(g, x, gy, gw);
 
   // The batch is cut into blocks chosen from the geometry alone (never from the thread count),
   // each block sums its image chunks in order, and the block partials are added in block order.
