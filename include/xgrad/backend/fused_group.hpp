@@ -68,15 +68,18 @@ template <class Ops> ir::Kernel fused_kernel(FusedGroupSpec& spec, std::vector<s
 #if defined(XGRAD_WITH_THRUST)
   // Device::thrust: the anchor (as its own node), then the group as one functor.
   return [on_cpu, device_group, anchor_kernel = spec.anchor_kernel, anchor_inputs = spec.epilogue_of.num_inputs,
-          body = spec.body](std::span<const TensorBase> in, std::span<TensorBase> out) {
+          into = spec.epilogue_of.into, body = spec.body](std::span<const TensorBase> in, std::span<TensorBase> out) {
     if (std::none_of(in.begin(), in.end(), [](const TensorBase& t) { return t.device() != Device::cpu; }))
       return on_cpu(in, out);
     if (!*device_group) return detail::run_body(*body, in, out);
     if (!anchor_kernel) return (**device_group)(in, out);
     std::vector<TensorBase> group_in(in.begin(), in.end());
-    anchor_kernel(in.first(static_cast<std::size_t>(anchor_inputs)), out.last(1));
-    group_in.push_back(out.back());
-    (**device_group)(group_in, out.first(out.size() - 1));
+    // The anchor's result: its own last output, or the group output it is written into (the
+    // group's functor reads and writes each element in one place).
+    const auto result = into >= 0 ? out.subspan(static_cast<std::size_t>(into), 1) : out.last(1);
+    anchor_kernel(in.first(static_cast<std::size_t>(anchor_inputs)), result);
+    group_in.push_back(result.front());
+    (**device_group)(group_in, into >= 0 ? out : out.first(out.size() - 1));
   };
 #else
   return on_cpu;

@@ -125,7 +125,12 @@ inline std::unique_ptr<ir::Node> make_fused(const ir::Graph& g, const std::vecto
   }
   if (anchor) {
     spec.anchor_kernel = anchor->kernel;
-    spec.epilogue_of = {anchor->epilogue_kernel, anchor_inputs};
+    // Only the group reads the anchor's result (fuse takes in no other anchor), so it may be
+    // written into one of the group's outputs: no buffer of its own (a convolution's or a
+    // product's whole result, written and read back).
+    const int into = cpu::FusedKernel::anchor_output_in_place(steps, output_slots, inner.at(anchor->outputs[0])->id,
+                                                              dtype_size(anchor->outputs[0]->dtype));
+    spec.epilogue_of = {anchor->epilogue_kernel, anchor_inputs, into};
   }
   spec.input_types = input_types;
   spec.body = body;
@@ -154,7 +159,9 @@ inline std::unique_ptr<ir::Node> make_fused(const ir::Graph& g, const std::vecto
     }
     fused->in_place.push_back(std::move(candidates));
   }
-  if (anchor) {
+  // The anchor writes the output it is written into before the group reads its inputs.
+  if (anchor && spec.epilogue_of.into >= 0) fused->in_place[static_cast<std::size_t>(spec.epilogue_of.into)].clear();
+  if (anchor && spec.epilogue_of.into < 0) {
     // The anchor's result is the node's last output: the buffer the anchor writes into.
     fused->outputs.push_back(anchor->outputs[0]);
     body->outputs.push_back(inner.at(anchor->outputs[0]));

@@ -100,11 +100,32 @@ class FusedKernel {
 
   /// A kernel the group runs as an epilogue of (a GEMM): it reads the node's first `num_inputs`
   /// inputs, writes the node's last output, and the group runs on each part of that output as
-  /// soon as it is final. The group reads it as its last input slot.
+  /// soon as it is final. The group reads it as its last input slot. When nothing else reads
+  /// the anchor's result, `into` >= 0 names the group output it is written into instead: the
+  /// group then overwrites it part by part (see anchor_output_in_place), with no buffer of its own.
   struct Anchor {
     ir::EpilogueKernel kernel;
-    int num_inputs;  // no default member initializer: `Anchor anchor = {}` below needs none
+    int num_inputs;  // no default member initializers: `Anchor anchor = {}` below needs none
+    int into;
   };
+
+  /// The group output (index into `outputs`) an anchor's result may be written into, or -1:
+  /// one whose step comes after every step reading the result, so each part is read before it
+  /// is overwritten, of the result's element size. Elementwise steps read and write a part's
+  /// elements at the same positions, which makes the overwrite safe.
+  static int anchor_output_in_place(const std::vector<Step>& steps, const std::vector<int>& outputs, int result_slot,
+                                    std::size_t result_size) {
+    int last_read = -1;
+    for (std::size_t k = 0; k < steps.size(); ++k)
+      for (int a : steps[k].args)
+        if (a == result_slot) last_read = static_cast<int>(k);
+    for (std::size_t j = 0; j < outputs.size(); ++j)
+      for (std::size_t k = 0; k < steps.size(); ++k)
+        if (steps[k].result == outputs[j] && static_cast<int>(k) >= last_read &&
+            dtype_size(steps[k].dtype) == result_size)
+          return static_cast<int>(j);
+    return -1;
+  }
 
   /// `inputs`: the types of the group's input slots (with an anchor: the node's inputs, then
   /// the anchor's result); `steps` in order; `outputs`: the slots written out.
@@ -142,7 +163,8 @@ class FusedKernel {
         }
       Slot& result = m_slots[static_cast<std::size_t>(m_num_inputs - 1)];
       result.source = Source::input;
-      result.output = static_cast<int>(m_outputs.size());  // after the group's own outputs
+      // After the group's own outputs, or the one it is written into.
+      result.output = m_anchor.into >= 0 ? m_anchor.into : static_cast<int>(m_outputs.size());
     }
     for (const Step& step : m_steps) {
       Slot& s = m_slots[static_cast<std::size_t>(step.result)];
@@ -192,7 +214,8 @@ class FusedKernel {
       const ir::BlockDone done = [c = &call](std::int64_t begin, std::int64_t end) {
         c->kernel->run_range(c->in, c->out, begin, end);
       };
-      m_anchor.kernel(in.first(static_cast<std::size_t>(m_anchor.num_inputs)), out.back(), done);
+      TensorBase& result = m_anchor.into >= 0 ? out[static_cast<std::size_t>(m_anchor.into)] : out.back();
+      m_anchor.kernel(in.first(static_cast<std::size_t>(m_anchor.num_inputs)), result, done);
       return;
     }
     const std::int64_t blocks = (m_numel + m_block - 1) / m_block;
