@@ -539,49 +539,59 @@ template <class T> void conv2d_backward_weight_rows(const Conv2dGeometry& g, con
   }
 }
 
-/// acc[j] += sum over taps (ki, kj) of x_row[ki][j + kj] * wt[(ki * KW + kj) * ld] for J outputs
-/// of one row: each tap row's KW weight vectors (lanes = output channels) loaded once, each x
-/// element broadcast once and used by every output that reads it.
-template <class V, int KW, int J, class T>
-[[gnu::always_inline]] inline void forward_taps(int64_t kh, const T* x_row, int64_t w, const T* wt, int64_t ld,
-                                                std::array<V, J>& acc) {
-  for (int64_t ki = 0; ki < kh; ++ki, x_row += w, wt += KW * ld) {
+/// acc[r * J + j] += sum over taps (ki, kj) of x[(r + ki) * w + j + kj] * wt[(ki * KW + kj) * ld]
+/// for R output rows of J outputs: each tap row's KW weight vectors (lanes = output channels)
+/// loaded once, each x element broadcast once and used by every output that reads it.
+template <class V, int KW, int R, int J, class T>
+[[gnu::always_inline]] inline void forward_taps(int64_t kh, const T* x, int64_t w, const T* wt, int64_t ld,
+                                                std::array<V, R * J>& acc) {
+  for (int64_t ki = 0; ki < kh; ++ki, x += w, wt += KW * ld) {
     std::array<V, KW> wv;
 #pragma GCC unroll 8
     for (int kj = 0; kj < KW; ++kj) wv[kj] = V::load_aligned(wt + kj * ld);
-#pragma GCC unroll 24
-    for (int d = 0; d < J + KW - 1; ++d) {
-      const V b(x_row[d]);
 #pragma GCC unroll 8
-      for (int kj = 0; kj < KW; ++kj)
-        if (d - kj >= 0 && d - kj < J) acc[d - kj] = xsimd::fma(b, wv[kj], acc[d - kj]);
-    }
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 24
+      for (int d = 0; d < J + KW - 1; ++d) {
+        const V b(x[r * w + d]);
+#pragma GCC unroll 8
+        for (int kj = 0; kj < KW; ++kj)
+          if (d - kj >= 0 && d - kj < J) acc[r * J + d - kj] = xsimd::fma(b, wv[kj], acc[r * J + d - kj]);
+      }
   }
 }
 
-/// J outputs (oh, ow..ow + J) of one vector of output channels, summed over the input channels,
-/// stored position-major at out (rows ld apart).
-template <class V, int KW, int J, class T>
+/// Outputs (oh + r, ow + j), r < R, j < J, of one vector of output channels, summed over the
+/// input channels, stored position-major into the image's out (rows ld apart).
+template <class V, int KW, int R, int J, class T>
 void forward_outputs(const Conv2dGeometry& g, const T* x, const T* wt, int64_t ld, int64_t oh, int64_t ow, T* out) {
-  std::array<V, J> acc;
+  std::array<V, R * J> acc;
   acc.fill(V(T(0)));
   const int64_t window = g.kh * KW;
   for (int64_t c = 0; c < g.c_in; ++c)
-    forward_taps<V, KW, J>(g.kh, x + (c * g.h + oh) * g.w + ow, g.w, wt + c * window * ld, ld, acc);
+    forward_taps<V, KW, R, J>(g.kh, x + (c * g.h + oh) * g.w + ow, g.w, wt + c * window * ld, ld, acc);
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
 #pragma GCC unroll 16
-  for (int j = 0; j < J; ++j) acc[j].store_aligned(out + j * ld);
+    for (int j = 0; j < J; ++j) acc[r * J + j].store_aligned(out + ((oh + r) * g.out_w + ow + j) * ld);
+}
+
+/// Columns [ow, ow + J) of every output row: rows R at a time (R * J sums in registers, enough
+/// to hide the FMAs' latency), then one at a time.
+template <class V, int KW, int R, int J, class T>
+void forward_columns(const Conv2dGeometry& g, const T* x, const T* wt, int64_t ld, int64_t ow, T* out) {
+  int64_t oh = 0;
+  for (; oh + R <= g.out_h; oh += R) forward_outputs<V, KW, R, J>(g, x, wt, ld, oh, ow, out);
+  for (; oh < g.out_h; ++oh) forward_outputs<V, KW, 1, J>(g, x, wt, ld, oh, ow, out);
 }
 
 /// The outputs of one image for one vector of output channels, position-major into out.
 template <class V, int KW, class T>
 void forward_image(const Conv2dGeometry& g, const T* x, const T* wt, int64_t ld, T* out) {
-  for (int64_t oh = 0; oh < g.out_h; ++oh) {
-    T* row = out + oh * g.out_w * ld;
-    int64_t ow = 0;
-    for (; ow + 8 <= g.out_w; ow += 8) forward_outputs<V, KW, 8>(g, x, wt, ld, oh, ow, row + ow * ld);
-    for (; ow + 2 <= g.out_w; ow += 2) forward_outputs<V, KW, 2>(g, x, wt, ld, oh, ow, row + ow * ld);
-    for (; ow < g.out_w; ++ow) forward_outputs<V, KW, 1>(g, x, wt, ld, oh, ow, row + ow * ld);
-  }
+  int64_t ow = 0;
+  for (; ow + 8 <= g.out_w; ow += 8) forward_columns<V, KW, 2, 8>(g, x, wt, ld, ow, out);
+  for (; ow + 2 <= g.out_w; ow += 2) forward_columns<V, KW, 4, 2>(g, x, wt, ld, ow, out);
+  for (; ow < g.out_w; ++ow) forward_columns<V, KW, 8, 1>(g, x, wt, ld, ow, out);
 }
 
 /// conv2d_forward for conv_direct_suits: the weights are laid tap-major (a vector of output
