@@ -222,6 +222,7 @@ const std::vector<PoolCase>& pool_cases() {
       {2, 3, 7, 9, 2, 2, 2, 2, 0, 0, 0, 0},     // 2x2/2 on odd sizes: the last row and column unread
       {1, 3, 4, 70, 2, 2, 2, 2, 0, 0, 0, 0},    // 2x2/2, rows of several vectors and a partial one
       {3, 2, 6, 2, 2, 2, 2, 2, 0, 0, 0, 0},     // 2x2/2, one window per row: vectors span many rows
+      {2, 2, 5, 41, 2, 2, 2, 2, 0, 0, 0, 0},  // 2x2/2, wide rows, odd height and width: an input row and column unread
   };
   return cases;
 }

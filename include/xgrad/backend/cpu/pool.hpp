@@ -359,6 +359,71 @@ template <class T> void max_pool_argmax_2x2(const Pool2dGeometry& g, const T* x,
   }
 }
 
+/// For pool_is_2x2 with windows spanning at least `lanes` columns: calls vec(oh, col) for each
+/// vector of input columns [col, col + lanes) of each output row's row pair within the windows
+/// (the last one overlapping the one before when their width is not a multiple of lanes), or
+/// one(oh, ow) for each of its windows when the vector would read more of the per-output arrays
+/// than `outputs_left` (counted from the plane's start; a vector reads `lanes` of them).
+template <class Vec, class One>
+void for_each_pool_vector_2x2(const Pool2dGeometry& g, int64_t lanes, int64_t outputs_left, Vec&& vec, One&& one) {
+  const int64_t width = 2 * g.out_w;
+  for (int64_t oh = 0; oh < g.out_h; ++oh) {
+    const int64_t row_outputs_left = outputs_left - oh * g.out_w;
+    auto vector_or_windows = [&](int64_t col) {
+      if (col / 2 + lanes <= row_outputs_left) return vec(oh, col);
+      for (int64_t ow = col / 2; ow < (col + lanes) / 2; ++ow) one(oh, ow);
+    };
+    int64_t col = 0;
+    for (; col + lanes <= width; col += lanes) vector_or_windows(col);
+    if (col < width) vector_or_windows(width - lanes);
+  }
+}
+
+/// max_pool2d_put for pool_is_2x2 on float, planes [first, first + count): each input element
+/// is written once, a vector of a row pair at a time, to its window's gy where the argmax points
+/// at it and to 0 elsewhere (gy and the argmax spread to both columns of their window in registers);
+/// no separate zero fill, no scattered adds.
+inline void max_pool_put_2x2(const Pool2dGeometry& g, const int32_t* idx, const float* gy, float* gx, int64_t first,
+                             int64_t count, int64_t total_planes) {
+  using V = xsimd::batch<float>;
+  using I = xsimd::batch<int32_t>;
+  using U = xsimd::batch<uint32_t>;
+  constexpr auto L = static_cast<int64_t>(V::size);
+  struct Spread {  // lanes 2i and 2i + 1 take lane i
+    static constexpr unsigned get(unsigned i, unsigned) { return i / 2; }
+  };
+  const auto spread = xsimd::make_batch_constant<U, Spread>();
+  alignas(64) std::array<float, L> iota;
+  for (int64_t l = 0; l < L; ++l) iota[l] = static_cast<float>(l);
+  const V lane = V::load_aligned(iota.data());
+  const int64_t in_plane = g.h * g.w;
+  const int64_t out_plane = g.out_h * g.out_w;
+  for (int64_t p = first; p < first + count; ++p) {
+    float* gp = gx + p * in_plane;
+    const float* gyp = gy + p * out_plane;
+    const int32_t* ip = idx + p * out_plane;
+    for_each_pool_vector_2x2(
+        g, L, (total_planes - p) * out_plane,
+        [&](int64_t oh, int64_t col) {
+          const int64_t o = oh * g.out_w + col / 2;
+          const V pair_grad = xsimd::swizzle(V::load_unaligned(gyp + o), spread);
+          const V pair_at = xsimd::swizzle(xsimd::to_float(I::load_unaligned(ip + o)), spread);
+          const V top = lane + V(static_cast<float>(2 * oh * g.w + col));
+          float* row = gp + 2 * oh * g.w + col;
+          xsimd::select(pair_at == top, pair_grad, V(0.0f)).store_unaligned(row);
+          xsimd::select(pair_at == top + V(static_cast<float>(g.w)), pair_grad, V(0.0f)).store_unaligned(row + g.w);
+        },
+        [&](int64_t oh, int64_t ow) {
+          const int64_t o = oh * g.out_w + ow;
+          const int64_t tl = 2 * oh * g.w + 2 * ow;
+          for (int64_t at : {tl, tl + 1, tl + g.w, tl + g.w + 1}) gp[at] = ip[o] == at ? gyp[o] : 0.0f;
+        });
+    // Inputs no window covers: the last column and row of an odd width or height.
+    for (int64_t ih = 0; ih < 2 * g.out_h; ++ih) std::fill(gp + ih * g.w + 2 * g.out_w, gp + (ih + 1) * g.w, 0.0f);
+    std::fill(gp + 2 * g.out_h * g.w, gp + in_plane, 0.0f);
+  }
+}
+
 }  // namespace detail
 
 /// idx[o] = the offset within its plane of window o's first maximum in x (a NaN beats every
@@ -400,15 +465,23 @@ template <class T> void max_pool2d_take(const Pool2dGeometry& g, const int32_t* 
 template <class T> void max_pool2d_put(const Pool2dGeometry& g, const int32_t* idx, const T* gy, T* gx) {
   const int64_t in_plane = g.h * g.w;
   const int64_t out_plane = g.out_h * g.out_w;
-  parallel_for(0, g.n * g.c, std::max<int64_t>(1, detail::k_pool_min_parallel_work / std::max<int64_t>(1, in_plane)),
-               [&](int64_t lo, int64_t hi) {
-                 std::fill(gx + lo * in_plane, gx + hi * in_plane, T(0));
-                 for (int64_t p = lo; p < hi; ++p) {
-                   T* gp = gx + p * in_plane;
-                   for (int64_t o = p * out_plane; o < (p + 1) * out_plane; ++o)
-                     if (idx[o] >= 0) gp[idx[o]] += gy[o];
-                 }
-               });
+  const int64_t grain = std::max<int64_t>(1, detail::k_pool_min_parallel_work / std::max<int64_t>(1, in_plane));
+  // Rows of a vector or more: written once, in vectors. Narrower ones: a fill and the adds.
+  if constexpr (std::is_same_v<T, float>) {
+    if (detail::pool_is_2x2(g) && 2 * g.out_w >= static_cast<int64_t>(xsimd::batch<float>::size)) {
+      parallel_for(0, g.n * g.c, grain,
+                   [&](int64_t lo, int64_t hi) { detail::max_pool_put_2x2(g, idx, gy, gx, lo, hi - lo, g.n * g.c); });
+      return;
+    }
+  }
+  parallel_for(0, g.n * g.c, grain, [&](int64_t lo, int64_t hi) {
+    std::fill(gx + lo * in_plane, gx + hi * in_plane, T(0));
+    for (int64_t p = lo; p < hi; ++p) {
+      T* gp = gx + p * in_plane;
+      for (int64_t o = p * out_plane; o < (p + 1) * out_plane; ++o)
+        if (idx[o] >= 0) gp[idx[o]] += gy[o];
+    }
+  });
 }
 
 /// y = avg_pool2d(x), dividing by the number of in-bounds elements of each window
