@@ -562,8 +562,11 @@ template <FloatingPoint T> Tensor<T> log_softmax(const Tensor<T>& x, std::int64_
 
 template <FloatingPoint T> Tensor<T> softmax(const Tensor<T>& x, std::int64_t axis, SourceLoc loc) {
   detail::OpScope scope("Softmax", loc, {x});
-  normalize_axis(axis, x.ndim(), "Softmax", loc);  // its errors name softmax, not the LogSoftmax inside
-  return exp(log_softmax(x, axis, loc), loc);
+  int a = normalize_axis(axis, x.ndim(), "Softmax", loc);
+  // exp(x - max) lies in (0, 1] and its sum in [1, n]: one exp per element, and no overflow.
+  // Scaled by the sum's reciprocal, as PyTorch does: one division per row, not per element.
+  auto e = exp(sub(x, max(x.detach(), {a}, true, loc), loc), loc);
+  return mul(e, div(T(1), sum(e, {a}, true, loc), loc), loc);
 }
 
 template <FloatingPoint T>

@@ -59,7 +59,7 @@ template <FloatingPoint T> Tensor<T> resize_bilinear(const Tensor<T>& x, std::in
 template <FloatingPoint T>
 Tensor<T> log_softmax(const Tensor<T>& x, std::int64_t axis = -1, SourceLoc loc = SourceLoc::current());
 
-/// Softmax along `axis` (exp of log_softmax, so large inputs stay finite).
+/// Softmax along `axis`: exp(x - max) over its sum, so large inputs stay finite.
 template <FloatingPoint T>
 Tensor<T> softmax(const Tensor<T>& x, std::int64_t axis = -1, SourceLoc loc = SourceLoc::current());
 
