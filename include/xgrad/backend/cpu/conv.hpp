@@ -291,8 +291,14 @@ template <class T> void gy_by_position(const T* gy, int64_t count, int64_t c_out
       T* img = dst + i * ohw * ld + cb;
       int64_t p = 0;
       if constexpr (has_simd_transpose<T>) {
+        // A whole vector of channels transposes from gy itself; fewer through a zero-padded block.
         for (; p + L <= ohw; p += L) {
-          for (int64_t r = 0; r < rows; ++r) std::copy_n(src + r * ohw + p, L, block.data() + r * L);
+          if (rows == L) {
+            transpose_block(src + p, ohw, img + p * ld, ld);
+            continue;
+          }
+          for (int64_t r = 0; r < rows; ++r)
+            xsimd::batch<T>::load_unaligned(src + r * ohw + p).store_aligned(block.data() + r * L);
           transpose_block(block.data(), L, img + p * ld, ld);
         }
       }
@@ -311,8 +317,13 @@ template <class T> void positions_to_channels(const T* src, int64_t ohw, int64_t
     int64_t p = 0;
     if constexpr (has_simd_transpose<T>) {
       for (; p + L <= ohw; p += L) {
+        if (rows == L) {
+          transpose_block(src + p * ld + cb, ld, dst + cb * ohw + p, ohw);
+          continue;
+        }
         transpose_block(src + p * ld + cb, ld, block.data(), L);
-        for (int64_t r = 0; r < rows; ++r) std::copy_n(block.data() + r * L, L, dst + (cb + r) * ohw + p);
+        for (int64_t r = 0; r < rows; ++r)
+          xsimd::batch<T>::load_aligned(block.data() + r * L).store_unaligned(dst + (cb + r) * ohw + p);
       }
     }
     for (; p < ohw; ++p)
@@ -665,6 +676,7 @@ template <class T> void conv2d_backward_input_shifted(const Conv2dGeometry& g, c
         gy_block = gathered;
       }
       T* col = ws.m_col.get(front + k * ld + back) + front;
+      const T* gx_end = gx + (first + count) * x_img;
       std::fill(col - front, col, T(0));
       std::fill(col + k * ld, col + k * ld + back, T(0));
       // col [k, count * ohw] = w^T [k, c_out] * gy_block [c_out, count * ohw]
@@ -692,7 +704,9 @@ template <class T> void conv2d_backward_input_shifted(const Conv2dGeometry& g, c
               }
               for (int64_t r = 0; r < R && ih0 + r < g.h; ++r) {
                 T* gx_row = gx + (first + i) * x_img + (c * g.h + ih0 + r) * g.w + b * L;
-                if (b * L + L <= g.w) {
+                // A row of one vector or less is stored whole while that stays in this chunk: its
+                // lanes past the row land on the next row, stored after it.
+                if (b * L + L <= g.w || (col_blocks == 1 && gx_row + L <= gx_end)) {
                   acc[r].store_unaligned(gx_row);
                 } else {
                   alignas(64) std::array<T, L> tail;
