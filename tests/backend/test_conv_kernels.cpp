@@ -377,12 +377,8 @@ TEST_CASE_TEMPLATE("unpadded stride-1 conv2d kernels add an infinity only where 
   for (const ConvCase& cc : conv_cases()) {
     const cpu::Conv2dGeometry g = conv_geometry(cc);
     if (!cpu::detail::conv_is_shifted(g)) continue;
-    CAPTURE(cc.n);
-    CAPTURE(cc.c_in);
-    CAPTURE(cc.h);
-    CAPTURE(cc.w);
-    CAPTURE(cc.c_out);
-    CAPTURE(cc.kh);
+    INFO("x [", cc.n, ", ", cc.c_in, ", ", cc.h, ", ", cc.w, "], w [", cc.c_out, ", ", cc.c_in, ", ", cc.kh, ", ",
+         cc.kw, "]");
     Vec x = through<T>(random_vec(x_size(g), seed++, 0.5, 1.5));
     Vec w = through<T>(random_vec(w_size(g), seed++, 0.5, 1.5));
     Vec gy = through<T>(random_vec(y_size(g), seed++, 0.5, 1.5));
