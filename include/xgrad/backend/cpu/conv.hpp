@@ -459,12 +459,12 @@ template <bool Masked, class V, int RM, int RN, class T>
   }
 }
 
-/// part[r * ld + c] (RM x RN vectors in memory) += the lane-wise products, over one image's
+/// Vector (r, c) at part + (r * ld + c) * lanes (RM x RN, aligned) += the lane-wise products, over one image's
 /// output rows, of gy's rows r (output channels, rows of out_w) with x from tap c's offset: the
 /// weight gradient's dot products for few output channels. A row's last vector zeroes its lanes
 /// past out_w in both operands, so nothing outside the outputs is read into a sum.
 template <class T, int RM, int RN> void row_dot_tile(const Conv2dGeometry& g, const T* gy, const T* x,
-                                                     const int64_t* taps, xsimd::batch<T>* part, int64_t ld,
+                                                     const int64_t* taps, T* part, int64_t ld,
                                                      xsimd::batch_bool<T> tail) {
   using V = xsimd::batch<T>;
   constexpr auto L = static_cast<int64_t>(V::size);
@@ -474,7 +474,7 @@ template <class T, int RM, int RN> void row_dot_tile(const Conv2dGeometry& g, co
 #pragma GCC unroll 8
   for (int r = 0; r < RM; ++r)
 #pragma GCC unroll 8
-    for (int c = 0; c < RN; ++c) acc[r * RN + c] = part[r * ld + c];
+    for (int c = 0; c < RN; ++c) acc[r * RN + c] = V::load_aligned(part + (r * ld + c) * L);
   for (int64_t oh = 0; oh < g.out_h; ++oh) {
     const T* gy_row = gy + oh * g.out_w;
     const T* x_row = x + oh * g.w;
@@ -485,13 +485,13 @@ template <class T, int RM, int RN> void row_dot_tile(const Conv2dGeometry& g, co
 #pragma GCC unroll 8
   for (int r = 0; r < RM; ++r)
 #pragma GCC unroll 8
-    for (int c = 0; c < RN; ++c) part[r * ld + c] = acc[r * RN + c];
+    for (int c = 0; c < RN; ++c) acc[r * RN + c].store_aligned(part + (r * ld + c) * L);
 }
 
 /// row_dot_tile for at most RM rows and RN taps, chosen at run time (the edges).
 template <class T, int RM, int RN> void row_dot_tile_upto(int rm, int rn, const Conv2dGeometry& g, const T* gy,
-                                                          const T* x, const int64_t* taps, xsimd::batch<T>* part,
-                                                          int64_t ld, xsimd::batch_bool<T> tail) {
+                                                          const T* x, const int64_t* taps, T* part, int64_t ld,
+                                                          xsimd::batch_bool<T> tail) {
   if constexpr (RM > 1) {
     if (rm < RM) return row_dot_tile_upto<T, RM - 1, RN>(rm, rn, g, gy, x, taps, part, ld, tail);
   }
@@ -527,17 +527,17 @@ template <class T> void conv2d_backward_weight_rows(const Conv2dGeometry& g, con
   blocks = std::clamp<int64_t>(blocks, 1, std::max<int64_t>(1, g.n * work_per_image / k_conv_min_parallel_work));
   auto partials = blocks > 1 ? conv_scratch<T>((blocks - 1) * gw_size) : nullptr;
   auto run_blocks = [&](int64_t block_lo, int64_t block_hi) {
-    std::vector<V, xsimd::aligned_allocator<V>> part(static_cast<std::size_t>(gw_size));
+    T* part = conv_workspace<T>().m_col.get(gw_size * L);  // a vector of lane-wise sums per weight
     for (int64_t blk = block_lo; blk < block_hi; ++blk) {
       T* out = blk == 0 ? gw : partials.get() + (blk - 1) * gw_size;
-      std::fill(part.begin(), part.end(), V(T(0)));
+      std::fill(part, part + gw_size * L, T(0));
       for (int64_t i = blk * g.n / blocks; i < (blk + 1) * g.n / blocks; ++i)
         for (int64_t co = 0; co < g.c_out; co += RM)
           for (int64_t t = 0; t < k; t += RN)
             row_dot_tile_upto<T, RM, RN>(static_cast<int>(std::min<int64_t>(RM, g.c_out - co)),
                                          static_cast<int>(std::min<int64_t>(RN, k - t)), g, gy + i * y_img + co * ohw,
-                                         x + i * x_img, taps.data() + t, part.data() + co * k + t, k, tail);
-      for (int64_t j = 0; j < gw_size; ++j) out[j] = xsimd::hadd(part[static_cast<std::size_t>(j)]);
+                                         x + i * x_img, taps.data() + t, part + (co * k + t) * L, k, tail);
+      for (int64_t j = 0; j < gw_size; ++j) out[j] = xsimd::hadd(V::load_aligned(part + j * L));
     }
   };
   if (blocks > 1 && conv_split_batch(blocks, work_per_image))
@@ -648,19 +648,16 @@ template <class T> void conv2d_backward_input_shifted(const Conv2dGeometry& g, c
   const int64_t k = g.c_in * g.kh * g.kw;
   const int64_t x_img = g.c_in * g.h * g.w;
   const int64_t y_img = g.c_out * ohw;
-  // masks[b * kw + kj]: the lanes of gx's column block b that tap column kj reaches.
+  // reached + (b * kw + kj) * L: 1 in the lanes of gx's column block b that tap column kj
+  // reaches, else 0 (as numbers: a vector of batch_bool is not a type CUDA's compiler takes).
   const int64_t col_blocks = (g.w + L - 1) / L;
-  std::vector<xsimd::batch_bool<T>> masks;
-  {
-    alignas(64) std::array<T, L> iota;
-    for (int64_t l = 0; l < L; ++l) iota[l] = static_cast<T>(l);
-    const V lane = V::load_aligned(iota.data());
-    for (int64_t b = 0; b < col_blocks; ++b)
-      for (int64_t kj = 0; kj < g.kw; ++kj) {
-        const V ow = lane + V(static_cast<T>(b * L - kj));
-        masks.push_back((ow >= V(T(0))) & (ow < V(static_cast<T>(g.out_w))));
+  const auto reached = conv_scratch<T>(col_blocks * g.kw * L);
+  for (int64_t b = 0; b < col_blocks; ++b)
+    for (int64_t kj = 0; kj < g.kw; ++kj)
+      for (int64_t l = 0; l < L; ++l) {
+        const int64_t ow = b * L + l - kj;
+        reached[static_cast<std::size_t>((b * g.kw + kj) * L + l)] = ow >= 0 && ow < g.out_w ? T(1) : T(0);
       }
-  }
   // A tap's load may start up to kw - 1 elements before col and end a row of x past it.
   const int64_t front = std::max<int64_t>(L, g.kw);
   const int64_t back = g.w + L;
@@ -694,7 +691,7 @@ template <class T> void conv2d_backward_input_shifted(const Conv2dGeometry& g, c
               for (int64_t ki = ki_lo; ki < ki_hi; ++ki) {
                 const T* src = col + ((c * g.kh + ki) * g.kw) * ld + i * ohw + (ih0 - ki) * g.out_w + b * L;
                 for (int64_t kj = 0; kj < g.kw; ++kj, src += ld) {
-                  const auto mask = masks[static_cast<std::size_t>(b * g.kw + kj)];
+                  const auto mask = V::load_unaligned(reached.get() + (b * g.kw + kj) * L) != V(T(0));
                   for (int64_t r = 0; r < R; ++r) {
                     const int64_t oh = ih0 + r - ki;
                     if (oh >= 0 && oh < g.out_h)
