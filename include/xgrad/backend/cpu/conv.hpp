@@ -522,6 +522,19 @@ template <class T> void conv2d_backward_weight_rows(const Conv2dGeometry& g, con
     for (int64_t l = 0; l < L; ++l) iota[l] = static_cast<T>(l);
     tail = V::load_aligned(iota.data()) < V(static_cast<T>(g.out_w % L));
   }
+  // A row's last vector reads up to L - 1 elements past the row: past gy and x for the images
+  // within L elements of their ends, which are read from zero-padded copies instead.
+  struct Padded {
+    std::vector<T> copy;
+    int64_t first;  // the first image read from the copy
+  };
+  auto padded = [&](const T* t, int64_t image) {
+    Padded p{{}, std::max<int64_t>(0, g.n - (L + image - 1) / image)};
+    p.copy.assign(static_cast<std::size_t>((g.n - p.first) * image + L), T(0));
+    std::copy(t + p.first * image, t + g.n * image, p.copy.begin());
+    return p;
+  };
+  const Padded gy_tail = padded(gy, y_img), x_tail = padded(x, x_img);
   const int64_t work_per_image = gw_size * ohw;
   int64_t blocks = std::min(k_conv_max_weight_blocks, (g.n + 7) / 8);
   blocks = std::clamp<int64_t>(blocks, 1, std::max<int64_t>(1, g.n * work_per_image / k_conv_min_parallel_work));
@@ -531,12 +544,15 @@ template <class T> void conv2d_backward_weight_rows(const Conv2dGeometry& g, con
     for (int64_t blk = block_lo; blk < block_hi; ++blk) {
       T* out = blk == 0 ? gw : partials.get() + (blk - 1) * gw_size;
       std::fill(part, part + gw_size * L, T(0));
-      for (int64_t i = blk * g.n / blocks; i < (blk + 1) * g.n / blocks; ++i)
+      for (int64_t i = blk * g.n / blocks; i < (blk + 1) * g.n / blocks; ++i) {
+        const T* gy_i = i < gy_tail.first ? gy + i * y_img : gy_tail.copy.data() + (i - gy_tail.first) * y_img;
+        const T* x_i = i < x_tail.first ? x + i * x_img : x_tail.copy.data() + (i - x_tail.first) * x_img;
         for (int64_t co = 0; co < g.c_out; co += RM)
           for (int64_t t = 0; t < k; t += RN)
             row_dot_tile_upto<T, RM, RN>(static_cast<int>(std::min<int64_t>(RM, g.c_out - co)),
-                                         static_cast<int>(std::min<int64_t>(RN, k - t)), g, gy + i * y_img + co * ohw,
-                                         x + i * x_img, taps.data() + t, part + (co * k + t) * L, k, tail);
+                                         static_cast<int>(std::min<int64_t>(RN, k - t)), g, gy_i + co * ohw, x_i,
+                                         taps.data() + t, part + (co * k + t) * L, k, tail);
+      }
       for (int64_t j = 0; j < gw_size; ++j) out[j] = xsimd::hadd(V::load_aligned(part + j * L));
     }
   };
