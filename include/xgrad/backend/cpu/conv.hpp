@@ -138,6 +138,38 @@ template <class F> void for_each_image_chunk(int64_t lo, int64_t hi, int64_t cap
   }
 }
 
+/// A weight gradient summed over the batch in `blocks` blocks of images chosen from the geometry
+/// alone (never from the thread count), so repeated calls give the same bits:
+/// body(first, last, out) overwrites out with the gradient of images [first, last); block 0
+/// writes gw, the others partial buffers added to it in block order. The thread count only
+/// decides whether the blocks run in parallel or the work inside each does.
+template <class T, class Body>
+void sum_over_image_blocks(int64_t n, int64_t blocks, int64_t gw_size, int64_t work_per_image, T* gw, Body&& body) {
+  auto partials = blocks > 1 ? conv_scratch<T>((blocks - 1) * gw_size) : nullptr;
+  auto run_blocks = [&](int64_t block_lo, int64_t block_hi) {
+    for (int64_t blk = block_lo; blk < block_hi; ++blk)
+      body(blk * n / blocks, (blk + 1) * n / blocks, blk == 0 ? gw : partials.get() + (blk - 1) * gw_size);
+  };
+  if (blocks > 1 && conv_split_batch(blocks, work_per_image))
+    parallel_for(0, blocks, 1, run_blocks);
+  else
+    run_blocks(0, blocks);
+  if (blocks <= 1) return;
+  parallel_for(0, gw_size, k_conv_min_parallel_work, [&](int64_t lo, int64_t hi) {
+    for (int64_t blk = 1; blk < blocks; ++blk) {
+      const T* part = partials.get() + (blk - 1) * gw_size;
+      for (int64_t j = lo; j < hi; ++j) gw[j] += part[j];
+    }
+  });
+}
+
+/// Blocks for the direct weight gradients: at least 8 images each, since a block keeps its
+/// sums in registers or lanes over its images and stores and adds its partial gradient once.
+inline int64_t direct_weight_blocks(int64_t n, int64_t work_per_image) {
+  return std::clamp<int64_t>(std::min(k_conv_max_weight_blocks, (n + 7) / 8), 1,
+                             std::max<int64_t>(1, n * work_per_image / k_conv_min_parallel_work));
+}
+
 #if defined(__AVX512F__)
 // Masked AVX-512 moves: convolution rows are often shorter than one vector, and a masked tail
 // beats both a scalar loop and a memmove call there.
@@ -397,46 +429,29 @@ template <class T> void conv2d_backward_weight_direct(const Conv2dGeometry& g, c
   const int64_t gw_size = g.c_out * k;
   const int64_t ld = (g.c_out + L - 1) / L * L;
   const int64_t work_per_image = gw_size * ohw;
-  // Blocks of at least 8 images: each block stores and adds its partial gradient once.
-  int64_t blocks = std::min(k_conv_max_weight_blocks, (g.n + 7) / 8);
-  blocks = std::clamp<int64_t>(blocks, 1, std::max<int64_t>(1, g.n * work_per_image / k_conv_min_parallel_work));
-  auto partials = blocks > 1 ? conv_scratch<T>((blocks - 1) * gw_size) : nullptr;
-  auto run_blocks = [&](int64_t block_lo, int64_t block_hi) {
-    auto& ws = conv_workspace<T>();
-    for (int64_t blk = block_lo; blk < block_hi; ++blk) {
-      T* out = blk == 0 ? gw : partials.get() + (blk - 1) * gw_size;
-      const int64_t first = blk * g.n / blocks;
-      const int64_t count = (blk + 1) * g.n / blocks - first;
-      T* gy_pos = ws.m_mat.get(count * ohw * ld);
-      gy_by_position(gy + first * y_img, count, g.c_out, ohw, gy_pos, ld);
-      for (int64_t cv = 0; cv < ld; cv += L)
-        for (int64_t c = 0; c < g.c_in; ++c) {
-          std::array<V, 25> acc;
-          const T* xb = x + first * x_img;
-          if (g.kw == 5) {
-            weight_window<V, 0, 3, 5>(g, xb, gy_pos + cv, ld, count, c, acc.data());
-            weight_window<V, 3, 5, 5>(g, xb, gy_pos + cv, ld, count, c, acc.data());
-          } else {
-            weight_window<V, 0, 3, 3>(g, xb, gy_pos + cv, ld, count, c, acc.data());
-          }
-          alignas(64) std::array<T, L> lanes;
-          for (int64_t tap = 0; tap < window; ++tap) {
-            acc[static_cast<std::size_t>(tap)].store_aligned(lanes.data());
-            for (int64_t co = cv; co < std::min(cv + L, g.c_out); ++co) out[co * k + c * window + tap] = lanes[co - cv];
-          }
-        }
-    }
-  };
-  if (blocks > 1 && conv_split_batch(blocks, work_per_image))
-    parallel_for(0, blocks, 1, run_blocks);
-  else
-    run_blocks(0, blocks);
-  if (blocks > 1) {
-    for (int64_t blk = 1; blk < blocks; ++blk) {
-      const T* part = partials.get() + (blk - 1) * gw_size;
-      for (int64_t j = 0; j < gw_size; ++j) gw[j] += part[j];
-    }
-  }
+  sum_over_image_blocks(g.n, direct_weight_blocks(g.n, work_per_image), gw_size, work_per_image, gw,
+                        [&](int64_t first, int64_t last, T* out) {
+                          const int64_t count = last - first;
+                          T* gy_pos = conv_workspace<T>().m_mat.get(count * ohw * ld);
+                          gy_by_position(gy + first * y_img, count, g.c_out, ohw, gy_pos, ld);
+                          for (int64_t cv = 0; cv < ld; cv += L)
+                            for (int64_t c = 0; c < g.c_in; ++c) {
+                              std::array<V, 25> acc;
+                              const T* xb = x + first * x_img;
+                              if (g.kw == 5) {
+                                weight_window<V, 0, 3, 5>(g, xb, gy_pos + cv, ld, count, c, acc.data());
+                                weight_window<V, 3, 5, 5>(g, xb, gy_pos + cv, ld, count, c, acc.data());
+                              } else {
+                                weight_window<V, 0, 3, 3>(g, xb, gy_pos + cv, ld, count, c, acc.data());
+                              }
+                              alignas(64) std::array<T, L> lanes;
+                              for (int64_t tap = 0; tap < window; ++tap) {
+                                acc[static_cast<std::size_t>(tap)].store_aligned(lanes.data());
+                                for (int64_t co = cv; co < std::min(cv + L, g.c_out); ++co)
+                                  out[co * k + c * window + tap] = lanes[co - cv];
+                              }
+                            }
+                        });
 }
 
 /// One vector of outputs for row_dot_tile: acc[r * RN + c] += gy[r * ohw] * x[taps[c]], the
@@ -516,12 +531,7 @@ template <class T> void conv2d_backward_weight_rows(const Conv2dGeometry& g, con
   const int64_t y_img = g.c_out * ohw;
   const int64_t gw_size = g.c_out * k;
   const std::vector<int64_t> taps = conv_tap_offsets(g);
-  xsimd::batch_bool<T> tail;
-  {
-    alignas(64) std::array<T, L> iota;
-    for (int64_t l = 0; l < L; ++l) iota[l] = static_cast<T>(l);
-    tail = V::load_aligned(iota.data()) < V(static_cast<T>(g.out_w % L));
-  }
+  const auto tail = lane_indices<V>() < V(static_cast<T>(g.out_w % L));
   // A row's last vector reads up to L - 1 elements past the row: past gy and x for the images
   // within L elements of their ends, which are read from zero-padded copies instead.
   struct Padded {
@@ -536,34 +546,22 @@ template <class T> void conv2d_backward_weight_rows(const Conv2dGeometry& g, con
   };
   const Padded gy_tail = padded(gy, y_img), x_tail = padded(x, x_img);
   const int64_t work_per_image = gw_size * ohw;
-  int64_t blocks = std::min(k_conv_max_weight_blocks, (g.n + 7) / 8);
-  blocks = std::clamp<int64_t>(blocks, 1, std::max<int64_t>(1, g.n * work_per_image / k_conv_min_parallel_work));
-  auto partials = blocks > 1 ? conv_scratch<T>((blocks - 1) * gw_size) : nullptr;
-  auto run_blocks = [&](int64_t block_lo, int64_t block_hi) {
-    T* part = conv_workspace<T>().m_col.get(gw_size * L);  // a vector of lane-wise sums per weight
-    for (int64_t blk = block_lo; blk < block_hi; ++blk) {
-      T* out = blk == 0 ? gw : partials.get() + (blk - 1) * gw_size;
-      std::fill(part, part + gw_size * L, T(0));
-      for (int64_t i = blk * g.n / blocks; i < (blk + 1) * g.n / blocks; ++i) {
-        const T* gy_i = i < gy_tail.first ? gy + i * y_img : gy_tail.copy.data() + (i - gy_tail.first) * y_img;
-        const T* x_i = i < x_tail.first ? x + i * x_img : x_tail.copy.data() + (i - x_tail.first) * x_img;
-        for (int64_t co = 0; co < g.c_out; co += RM)
-          for (int64_t t = 0; t < k; t += RN)
-            row_dot_tile_upto<T, RM, RN>(static_cast<int>(std::min<int64_t>(RM, g.c_out - co)),
-                                         static_cast<int>(std::min<int64_t>(RN, k - t)), g, gy_i + co * ohw, x_i,
-                                         taps.data() + t, part + (co * k + t) * L, k, tail);
-      }
-      for (int64_t j = 0; j < gw_size; ++j) out[j] = xsimd::hadd(V::load_aligned(part + j * L));
-    }
-  };
-  if (blocks > 1 && conv_split_batch(blocks, work_per_image))
-    parallel_for(0, blocks, 1, run_blocks);
-  else
-    run_blocks(0, blocks);
-  for (int64_t blk = 1; blk < blocks; ++blk) {
-    const T* part = partials.get() + (blk - 1) * gw_size;
-    for (int64_t j = 0; j < gw_size; ++j) gw[j] += part[j];
-  }
+  sum_over_image_blocks(
+      g.n, direct_weight_blocks(g.n, work_per_image), gw_size, work_per_image, gw,
+      [&](int64_t first, int64_t last, T* out) {
+        T* part = conv_workspace<T>().m_col.get(gw_size * L);  // a vector of lane-wise sums per weight
+        std::fill(part, part + gw_size * L, T(0));
+        for (int64_t i = first; i < last; ++i) {
+          const T* gy_i = i < gy_tail.first ? gy + i * y_img : gy_tail.copy.data() + (i - gy_tail.first) * y_img;
+          const T* x_i = i < x_tail.first ? x + i * x_img : x_tail.copy.data() + (i - x_tail.first) * x_img;
+          for (int64_t co = 0; co < g.c_out; co += RM)
+            for (int64_t t = 0; t < k; t += RN)
+              row_dot_tile_upto<T, RM, RN>(static_cast<int>(std::min<int64_t>(RM, g.c_out - co)),
+                                           static_cast<int>(std::min<int64_t>(RN, k - t)), g, gy_i + co * ohw, x_i,
+                                           taps.data() + t, part + (co * k + t) * L, k, tail);
+        }
+        for (int64_t j = 0; j < gw_size; ++j) out[j] = xsimd::hadd(V::load_aligned(part + j * L));
+      });
 }
 
 /// acc[r * J + j] += sum over taps (ki, kj) of x[(r + ki) * w + j + kj] * wt[(ki * KW + kj) * ld]
@@ -876,9 +874,7 @@ template <class T> void conv2d_backward_weight(const Conv2dGeometry& g, const T*
   if (detail::conv_direct_suits<T>(g)) return detail::conv2d_backward_weight_direct(g, x, gy, gw);
   if (detail::conv_is_shifted(g)) return detail::conv2d_backward_weight_rows(g, x, gy, gw);
 
-  // The batch is cut into blocks chosen from the geometry alone (never from the thread count),
-  // each block sums its image chunks in order, and the block partials are added in block order.
-  // The thread count only decides whether blocks or the GEMMs inside them run in parallel.
+  // Each block (sum_over_image_blocks) sums its image chunks in order.
   const int64_t work_per_image = gw_size * ohw;
   int64_t blocks = std::min(g.n, detail::k_conv_max_weight_blocks);
   blocks = std::min(blocks, std::max<int64_t>(1, g.n * work_per_image / detail::k_conv_min_parallel_work));
@@ -886,45 +882,27 @@ template <class T> void conv2d_backward_weight(const Conv2dGeometry& g, const T*
   blocks = std::max<int64_t>(blocks, 1);
   const int64_t cap = pointwise ? 1 : detail::conv_images_per_gemm(std::max(k, g.c_out) * ohw);
 
-  // Block 0 accumulates straight into gw; the others into their own partial buffers.
-  auto partials = blocks > 1 ? detail::conv_scratch<T>((blocks - 1) * gw_size) : nullptr;
-  auto run_blocks = [&](int64_t block_lo, int64_t block_hi) {
-    auto& ws = detail::conv_workspace<T>();
-    for (int64_t blk = block_lo; blk < block_hi; ++blk) {
-      T* acc = blk == 0 ? gw : partials.get() + (blk - 1) * gw_size;
-      const int64_t block_first = blk * g.n / blocks;
-      detail::for_each_image_chunk(block_first, (blk + 1) * g.n / blocks, cap, [&](int64_t first, int64_t count) {
-        const int64_t ld = count * ohw;
-        const T* a = gy + first * y_img;
-        const T* b = x + first * x_img;
-        if (count > 1) {
-          T* gathered = ws.m_mat.get(g.c_out * ld);
-          detail::gather_images(a, count, g.c_out, ohw, gathered);
-          a = gathered;
-        }
-        if (!pointwise) {
-          T* col = ws.m_col.get(k * ld);
-          detail::im2col_images(g, x + first * x_img, count, col, ld);
-          b = col;
-        }
-        // acc [c_out, k] (+)= gy_block [c_out, count * ohw] * col^T [count * ohw, k]
-        gemm<T>(g.c_out, k, ld, T(1), a, ld, 1, b, 1, ld, first == block_first ? T(0) : T(1), acc, k);
+  detail::sum_over_image_blocks(
+      g.n, blocks, gw_size, work_per_image, gw, [&](int64_t block_first, int64_t block_last, T* acc) {
+        auto& ws = detail::conv_workspace<T>();
+        detail::for_each_image_chunk(block_first, block_last, cap, [&](int64_t first, int64_t count) {
+          const int64_t ld = count * ohw;
+          const T* a = gy + first * y_img;
+          const T* b = x + first * x_img;
+          if (count > 1) {
+            T* gathered = ws.m_mat.get(g.c_out * ld);
+            detail::gather_images(a, count, g.c_out, ohw, gathered);
+            a = gathered;
+          }
+          if (!pointwise) {
+            T* col = ws.m_col.get(k * ld);
+            detail::im2col_images(g, x + first * x_img, count, col, ld);
+            b = col;
+          }
+          // acc [c_out, k] (+)= gy_block [c_out, count * ohw] * col^T [count * ohw, k]
+          gemm<T>(g.c_out, k, ld, T(1), a, ld, 1, b, 1, ld, first == block_first ? T(0) : T(1), acc, k);
+        });
       });
-    }
-  };
-  if (blocks > 1 && detail::conv_split_batch(blocks, work_per_image))
-    parallel_for(0, blocks, 1, run_blocks);
-  else
-    run_blocks(0, blocks);
-
-  if (blocks > 1) {
-    parallel_for(0, gw_size, detail::k_conv_min_parallel_work, [&](int64_t lo, int64_t hi) {
-      for (int64_t blk = 1; blk < blocks; ++blk) {
-        const T* part = partials.get() + (blk - 1) * gw_size;
-        for (int64_t j = lo; j < hi; ++j) gw[j] += part[j];
-      }
-    });
-  }
 }
 
 }  // namespace xgrad::cpu

@@ -25,6 +25,14 @@ namespace xgrad::cpu {
 /// Elements per parallel_for chunk: big enough that waking a thread pays off.
 inline constexpr std::int64_t kElementwiseGrain = 1 << 15;
 
+/// The vector whose lane l holds l, as V's element type (window kernels offset it to positions).
+template <class V> V lane_indices() {
+  using T = typename V::value_type;
+  alignas(64) std::array<T, V::size> lanes;
+  for (std::size_t l = 0; l < V::size; ++l) lanes[l] = static_cast<T>(l);
+  return V::load_aligned(lanes.data());
+}
+
 /// How N inputs are walked to produce an output: dims after merging axes that are contiguous
 /// in every operand, and each input's element strides (0 along broadcast axes).
 template <int N> struct BroadcastPlan {

@@ -12,6 +12,7 @@
 
 #include <xsimd/xsimd.hpp>
 
+#include "xgrad/backend/cpu/elementwise.hpp"
 #include "xgrad/backend/cpu/thread_pool.hpp"
 #include "xgrad/backend/pool_geometry.hpp"
 #include "xgrad/core/device.hpp"
@@ -303,12 +304,7 @@ template <class T> void max_pool_argmax_2x2(const Pool2dGeometry& g, const T* x,
   };
   const auto swap = xsimd::make_batch_constant<U, PairSwap>();
   const auto evens = xsimd::make_batch_constant<U, EvensFirst>();
-  V lane_offset;  // lane l's column within the vector, as T
-  {
-    alignas(64) std::array<T, L> iota;
-    for (int64_t l = 0; l < L; ++l) iota[l] = static_cast<T>(l);
-    lane_offset = V::load_aligned(iota.data());
-  }
+  const V lane_offset = lane_indices<V>();  // lane l's column within the vector
   const V row_step(static_cast<T>(g.w)), zero(T(0)), one(T(1));
   const int64_t in_plane = g.h * g.w;
   const int64_t out_plane = g.out_h * g.out_w;
@@ -393,9 +389,7 @@ inline void max_pool_put_2x2(const Pool2dGeometry& g, const int32_t* idx, const 
     static constexpr unsigned get(unsigned i, unsigned) { return i / 2; }
   };
   const auto spread = xsimd::make_batch_constant<U, Spread>();
-  alignas(64) std::array<float, L> iota;
-  for (int64_t l = 0; l < L; ++l) iota[l] = static_cast<float>(l);
-  const V lane = V::load_aligned(iota.data());
+  const V lane = lane_indices<V>();
   const int64_t in_plane = g.h * g.w;
   const int64_t out_plane = g.out_h * g.out_w;
   for (int64_t p = first; p < first + count; ++p) {
