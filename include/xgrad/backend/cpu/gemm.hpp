@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <array>
-#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -587,25 +586,25 @@ template <class T> void gemm(int64_t m, int64_t n, int64_t k, T alpha, const T* 
     return;
   }
 
-  // Split the longer of m and n into blocks of whole micro-tiles that threads claim one at a
-  // time, so a thread that starts late (or shares its core) takes fewer. Each block packs its
-  // own operands, so blocks stay at least ~128 rows/columns wide to keep the re-packing of the
-  // other operand small next to the block's multiply.
+  // One block of whole micro-tiles per thread, the blocks' sizes within a tile of each other.
+  // Each block packs its own operands: split along m, every block packs all of B; along n,
+  // every block packs A once per column block of its own. Split where less is re-packed
+  // (1024^3 on 2 threads: along n, where each half packs A once as a single thread would).
   const int nt = num_threads();
-  const bool split_n = (n + cfg::nr - 1) / cfg::nr >= (m + cfg::mr - 1) / cfg::mr;
+  auto column_blocks = [&](int64_t cols) { return (cols + cfg::nc - 1) / cfg::nc; };
+  const double repack_split_m = static_cast<double>(nt - 1) * static_cast<double>(k) * static_cast<double>(n);
+  const double repack_split_n = static_cast<double>(nt * column_blocks((n + nt - 1) / nt) - column_blocks(n)) *
+                                static_cast<double>(m) * static_cast<double>(k);
+  const bool split_n = repack_split_n <= repack_split_m;
   const int64_t tile = split_n ? cfg::nr : cfg::mr;
-  const int64_t tiles = ((split_n ? n : m) + tile - 1) / tile;
-  const int64_t min_block_tiles = (128 + tile - 1) / tile;
-  int64_t blocks = std::min<int64_t>(int64_t{4} * nt, tiles / min_block_tiles);
-  blocks = std::max(blocks, std::min<int64_t>(nt, tiles));
-  const int64_t block_tiles = (tiles + blocks - 1) / blocks;
-  blocks = (tiles + block_tiles - 1) / block_tiles;
+  const int64_t extent = split_n ? n : m;
+  const int64_t tiles = (extent + tile - 1) / tile;
+  const int64_t blocks = std::min<int64_t>(nt, tiles);
 
-  std::atomic<int64_t> next_block{0};
-  parallel_for(0, std::min<int64_t>(nt, blocks), 1, [&](int64_t, int64_t) {
-    for (int64_t blk = next_block.fetch_add(1); blk < blocks; blk = next_block.fetch_add(1)) {
-      const int64_t lo = blk * block_tiles * tile;
-      const int64_t hi = std::min(split_n ? n : m, lo + block_tiles * tile);
+  parallel_for(0, blocks, 1, [&](int64_t first, int64_t last) {
+    for (int64_t blk = first; blk < last; ++blk) {
+      const int64_t lo = tiles * blk / blocks * tile;
+      const int64_t hi = std::min(extent, tiles * (blk + 1) / blocks * tile);
       if (split_n) {
         detail::gemm_serial(m, hi - lo, k, alpha, a, a_row_stride, a_col_stride, b + lo * b_col_stride, b_row_stride,
                             b_col_stride, beta, c + lo, ldc, done, 0, lo);
