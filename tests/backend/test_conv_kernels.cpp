@@ -223,6 +223,7 @@ const std::vector<PoolCase>& pool_cases() {
       {1, 3, 4, 70, 2, 2, 2, 2, 0, 0, 0, 0},    // 2x2/2, rows of several vectors and a partial one
       {3, 2, 6, 2, 2, 2, 2, 2, 0, 0, 0, 0},     // 2x2/2, one window per row: vectors span many rows
       {2, 2, 5, 41, 2, 2, 2, 2, 0, 0, 0, 0},  // 2x2/2, wide rows, odd height and width: an input row and column unread
+      {2, 3, 4, 18, 2, 2, 2, 2, 0, 0, 0, 0},  // 2x2/2, 9 windows a row: one more than half a float vector
   };
   return cases;
 }
@@ -547,6 +548,13 @@ TEST_CASE_TEMPLATE("pool2d kernels match direct loops", T, float, double) {
       max_pool_forward(g, xt.data(), y.data());
       CHECK(to_double(y) == y_ref);
 
+      // The argmax pass that also writes the maxima (what a graph runs for the pair).
+      std::vector<int32_t> idx_with(out_n, -2);
+      auto y_with = nan_vec<T>(pool_out_size(g));
+      cpu::max_pool2d_argmax(g, xt.data(), idx_with.data(), y_with.data());
+      CHECK(idx_with == pool_argmax(g, xt.data()));
+      CHECK(to_double(y_with) == y_ref);
+
       auto sel = nan_vec<T>(pool_out_size(g));
       max_pool_select(g, xt.data(), vt.data(), sel.data());
       CHECK(to_double(sel) == sel_ref);
@@ -587,12 +595,18 @@ TEST_CASE_TEMPLATE("max_pool2d propagates the first NaN of a window", T, float, 
     std::iota(gy.begin(), gy.end(), T(1));
     max_pool_forward(g, x.data(), y.data());
     max_pool_scatter(g, x.data(), gy.data(), gx.data());
+    std::vector<int32_t> idx_with(y.size());
+    std::vector<T> y_with(y.size());
+    cpu::max_pool2d_argmax(g, x.data(), idx_with.data(), y_with.data());
     std::vector<T> gx_ref(x.size(), T(0));
     for (std::size_t o = 0; o < y.size(); ++o) {
       const T want = x[static_cast<std::size_t>(arg[o])];
       CAPTURE(o);
       CHECK(std::isnan(y[o]) == std::isnan(want));
       if (!std::isnan(want)) CHECK(y[o] == want);
+      CHECK(idx_with[o] == static_cast<int32_t>(arg[o] % (g.h * g.w)));
+      CHECK(std::isnan(y_with[o]) == std::isnan(want));
+      if (!std::isnan(want)) CHECK(y_with[o] == want);
       gx_ref[static_cast<std::size_t>(arg[o])] += gy[o];
     }
     CHECK(gx == gx_ref);

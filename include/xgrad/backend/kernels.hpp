@@ -97,9 +97,17 @@ void conv2d_backward_weight(Device device, const cpu::Conv2dGeometry& g, const T
   XGRAD_ON_THRUST(device, conv2d_backward_weight(g, x, gy, gw));
   cpu::conv2d_backward_weight(g, x, gy, gw);
 }
-template <class T> void max_pool2d_argmax(Device device, const cpu::Pool2dGeometry& g, const T* x, std::int32_t* idx) {
-  XGRAD_ON_THRUST(device, max_pool2d_argmax(g, x, idx));
-  cpu::max_pool2d_argmax(g, x, idx);
+template <class T> void max_pool2d_argmax(Device device, const cpu::Pool2dGeometry& g, const T* x, std::int32_t* idx,
+                                          T* values = nullptr) {
+#if defined(XGRAD_WITH_THRUST)
+  if (device == Device::thrust) {  // the window maxima by a second pass there
+    thrust_backend::max_pool2d_argmax(g, x, idx);
+    if (values) thrust_backend::max_pool2d_take(g, idx, x, values);
+    return;
+  }
+#endif
+  (void)device;
+  cpu::max_pool2d_argmax(g, x, idx, values);
 }
 template <class T>
 void max_pool2d_take(Device device, const cpu::Pool2dGeometry& g, const std::int32_t* idx, const T* v, T* out) {

@@ -183,6 +183,15 @@ struct MaxPoolTake : Windowed<cpu::Pool2dGeometry> {
   template <class T> autograd::Grads grad(const Tensor<T>& u, Needs<2>, SourceLoc loc, const Tensor<T>&,
                                           const Tensor<std::int32_t>& idx) const;
 };
+/// Max pooling's values and argmax from one pass over x (outputs: values, then argmax): what
+/// a graph runs for MaxPoolTake(x, MaxPoolArgmax(x)), the pair fusion finds (passes/fuse.hpp).
+/// Made only after differentiation, so it has no derivative or batching rules.
+struct MaxPoolWithArgmax : Windowed<cpu::Pool2dGeometry> {
+  static constexpr std::string_view name = "MaxPoolWithArgmax";
+  template <class T> void run(Device d, const Tensor<T>& x, Tensor<T>& values, Tensor<std::int32_t>& idx) const {
+    kernels::max_pool2d_argmax(d, geometry, x.data(), idx.data(), values.data());
+  }
+};
 /// gx = each gy[o] added at its window's argmax idx[o], zeros elsewhere: max pooling's gradient
 /// with the argmax given, and MaxPoolTake's adjoint.
 struct MaxPoolPut : Windowed<cpu::Pool2dGeometry> {

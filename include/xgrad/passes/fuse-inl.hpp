@@ -14,6 +14,7 @@
 #include "xgrad/backend/fused_group.hpp"
 #include "xgrad/ops/elementwise-inl.hpp"
 #include "xgrad/ops/manipulation-inl.hpp"
+#include "xgrad/ops/nn-inl.hpp"
 #include "xgrad/passes/fuse.hpp"
 #include "xgrad/passes/rewrite.hpp"
 
@@ -179,9 +180,55 @@ inline std::unique_ptr<ir::Node> make_fused(const ir::Graph& g, const std::vecto
   return fused;
 }
 
+/// MaxPoolTake(x, a) with a = MaxPoolArgmax(x) -> one MaxPoolWithArgmax(x) making both, in
+/// the argmax's place: the take's gather of the maxima is dropped, as the argmax pass has them
+/// in registers. True when it paired any.
+inline bool pair_max_pool(ir::Graph& g) {
+  bool changed = false;
+  for (std::size_t k = 0; k < g.nodes.size(); ++k) {
+    const ir::Node& take = *g.nodes[k];
+    if (!take.is<op::MaxPoolTake>()) continue;
+    ir::Node* argmax = take.inputs[1]->producer;
+    if (!argmax || !argmax->is<op::MaxPoolArgmax>() || argmax->inputs[0] != take.inputs[0] ||
+        !(argmax->params<op::MaxPoolArgmax>().geometry == take.params<op::MaxPoolTake>().geometry))
+      continue;
+    const op::MaxPoolWithArgmax def{argmax->params<op::MaxPoolArgmax>().geometry};
+    const Shape shape = take.outputs[0]->shape;
+    auto paired = std::make_unique<ir::Node>();
+    paired->primitive = ir::make_primitive(def);
+    paired->loc = take.loc;
+    paired->scope = take.scope;
+    paired->inputs = {take.inputs[0]};
+    paired->outputs = {take.outputs[0], argmax->outputs[0]};
+    paired->kernel = [def, shape](std::span<const TensorBase> in, std::span<TensorBase> out) {
+      const Device device = in[0].device();
+      auto run = [&]<class T>(std::type_identity<T>) {
+        Tensor<T> values = xgrad::detail::output<T>(out[0], shape, device);
+        Tensor<std::int32_t> idx = xgrad::detail::output<std::int32_t>(out[1], shape, device);
+        def.run(device, Tensor<T>(in[0]), values, idx);
+        out[0] = values;
+        out[1] = idx;
+      };
+      if (in[0].dtype() == DType::float64)
+        run(std::type_identity<double>{});
+      else
+        run(std::type_identity<float>{});
+    };
+    for (ir::Value* v : paired->outputs) v->producer = paired.get();
+    const auto at =
+        std::find_if(g.nodes.begin(), g.nodes.end(), [&](const auto& node) { return node.get() == argmax; });
+    g.nodes.erase(g.nodes.begin() + static_cast<std::ptrdiff_t>(k));  // the take, after the argmax
+    *at = std::move(paired);
+    --k;
+    changed = true;
+  }
+  return changed;
+}
+
 }  // namespace detail
 
 XGRAD_API bool fuse(ir::Graph& g, const PassContext&) {
+  const bool paired = detail::pair_max_pool(g);
   const std::size_t n = g.nodes.size();
   std::unordered_map<const ir::Node*, std::size_t> index;
   for (std::size_t i = 0; i < n; ++i) index[g.nodes[i].get()] = i;
@@ -377,7 +424,7 @@ XGRAD_API bool fuse(ir::Graph& g, const PassContext&) {
     }
   }
 
-  if (std::none_of(group_of_item.begin(), group_of_item.end(), [](int G) { return G >= 0; })) return false;
+  if (std::none_of(group_of_item.begin(), group_of_item.end(), [](int G) { return G >= 0; })) return paired;
   int fused_count = 0;
   std::vector<std::unique_ptr<ir::Node>> ordered;
   for (std::size_t k : order) {

@@ -5,6 +5,9 @@
 // take in the MatMul making one of its inputs, and then runs as its epilogue (on each block of
 // the product as the GEMM finishes it).
 //
+// Max pooling's argmax and the forward's take of the maxima (MaxPoolTake(x, MaxPoolArgmax(x)))
+// become one MaxPoolWithArgmax node: one pass over x makes both.
+//
 // A group never becomes a cycle: it stays convex (no outside node on a path between two of its
 // nodes). The fused nodes and the rest are then put in an order where every value is made
 // before it is read, keeping the original order where it can.

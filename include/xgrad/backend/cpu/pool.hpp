@@ -12,6 +12,10 @@
 
 #include <xsimd/xsimd.hpp>
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 #include "xgrad/backend/cpu/elementwise.hpp"
 #include "xgrad/backend/cpu/thread_pool.hpp"
 #include "xgrad/backend/pool_geometry.hpp"
@@ -286,16 +290,42 @@ template <class T> int32_t first_max_2x2(const T* x, int64_t w) {
   return static_cast<int32_t>(best);
 }
 
-/// max_pool2d_argmax for pool_is_2x2 on planes [first, first + count) of x (x_end bounds the
-/// tensor). A vector of L columns of a row pair finds each column's maximum, then each even lane
-/// compares with the odd lane beside it (the pair swapped in registers); the even lanes' offsets
-/// are gathered to the front and stored as L / 2 outputs. Narrow rows run into the next rows'
-/// elements, whose lanes are never stored; a vector that would read past x_end goes scalar.
+#if defined(__AVX512F__)
+/// Whether deinterleave serves xsimd::batch<T>: AVX-512's two-source permute (xsimd 8 has none).
+template <class T> inline constexpr bool has_deinterleave = sizeof(xsimd::batch<T>) == 64;
+
+/// The even lanes of the 2L lanes (a, b) in order, and the odd ones.
+inline std::array<xsimd::batch<float>, 2> deinterleave(const xsimd::batch<float>& a, const xsimd::batch<float>& b) {
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+  return {_mm512_permutex2var_ps(a, even, b), _mm512_permutex2var_ps(a, odd, b)};
+}
+inline std::array<xsimd::batch<double>, 2> deinterleave(const xsimd::batch<double>& a, const xsimd::batch<double>& b) {
+  const __m512i even = _mm512_setr_epi64(0, 2, 4, 6, 8, 10, 12, 14);
+  const __m512i odd = _mm512_setr_epi64(1, 3, 5, 7, 9, 11, 13, 15);
+  return {_mm512_permutex2var_pd(a, even, b), _mm512_permutex2var_pd(a, odd, b)};
+}
+#else
+template <class T> inline constexpr bool has_deinterleave = false;
+template <class V> std::array<V, 2> deinterleave(const V&, const V&) { return {}; }
+#endif
+
+/// max_pool2d_argmax for pool_is_2x2 on planes [first, first + count) (x_end bounds the tensor),
+/// and when `values` is given each window's maximum there too. Each column of a row pair keeps
+/// its first maximum of the two rows; then each window's left column meets its right one: with
+/// AVX-512, 2L columns are split into their even and odd columns (L windows a step); elsewhere
+/// the odd lanes are swapped beside the even ones and the even lanes' results gathered to the
+/// front (L / 2 windows a step). Narrow rows run into the next rows' elements, whose windows are
+/// stored over later; a step that would read past x_end goes scalar.
 template <class T> void max_pool_argmax_2x2(const Pool2dGeometry& g, const T* x, const T* x_end, int64_t first,
-                                            int64_t count, int32_t* idx) {
+                                            int64_t count, int32_t* idx, T* values) {
   using V = xsimd::batch<T>;
   using U = xsimd::batch<xsimd::as_unsigned_integer_t<T>>;
   constexpr auto L = static_cast<int64_t>(V::size);
+  // Rows of at most L / 2 windows fill no more of a 2L-column step.
+  const bool wide = has_deinterleave<T> && g.out_w > L / 2;
+  const int64_t step_columns = wide ? 2 * L : L;
+  const int64_t step_windows = step_columns / 2;
   struct PairSwap {
     static constexpr unsigned get(unsigned i, unsigned) { return i ^ 1u; }
   };
@@ -304,52 +334,89 @@ template <class T> void max_pool_argmax_2x2(const Pool2dGeometry& g, const T* x,
   };
   const auto swap = xsimd::make_batch_constant<U, PairSwap>();
   const auto evens = xsimd::make_batch_constant<U, EvensFirst>();
-  const V lane_offset = lane_indices<V>();  // lane l's column within the vector
+  // The column of lane l's window's left element, from the step's first column.
+  const V lane_column = wide ? lane_indices<V>() * V(T(2)) : lane_indices<V>();
   const V row_step(static_cast<T>(g.w)), zero(T(0)), one(T(1));
   const int64_t in_plane = g.h * g.w;
   const int64_t out_plane = g.out_h * g.out_w;
-  const int32_t* idx_end = idx + (first + count) * out_plane;
+  const int64_t end_output = (first + count) * out_plane;
+  // Stores the first `outputs` of a step's window offsets and maxima (in lanes [0, outputs)):
+  // the whole vector when it stays within this call's outputs, as later steps store over the rest.
+  auto store = [&](int64_t o, int64_t outputs, const V& offset, const V& value) {
+    const bool whole = o + L <= end_output;
+    if constexpr (sizeof(T) == sizeof(int32_t)) {
+      if (whole) {
+        xsimd::to_int(offset).store_unaligned(idx + o);
+        if (values) value.store_unaligned(values + o);
+        return;
+      }
+    }
+    alignas(64) std::array<T, L> at, max;
+    offset.store_aligned(at.data());
+    value.store_aligned(max.data());
+    for (int64_t t = 0; t < outputs; ++t) idx[o + t] = static_cast<int32_t>(at[t]);
+    if (values) std::copy_n(max.data(), outputs, values + o);
+  };
   for (int64_t p = first; p < first + count; ++p) {
     const T* xp = x + p * in_plane;
-    int32_t* ip = idx + p * out_plane;
     for (int64_t oh = 0; oh < g.out_h; ++oh) {
       const T* top = xp + 2 * oh * g.w;
-      int32_t* out = ip + oh * g.out_w;
-      for (int64_t ow = 0; ow < g.out_w; ow += L / 2) {
-        const int64_t outputs = std::min(L / 2, g.out_w - ow);
+      for (int64_t ow = 0; ow < g.out_w; ow += step_windows) {
+        const int64_t outputs = std::min(step_windows, g.out_w - ow);
+        const int64_t o = p * out_plane + oh * g.out_w + ow;
         const int64_t col = 2 * ow;
         const T* a = top + col;
-        if (a + g.w + L > x_end) {
-          for (int64_t t = 0; t < outputs; ++t)
-            out[ow + t] = static_cast<int32_t>(top - xp + col + 2 * t) + first_max_2x2(a + 2 * t, g.w);
+        auto scalar_step = [&] {
+          for (int64_t t = 0; t < outputs; ++t) {
+            const int32_t at = static_cast<int32_t>(top - xp + col + 2 * t) + first_max_2x2(a + 2 * t, g.w);
+            idx[o + t] = at;
+            if (values) values[o + t] = xp[at];
+          }
+        };
+        if (a + g.w + step_columns > x_end) {
+          scalar_step();
           continue;
         }
-        // Each column's first maximum of its two rows, and that row (0 or 1).
-        const V upper = V::load_unaligned(a), lower = V::load_unaligned(a + g.w);
-        const auto down = pool_takes_later(lower, upper);
-        const V v = xsimd::select(down, lower, upper);
-        const V r = xsimd::select(down, one, zero);
-        // Even lanes: the left column against the right one beside it.
-        const V v_right = xsimd::swizzle(v, swap), r_right = xsimd::swizzle(r, swap);
-        const auto right = pool_takes(v_right, r_right, v, r);
-        const V offset = xsimd::select(right, r_right * row_step + one, r * row_step) + lane_offset +
-                         V(static_cast<T>(top - xp + col));
-        if constexpr (sizeof(T) == sizeof(int32_t)) {
-          const auto gathered = xsimd::swizzle(xsimd::to_int(offset), evens);
-          // A whole vector when it stays in this call's planes: the lanes past `outputs` land on
-          // outputs stored later.
-          if (out + ow + L <= idx_end) {
-            gathered.store_unaligned(out + ow);
+        // Each column's maximum of its two rows, and that row's offset (0 or w); a tie keeps the
+        // upper row, which comes first.
+        auto column_max = [&](const V& upper, const V& lower, V& v, V& r) {
+          const auto down = lower > upper;
+          v = xsimd::select(down, lower, upper);
+          r = xsimd::select(down, row_step, zero);
+        };
+        V left, left_r, right, right_r;
+        if (wide) {
+          const V u0 = V::load_unaligned(a), l0 = V::load_unaligned(a + g.w);
+          const V u1 = V::load_unaligned(a + L), l1 = V::load_unaligned(a + g.w + L);
+          // A NaN anywhere (or inf - inf, harmlessly) sends the step to the scalar rules.
+          if (xsimd::any(xsimd::isnan((u0 + l0) + (u1 + l1)))) {
+            scalar_step();
             continue;
           }
-          alignas(64) std::array<int32_t, L> lanes;
-          gathered.store_aligned(lanes.data());
-          std::copy_n(lanes.data(), outputs, out + ow);
+          V v0, r0, v1, r1;
+          column_max(u0, l0, v0, r0);
+          column_max(u1, l1, v1, r1);
+          const auto [ve, vo] = deinterleave(v0, v1);
+          const auto [re, ro] = deinterleave(r0, r1);
+          left = ve, left_r = re, right = vo, right_r = ro;
         } else {
-          alignas(64) std::array<T, L> lanes;
-          xsimd::swizzle(offset, evens).store_aligned(lanes.data());
-          for (int64_t t = 0; t < outputs; ++t) out[ow + t] = static_cast<int32_t>(lanes[t]);
+          const V u = V::load_unaligned(a), l = V::load_unaligned(a + g.w);
+          if (xsimd::any(xsimd::isnan(u + l))) {
+            scalar_step();
+            continue;
+          }
+          column_max(u, l, left, left_r);
+          right = xsimd::swizzle(left, swap), right_r = xsimd::swizzle(left_r, swap);
         }
+        // The right column wins with a greater value, or an equal one in an earlier row.
+        const auto takes_right = (right > left) | ((right == left) & (right_r < left_r));
+        V offset = xsimd::select(takes_right, right_r + one, left_r) + lane_column + V(static_cast<T>(top - xp + col));
+        V value = xsimd::select(takes_right, right, left);
+        if (!wide) {
+          offset = xsimd::swizzle(offset, evens);
+          value = xsimd::swizzle(value, evens);
+        }
+        store(o, outputs, offset, value);
       }
     }
   }
@@ -420,17 +487,20 @@ inline void max_pool_put_2x2(const Pool2dGeometry& g, const int32_t* idx, const 
 
 }  // namespace detail
 
+template <class T> void max_pool2d_take(const Pool2dGeometry& g, const int32_t* idx, const T* v, T* out);
+
 /// idx[o] = the offset within its plane of window o's first maximum in x (a NaN beats every
-/// number; padded positions never win), or -1 for an empty window. Max pooling is
+/// number; padded positions never win), or -1 for an empty window; and when `values` is given,
+/// values[o] = that maximum (0 for an empty window), as max_pool2d_take would. Max pooling is
 /// max_pool2d_take(argmax, x), its gradient max_pool2d_put(argmax, gy): the argmax is found once.
-template <class T> void max_pool2d_argmax(const Pool2dGeometry& g, const T* x, int32_t* idx) {
+template <class T> void max_pool2d_argmax(const Pool2dGeometry& g, const T* x, int32_t* idx, T* values = nullptr) {
   assert(g.h * g.w <= INT32_MAX);
   const int64_t in_plane = g.h * g.w;
   const int64_t out_plane = g.out_h * g.out_w;
   if (detail::pool_is_2x2(g)) {
     const T* x_end = x + g.n * g.c * in_plane;
     parallel_for(0, g.n * g.c, std::max<int64_t>(1, detail::k_pool_min_parallel_work / std::max<int64_t>(1, in_plane)),
-                 [&](int64_t lo, int64_t hi) { detail::max_pool_argmax_2x2(g, x, x_end, lo, hi - lo, idx); });
+                 [&](int64_t lo, int64_t hi) { detail::max_pool_argmax_2x2(g, x, x_end, lo, hi - lo, idx, values); });
     return;
   }
   detail::for_each_pool_chunk<T>(g, [&](int64_t first, int64_t count, detail::PoolScratch<T>& s) {
@@ -438,6 +508,7 @@ template <class T> void max_pool2d_argmax(const Pool2dGeometry& g, const T* x, i
     detail::max_pool_argmax_chunk(g, x + first * in_plane, count, s,
                                   [&](int64_t o, int64_t a) { ic[o] = static_cast<int32_t>(a); });
   });
+  if (values) max_pool2d_take(g, idx, x, values);
 }
 
 /// out[o] = v[idx[o]] in o's plane (0 where idx is -1).
