@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <cstring>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -109,13 +110,27 @@ concept SimdBody2 = simd_type<T> && requires(xsimd::batch<T> v) {
   { Op::apply(v, v) } -> std::same_as<xsimd::batch<T>>;
 };
 /// A mask from batch<T>::size consecutive bools. xsimd's batch_bool::load_unaligned tests them
-/// one by one; widening the bytes to T lanes and comparing vectorizes.
+/// one by one; here each bool (one byte, 0 or 1) becomes a bit, eight through one multiply
+/// (byte i lands on bit i of the top byte), and the bits become the mask: directly where masks
+/// are registers of bits (AVX-512), else each lane testing its own bit.
 template <class T> xsimd::batch_bool<T> load_mask(const bool* p) {
-  using V = xsimd::batch<T>;
-  const auto* bytes = reinterpret_cast<const unsigned char*>(p);
-  alignas(V::arch_type::alignment()) T lanes[V::size];
-  for (std::size_t j = 0; j < V::size; ++j) lanes[j] = static_cast<T>(bytes[j]);
-  return V::load_aligned(lanes) != V(T(0));
+  using B = xsimd::batch_bool<T>;
+  constexpr std::size_t n = B::size;
+  std::uint64_t bits = 0;
+  for (std::size_t k = 0; k < n; k += 8) {
+    std::uint64_t word = 0;
+    std::memcpy(&word, p + k, std::min<std::size_t>(8, n - k));
+    bits |= ((word * 0x0102040810204080ull) >> 56) << k;
+  }
+  if constexpr (std::is_integral_v<typename B::register_type>) {
+    return B(static_cast<typename B::register_type>(bits));
+  } else {
+    using I = xsimd::batch<xsimd::as_integer_t<T>>;
+    using Int = xsimd::as_integer_t<T>;
+    alignas(I::arch_type::alignment()) Int lane_bit[I::size];
+    for (std::size_t j = 0; j < I::size; ++j) lane_bit[j] = Int(1) << j;
+    return xsimd::to_float(I(static_cast<Int>(bits)) & I::load_aligned(lane_bit)) != xsimd::batch<T>(T(0));
+  }
 }
 
 /// A ternary op's first operand as a batch: a mask when it is bool (where's condition).
