@@ -24,7 +24,7 @@
 namespace xgrad::cpu {
 
 /// Elements per parallel_for chunk: big enough that waking a thread pays off.
-inline constexpr std::int64_t kElementwiseGrain = 1 << 15;
+inline constexpr std::int64_t kElementwiseGrain = 1 << 13;
 
 /// The vector whose lane l holds l, as V's element type (window kernels offset it to positions).
 template <class V> V lane_indices() {

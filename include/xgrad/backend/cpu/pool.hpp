@@ -26,7 +26,7 @@ namespace xgrad::cpu {
 namespace detail {
 
 // Rough element-visit count below which splitting planes across threads does not pay.
-inline constexpr int64_t k_pool_min_parallel_work = int64_t{1} << 15;
+inline constexpr int64_t k_pool_min_parallel_work = int64_t{1} << 12;
 
 /// The in-bounds input indices [lo, hi) of the window of output index o along one axis
 /// (empty, lo == hi, when the window lies entirely in the padding).

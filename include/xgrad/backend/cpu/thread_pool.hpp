@@ -125,12 +125,10 @@ class ThreadPool {
     std::unique_lock<std::mutex> dispatch(m_dispatch, std::try_to_lock);
     if (!dispatch.owns_lock()) return false;
 
-    const int helpers = static_cast<int>(std::min<int64_t>(m_size - 1, job.m_num_chunks - 1));
-    m_pending.store(helpers, std::memory_order_relaxed);
     {
       std::lock_guard<std::mutex> lk(m_mutex);
       m_job = &job;
-      m_job_helpers = helpers;
+      m_job_helpers = static_cast<int>(std::min<int64_t>(m_size - 1, job.m_num_chunks - 1));
       m_generation.fetch_add(1, std::memory_order_release);
     }
     m_wake_cv.notify_all();
@@ -139,10 +137,16 @@ class ThreadPool {
     job.run();
     t_in_parallel = false;
 
-    for (int i = 0; i < k_spin_iters && m_pending.load(std::memory_order_acquire) != 0; ++i) cpu_relax();
-    if (m_pending.load(std::memory_order_acquire) != 0) {
+    // Every chunk is claimed. Withdraw the job: a worker not yet in (still waking) never
+    // touches it, so only the workers running a chunk are waited for, not the late ones.
+    {
+      std::lock_guard<std::mutex> lk(m_mutex);
+      m_job = nullptr;
+    }
+    for (int i = 0; i < k_spin_iters && m_active.load(std::memory_order_acquire) != 0; ++i) cpu_relax();
+    if (m_active.load(std::memory_order_acquire) != 0) {
       std::unique_lock<std::mutex> lk(m_mutex);
-      m_done_cv.wait(lk, [&] { return m_pending.load(std::memory_order_acquire) == 0; });
+      m_done_cv.wait(lk, [&] { return m_active.load(std::memory_order_acquire) == 0; });
     }
     return true;
   }
@@ -158,19 +162,21 @@ class ThreadPool {
     for (;;) {
       for (int i = 0; i < k_spin_iters && m_generation.load(std::memory_order_acquire) == seen; ++i) cpu_relax();
       Job* job = nullptr;
-      int helpers = 0;
       {
         std::unique_lock<std::mutex> lk(m_mutex);
         m_wake_cv.wait(lk, [&] { return m_stop || m_generation.load(std::memory_order_relaxed) != seen; });
         if (m_stop) return;
         seen = m_generation.load(std::memory_order_relaxed);
-        job = m_job;
-        helpers = m_job_helpers;
+        // Joining under the lock: the caller withdraws the job under it too, so it counts
+        // every worker that may still touch the job. Workers beyond the chunk count sit out.
+        if (m_job && id < m_job_helpers) {
+          job = m_job;
+          m_active.fetch_add(1, std::memory_order_relaxed);
+        }
       }
-      // Workers beyond the chunk count sit this region out and never touch the job.
-      if (id >= helpers) continue;
+      if (!job) continue;
       job->run();
-      if (m_pending.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      if (m_active.fetch_sub(1, std::memory_order_acq_rel) == 1) {
         // Taking the lock orders this notify after the caller's predicate check.
         { std::lock_guard<std::mutex> lk(m_mutex); }
         m_done_cv.notify_one();
@@ -186,7 +192,7 @@ class ThreadPool {
   std::condition_variable m_wake_cv;
   std::condition_variable m_done_cv;
   std::atomic<uint64_t> m_generation{0};
-  std::atomic<int> m_pending{0};
+  std::atomic<int> m_active{0};  // workers inside the current job
   Job* m_job = nullptr;
   int m_job_helpers = 0;
   bool m_stop = false;
@@ -261,7 +267,11 @@ inline void parallel_for_erased(int64_t begin, int64_t end, int64_t grain, void 
   if (end <= begin) return;
   const int64_t n = end - begin;
   if (grain < 1) grain = 1;
-  const int64_t chunks = n <= grain || t_in_parallel ? 1 : std::min<int64_t>(num_threads(), n / grain);
+  // Up to four chunks a thread, claimed as threads come: a worker still waking (tens of
+  // microseconds after a serial stretch put it to sleep) leaves its chunks to the others.
+  const int threads = num_threads();
+  const int64_t chunks =
+      n <= grain || t_in_parallel || threads <= 1 ? 1 : std::min<int64_t>(int64_t{4} * threads, n / grain);
   if (chunks <= 1) return invoke(ctx, begin, end);
 
   Job job;
