@@ -26,4 +26,48 @@ TEST_CASE("thrust: float, double and bool values fuse into one functor; integer 
                   .has_value());
 }
 
+TEST_CASE("thrust: a group's axes merge where every input walks them as one; broadcasts stay exact") {
+  // (a + r) * c + s over [2, 3, 4]: a full; r [3, 1] (broadcast along the last axis, so the
+  // first two axes merge for every input but the last does not); c [4] (broadcast along the
+  // first two); s a one-element cpu scalar. Then the same with every input full: one axis.
+  using Group = xg::thrust_backend::FusedGroup<xg::op::Fusible>;
+  using xg::detail::fusible_index;
+  const xg::Shape shape{2, 3, 4};
+  std::vector<float> a(24), r{1, 2, 3}, c{10, 20, 30, 40};
+  for (int i = 0; i < 24; ++i) a[static_cast<std::size_t>(i)] = static_cast<float>(i);
+  const auto steps = std::vector<Group::Step>{{fusible_index<xg::op::Add>(), {0, 1}, xg::DType::float32, 4},
+                                              {fusible_index<xg::op::Mul>(), {4, 2}, xg::DType::float32, 5},
+                                              {fusible_index<xg::op::Add>(), {5, 3}, xg::DType::float32, 6}};
+  const auto group = Group::make(shape,
+                                 {{xg::DType::float32, shape},
+                                  {xg::DType::float32, xg::Shape{3, 1}},
+                                  {xg::DType::float32, xg::Shape{4}},
+                                  {xg::DType::float32, xg::Shape{}}},
+                                 steps, {6});
+  REQUIRE(group.has_value());
+  const std::vector<xg::TensorBase> in{xg::tensor<float>(a, {2, 3, 4}).to(xg::Device::thrust),
+                                       xg::tensor<float>(r, {3, 1}).to(xg::Device::thrust),
+                                       xg::tensor<float>(c, {4}).to(xg::Device::thrust), xg::full<float>({}, 0.5f)};
+  std::vector<xg::TensorBase> out(1);
+  (*group)(in, out);
+  const auto got = xg::Tensor<float>(out[0]).to(xg::Device::cpu).to_vector();
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < 3; ++j)
+      for (int k = 0; k < 4; ++k) {
+        const int at = (i * 3 + j) * 4 + k;
+        CAPTURE(at);
+        CHECK(got[static_cast<std::size_t>(at)] ==
+              (a[static_cast<std::size_t>(at)] + r[static_cast<std::size_t>(j)]) * c[static_cast<std::size_t>(k)] +
+                  0.5f);
+      }
+  const auto full = Group::make(shape, {{xg::DType::float32, shape}, {xg::DType::float32, shape}},
+                                {{fusible_index<xg::op::Mul>(), {0, 1}, xg::DType::float32, 2}}, {2});
+  REQUIRE(full.has_value());
+  const auto on = xg::tensor<float>(a, {2, 3, 4}).to(xg::Device::thrust);
+  std::vector<xg::TensorBase> squared(1);
+  (*full)(std::vector<xg::TensorBase>{on, on}, squared);
+  const auto sq = xg::Tensor<float>(squared[0]).to(xg::Device::cpu).to_vector();
+  for (std::size_t i = 0; i < a.size(); ++i) CHECK(sq[i] == a[i] * a[i]);
+}
+
 #endif  // XGRAD_WITH_THRUST

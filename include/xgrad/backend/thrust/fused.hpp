@@ -82,16 +82,16 @@ template <class Ops> struct FusedFn {
   FusedOutput outputs[kMaxOutputs];
 
   XGRAD_HD void operator()(std::int64_t i) const {
+    const std::int64_t flat = i;
     std::int64_t index[kMaxRank];
-    for (int d = rank - 1; d >= 0; --d) {
+    for (int d = rank - 1; d > 0; --d) {
       index[d] = i % dims[d];
       i /= dims[d];
     }
+    index[0] = i;
     FusedValue r[kMaxSlots];
     for (int k = 0; k < num_inputs; ++k) r[k] = load(inputs[k], index);
     for (int s = 0; s < num_steps; ++s) run(steps[s], r, std::make_index_sequence<std::tuple_size_v<Ops>>{});
-    std::int64_t flat = 0;
-    for (int d = 0; d < rank; ++d) flat = flat * dims[d] + index[d];
     for (int o = 0; o < num_outputs; ++o) store(outputs[o], flat, r[outputs[o].slot]);
   }
 
@@ -184,6 +184,24 @@ template <class Ops> class FusedGroup {
         step *= size;
       }
     }
+    // Axes every input walks as one (each input's stride along an axis is the next axis's
+    // times its size, or both 0) merge: an all-contiguous group indexes flat, a broadcast row
+    // with one division, instead of a division per axis per element.
+    int merged = 0;
+    for (int d = 1; d < fn.rank; ++d) {
+      bool joins = true;
+      for (int k = 0; k < fn.num_inputs; ++k)
+        joins = joins && fn.inputs[k].strides[merged] == fn.inputs[k].strides[d] * fn.dims[d];
+      if (joins) {
+        fn.dims[merged] *= fn.dims[d];
+        for (int k = 0; k < fn.num_inputs; ++k) fn.inputs[k].strides[merged] = fn.inputs[k].strides[d];
+      } else {
+        ++merged;
+        fn.dims[merged] = fn.dims[d];
+        for (int k = 0; k < fn.num_inputs; ++k) fn.inputs[k].strides[merged] = fn.inputs[k].strides[d];
+      }
+    }
+    if (fn.rank > 0) fn.rank = merged + 1;
     for (const Step& step : steps) {
       if (!held(step.dtype) || step.args.empty() || step.args.size() > 3 || step.result >= Fn::kMaxSlots)
         return std::nullopt;
