@@ -597,10 +597,12 @@ template <class T> void gemm(int64_t m, int64_t n, int64_t k, T alpha, const T* 
   const double repack_split_m = static_cast<double>(nt - 1) * static_cast<double>(k) * static_cast<double>(n);
   const double repack_split_n = static_cast<double>(nt * column_blocks((n + nt - 1) / nt) - column_blocks(n)) *
                                 static_cast<double>(m) * static_cast<double>(k);
-  // A caller told of finished blocks (a fused epilogue) gets whole rows, one range each, from
-  // blocks along m; along n each block row is a range of its own.
-  const bool rows_for_done = done && (m + cfg::mr - 1) / cfg::mr >= nt;
-  const bool split_n = !rows_for_done && repack_split_n <= repack_split_m;
+  // A caller told of finished blocks (a fused epilogue) is told each row of a block along n
+  // on its own, each call costing about as much as re-packing 256 elements; along m, whole rows
+  // at once (a dense layer's output, [32, 120] from [32, 400]: along n; its weight gradient,
+  // [120, 400] from 32 rows: along m).
+  const double row_calls = done ? static_cast<double>(nt) * static_cast<double>(m) * 256.0 : 0.0;
+  const bool split_n = repack_split_n + row_calls <= repack_split_m || (m + cfg::mr - 1) / cfg::mr < nt;
   const int64_t tile = split_n ? cfg::nr : cfg::mr;
   const int64_t extent = split_n ? n : m;
   const int64_t tiles = (extent + tile - 1) / tile;
