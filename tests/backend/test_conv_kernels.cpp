@@ -554,6 +554,13 @@ TEST_CASE_TEMPLATE("pool2d kernels match direct loops", T, float, double) {
       cpu::max_pool2d_argmax(g, xt.data(), idx_with.data(), y_with.data());
       CHECK(idx_with == pool_argmax(g, xt.data()));
       CHECK(to_double(y_with) == y_ref);
+      // And with the windows whose maximum is not above 0 dropped (-1).
+      std::vector<int32_t> idx_drop(out_n, -2);
+      cpu::max_pool2d_argmax(g, xt.data(), idx_drop.data(), y_with.data(), true);
+      for (std::size_t o = 0; o < out_n; ++o) {
+        CAPTURE(o);
+        CHECK(idx_drop[o] == (arg[o] >= 0 && x[static_cast<std::size_t>(arg[o])] > 0 ? idx_with[o] : -1));
+      }
 
       auto sel = nan_vec<T>(pool_out_size(g));
       max_pool_select(g, xt.data(), vt.data(), sel.data());
@@ -598,6 +605,8 @@ TEST_CASE_TEMPLATE("max_pool2d propagates the first NaN of a window", T, float, 
     std::vector<int32_t> idx_with(y.size());
     std::vector<T> y_with(y.size());
     cpu::max_pool2d_argmax(g, x.data(), idx_with.data(), y_with.data());
+    std::vector<int32_t> idx_drop(y.size());
+    cpu::max_pool2d_argmax(g, x.data(), idx_drop.data(), y_with.data(), true);
     std::vector<T> gx_ref(x.size(), T(0));
     for (std::size_t o = 0; o < y.size(); ++o) {
       const T want = x[static_cast<std::size_t>(arg[o])];
@@ -605,6 +614,7 @@ TEST_CASE_TEMPLATE("max_pool2d propagates the first NaN of a window", T, float, 
       CHECK(std::isnan(y[o]) == std::isnan(want));
       if (!std::isnan(want)) CHECK(y[o] == want);
       CHECK(idx_with[o] == static_cast<int32_t>(arg[o] % (g.h * g.w)));
+      CHECK(idx_drop[o] == (want > T(0) ? idx_with[o] : -1));  // a NaN maximum is dropped too
       CHECK(std::isnan(y_with[o]) == std::isnan(want));
       if (!std::isnan(want)) CHECK(y_with[o] == want);
       gx_ref[static_cast<std::size_t>(arg[o])] += gy[o];

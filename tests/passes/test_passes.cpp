@@ -227,6 +227,21 @@ TEST_CASE("passes: simplify moves ReLU's gradient through max pooling's, onto th
     REQUIRE(got.size() == want.size());
     CHECK(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)) == 0);  // bitwise, -0 included
   }
+  // At O2 the mask moves on into the argmax (-1 where the maximum is not above 0), and the put
+  // reads the gradient itself: no Select is left.
+  const std::string ir2 = optimized(f, xg::JitConfig{}, x, w);
+  CHECK(ir2.find("drop_nonpositive=true") != std::string::npos);
+  CHECK(ir2.find("= Select(") == std::string::npos);
+  // Not when the argmax is read elsewhere: here it is returned, and must keep every window's.
+  const xg::cpu::Pool2dGeometry geo{1, 2, 4, 4, 2, 2, 2, 2, 0, 0, 2, 2};
+  auto with_argmax = [&](xg::Tensor<float> v, xg::Tensor<float> u) {
+    return std::tuple{f(v, u), xg::detail::max_pool_argmax(xg::relu(v), geo, xg::SourceLoc::current())};
+  };
+  const auto [g_eager, idx_eager] = with_argmax(x, w);
+  const auto [g_jit, idx_jit] = xg::jit(with_argmax)(x, w);
+  CHECK(idx_jit.to_vector() == idx_eager.to_vector());
+  CHECK(std::memcmp(g_jit.to_vector().data(), g_eager.to_vector().data(), want.size() * sizeof(float)) == 0);
+  CHECK(xg::jit(with_argmax).lower(x, w).ir().find("drop_nonpositive") == std::string::npos);
   // Not for a mask of another tensor.
   auto other = [](xg::Tensor<float> y, xg::Tensor<float> g) {
     auto back = xg::grad([&](xg::Tensor<float> v) { return xg::sum(xg::max_pool2d(v, 2, 2) * g); })(y);

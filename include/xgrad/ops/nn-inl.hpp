@@ -185,11 +185,20 @@ struct MaxPoolTake : Windowed<cpu::Pool2dGeometry> {
 };
 /// Max pooling's values and argmax from one pass over x (outputs: values, then argmax): what
 /// a graph runs for MaxPoolTake(x, MaxPoolArgmax(x)), the pair fusion finds (passes/fuse.hpp).
-/// Made only after differentiation, so it has no derivative or batching rules.
+/// With drop_nonpositive the argmax is -1 where the maximum is not above 0, so that a put
+/// through it carries ReLU's gradient mask too. Made only after differentiation, so it has no
+/// derivative or batching rules.
 struct MaxPoolWithArgmax : Windowed<cpu::Pool2dGeometry> {
   static constexpr std::string_view name = "MaxPoolWithArgmax";
+  bool drop_nonpositive = false;
+  std::vector<ir::Attr> attrs() const {
+    std::vector<ir::Attr> out = window_attrs(geometry);
+    if (drop_nonpositive) out.push_back({"drop_nonpositive", "true"});
+    return out;
+  }
+  bool operator==(const MaxPoolWithArgmax&) const = default;
   template <class T> void run(Device d, const Tensor<T>& x, Tensor<T>& values, Tensor<std::int32_t>& idx) const {
-    kernels::max_pool2d_argmax(d, geometry, x.data(), idx.data(), values.data());
+    kernels::max_pool2d_argmax(d, geometry, x.data(), idx.data(), values.data(), drop_nonpositive);
   }
 };
 /// gx = each gy[o] added at its window's argmax idx[o], zeros elsewhere: max pooling's gradient

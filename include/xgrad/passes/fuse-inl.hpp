@@ -180,6 +180,68 @@ inline std::unique_ptr<ir::Node> make_fused(const ir::Graph& g, const std::vecto
   return fused;
 }
 
+/// A MaxPoolWithArgmax node's kernel: values and argmax, each into its planned buffer.
+inline ir::Kernel max_pool_with_argmax_kernel(const op::MaxPoolWithArgmax& def, const Shape& shape) {
+  return [def, shape](std::span<const TensorBase> in, std::span<TensorBase> out) {
+    const Device device = in[0].device();
+    auto run = [&]<class T>(std::type_identity<T>) {
+      Tensor<T> values = xgrad::detail::output<T>(out[0], shape, device);
+      Tensor<std::int32_t> idx = xgrad::detail::output<std::int32_t>(out[1], shape, device);
+      def.run(device, Tensor<T>(in[0]), values, idx);
+      out[0] = values;
+      out[1] = idx;
+    };
+    if (in[0].dtype() == DType::float64)
+      run(std::type_identity<double>{});
+    else
+      run(std::type_identity<float>{});
+  };
+}
+
+/// When every reader of the argmax of `pool` (a MaxPoolWithArgmax) is a MaxPoolPut(argmax, s)
+/// with s = where(values > 0, u, 0) read only there (ReLU's gradient moved through the pooling,
+/// passes/simplify.hpp): the argmax drops the windows whose maximum is not above 0 and each put
+/// reads u itself. Exact: such a window's put added only +0s. The Selects, and the Greaters no
+/// one else reads, are erased. True when it rewrote.
+inline bool mask_in_argmax(ir::Graph& g, ir::Node& pool) {
+  ir::Value* values = pool.outputs[0];
+  ir::Value* argmax = pool.outputs[1];
+  if (std::count(g.outputs.begin(), g.outputs.end(), argmax)) return false;
+  std::vector<std::pair<ir::Node*, ir::Node*>> puts;  // (put, its Select)
+  for (const auto& node : g.nodes) {
+    if (std::find(node->inputs.begin(), node->inputs.end(), argmax) == node->inputs.end()) continue;
+    if (!node->is<op::MaxPoolPut>() || node->inputs[0] != argmax) return false;
+    ir::Node* select = node->inputs[1]->producer;
+    if (!select || !select->is<op::Where>() || !is_positive_zero(select->inputs[2]) ||
+        readers(g, select->outputs[0]) != 1)
+      return false;
+    const ir::Node* greater = select->inputs[0]->producer;
+    if (!greater || !greater->is<op::Greater>() || greater->inputs[0] != values ||
+        !is_positive_zero(greater->inputs[1]))
+      return false;
+    puts.emplace_back(node.get(), select);
+  }
+  if (puts.empty()) return false;
+  op::MaxPoolWithArgmax def = pool.params<op::MaxPoolWithArgmax>();
+  def.drop_nonpositive = true;
+  pool.primitive = ir::make_primitive(def);
+  pool.kernel = max_pool_with_argmax_kernel(def, values->shape);
+  std::unordered_set<const ir::Node*> dead;
+  for (auto [put, select] : puts) {
+    put->inputs[1] = select->inputs[1];
+    dead.insert(select);
+  }
+  for (auto [put, select] : puts) {
+    const ir::Value* mask = select->inputs[0];
+    std::size_t live_readers = 0;
+    for (const auto& node : g.nodes)
+      if (!dead.count(node.get())) live_readers += std::count(node->inputs.begin(), node->inputs.end(), mask);
+    if (live_readers == 0 && !std::count(g.outputs.begin(), g.outputs.end(), mask)) dead.insert(mask->producer);
+  }
+  erase_nodes(g, dead);
+  return true;
+}
+
 /// MaxPoolTake(x, a) with a = MaxPoolArgmax(x) -> one MaxPoolWithArgmax(x) making both, in
 /// the argmax's place: the take's gather of the maxima is dropped, as the argmax pass has them
 /// in registers. True when it paired any.
@@ -200,26 +262,15 @@ inline bool pair_max_pool(ir::Graph& g) {
     paired->scope = take.scope;
     paired->inputs = {take.inputs[0]};
     paired->outputs = {take.outputs[0], argmax->outputs[0]};
-    paired->kernel = [def, shape](std::span<const TensorBase> in, std::span<TensorBase> out) {
-      const Device device = in[0].device();
-      auto run = [&]<class T>(std::type_identity<T>) {
-        Tensor<T> values = xgrad::detail::output<T>(out[0], shape, device);
-        Tensor<std::int32_t> idx = xgrad::detail::output<std::int32_t>(out[1], shape, device);
-        def.run(device, Tensor<T>(in[0]), values, idx);
-        out[0] = values;
-        out[1] = idx;
-      };
-      if (in[0].dtype() == DType::float64)
-        run(std::type_identity<double>{});
-      else
-        run(std::type_identity<float>{});
-    };
+    paired->kernel = max_pool_with_argmax_kernel(def, shape);
     for (ir::Value* v : paired->outputs) v->producer = paired.get();
     const auto at =
         std::find_if(g.nodes.begin(), g.nodes.end(), [&](const auto& node) { return node.get() == argmax; });
+    ir::Node& node = *paired;
     g.nodes.erase(g.nodes.begin() + static_cast<std::ptrdiff_t>(k));  // the take, after the argmax
     *at = std::move(paired);
-    --k;
+    mask_in_argmax(g, node);
+    k = position_of(g, &node);
     changed = true;
   }
   return changed;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 
 #include "xgrad/passes/rewrite.hpp"
 
@@ -33,6 +34,30 @@ XGRAD_API bool is_constant(const ir::Value* v, double x) {
     if (e != x) return false;
   }
   return true;
+}
+
+XGRAD_API bool is_positive_zero(const ir::Value* v) {
+  if (!is_constant(v, 0)) return false;
+  const TensorBase t = ir::on_host(constant_node(v)->params<op::Const>().value);
+  const void* data = t.impl()->storage->data();
+  for (std::int64_t i = 0; i < t.numel(); ++i)
+    if ((t.dtype() == DType::float32 && std::signbit(static_cast<const float*>(data)[i])) ||
+        (t.dtype() == DType::float64 && std::signbit(static_cast<const double*>(data)[i])))
+      return false;
+  return true;
+}
+
+XGRAD_API std::size_t readers(const ir::Graph& g, const ir::Value* v) {
+  std::size_t count = static_cast<std::size_t>(std::count(g.outputs.begin(), g.outputs.end(), v));
+  for (const auto& node : g.nodes)
+    count += static_cast<std::size_t>(std::count(node->inputs.begin(), node->inputs.end(), v));
+  for (const auto& e : g.effects) count += e.value == v;
+  return count;
+}
+
+XGRAD_API std::size_t position_of(const ir::Graph& g, const ir::Node* node) {
+  return static_cast<std::size_t>(
+      std::find_if(g.nodes.begin(), g.nodes.end(), [&](const auto& p) { return p.get() == node; }) - g.nodes.begin());
 }
 
 XGRAD_API void renumber(ir::Graph& g) {

@@ -40,6 +40,15 @@ XGRAD_API const ir::Node* constant_node(const ir::Value* v);
 /// True when every element of the Const `v` equals `x`.
 XGRAD_API bool is_constant(const ir::Value* v, double x);
 
+/// True when `v` is a Const whose elements are all +0 (not -0).
+XGRAD_API bool is_positive_zero(const ir::Value* v);
+
+/// How many node inputs, outputs and effects read `v`.
+XGRAD_API std::size_t readers(const ir::Graph& g, const ir::Value* v);
+
+/// Where `node` is in g's program order.
+XGRAD_API std::size_t position_of(const ir::Graph& g, const ir::Node* node);
+
 /// Drops the values no node, input or output refers to and numbers the rest in order, so
 /// the printed graph reads %0, %1, ... again after nodes were removed.
 XGRAD_API void renumber(ir::Graph& g);

@@ -117,15 +117,6 @@ inline ir::Value* sum_of_broadcast(ir::Graph& g, std::size_t at, const PassConte
   return x->dtype == DType::float32 ? scaled(std::type_identity<float>{}) : scaled(std::type_identity<double>{});
 }
 
-/// How many node inputs, outputs and effects read `v`.
-inline std::size_t readers(const ir::Graph& g, const ir::Value* v) {
-  std::size_t count = static_cast<std::size_t>(std::count(g.outputs.begin(), g.outputs.end(), v));
-  for (const auto& node : g.nodes)
-    count += static_cast<std::size_t>(std::count(node->inputs.begin(), node->inputs.end(), v));
-  for (const auto& e : g.effects) count += e.value == v;
-  return count;
-}
-
 /// add(mul(a, b), c), where only the add reads the product: fma(a, b, c), one rounding instead
 /// of two (not under strict) and one pass over memory instead of two. Null when it does not apply.
 inline ir::Value* multiply_add(ir::Graph& g, std::size_t at, const PassContext& ctx) {
@@ -146,24 +137,6 @@ inline ir::Value* multiply_add(ir::Graph& g, std::size_t at, const PassContext& 
     return dtype == DType::float32 ? fused(std::type_identity<float>{}) : fused(std::type_identity<double>{});
   }
   return nullptr;
-}
-
-/// Where `node` is in g's program order.
-inline std::size_t position_of(const ir::Graph& g, const ir::Node* node) {
-  return static_cast<std::size_t>(
-      std::find_if(g.nodes.begin(), g.nodes.end(), [&](const auto& p) { return p.get() == node; }) - g.nodes.begin());
-}
-
-/// True when `v` is a Const whose elements are all +0 (not -0).
-inline bool is_positive_zero(const ir::Value* v) {
-  if (!is_constant(v, 0)) return false;
-  const TensorBase t = ir::on_host(constant_node(v)->params<op::Const>().value);
-  const void* data = t.impl()->storage->data();
-  for (std::int64_t i = 0; i < t.numel(); ++i)
-    if ((t.dtype() == DType::float32 && std::signbit(static_cast<const float*>(data)[i])) ||
-        (t.dtype() == DType::float64 && std::signbit(static_cast<const double*>(data)[i])))
-      return false;
-  return true;
 }
 
 /// where(y > 0, MaxPoolPut(a, g), 0) with a = MaxPoolArgmax(y) ->

@@ -318,7 +318,7 @@ template <class V> std::array<V, 2> deinterleave(const V&, const V&) { return {}
 /// front (L / 2 windows a step). Narrow rows run into the next rows' elements, whose windows are
 /// stored over later; a step that would read past x_end goes scalar.
 template <class T> void max_pool_argmax_2x2(const Pool2dGeometry& g, const T* x, const T* x_end, int64_t first,
-                                            int64_t count, int32_t* idx, T* values) {
+                                            int64_t count, int32_t* idx, T* values, bool drop_nonpositive) {
   using V = xsimd::batch<T>;
   using U = xsimd::batch<xsimd::as_unsigned_integer_t<T>>;
   constexpr auto L = static_cast<int64_t>(V::size);
@@ -369,7 +369,7 @@ template <class T> void max_pool_argmax_2x2(const Pool2dGeometry& g, const T* x,
         auto scalar_step = [&] {
           for (int64_t t = 0; t < outputs; ++t) {
             const int32_t at = static_cast<int32_t>(top - xp + col + 2 * t) + first_max_2x2(a + 2 * t, g.w);
-            idx[o + t] = at;
+            idx[o + t] = drop_nonpositive && !(xp[at] > T(0)) ? -1 : at;
             if (values) values[o + t] = xp[at];
           }
         };
@@ -412,6 +412,7 @@ template <class T> void max_pool_argmax_2x2(const Pool2dGeometry& g, const T* x,
         const auto takes_right = (right > left) | ((right == left) & (right_r < left_r));
         V offset = xsimd::select(takes_right, right_r + one, left_r) + lane_column + V(static_cast<T>(top - xp + col));
         V value = xsimd::select(takes_right, right, left);
+        if (drop_nonpositive) offset = xsimd::select(value > zero, offset, V(T(-1)));
         if (!wide) {
           offset = xsimd::swizzle(offset, evens);
           value = xsimd::swizzle(value, evens);
@@ -493,14 +494,19 @@ template <class T> void max_pool2d_take(const Pool2dGeometry& g, const int32_t* 
 /// number; padded positions never win), or -1 for an empty window; and when `values` is given,
 /// values[o] = that maximum (0 for an empty window), as max_pool2d_take would. Max pooling is
 /// max_pool2d_take(argmax, x), its gradient max_pool2d_put(argmax, gy): the argmax is found once.
-template <class T> void max_pool2d_argmax(const Pool2dGeometry& g, const T* x, int32_t* idx, T* values = nullptr) {
+/// With `drop_nonpositive`, idx[o] is -1 also where the maximum is not above 0 (NaN included):
+/// a gradient put through it is then 0 there, as ReLU's before the pooling makes it.
+template <class T> void max_pool2d_argmax(const Pool2dGeometry& g, const T* x, int32_t* idx, T* values = nullptr,
+                                          bool drop_nonpositive = false) {
   assert(g.h * g.w <= INT32_MAX);
   const int64_t in_plane = g.h * g.w;
   const int64_t out_plane = g.out_h * g.out_w;
   if (detail::pool_is_2x2(g)) {
     const T* x_end = x + g.n * g.c * in_plane;
     parallel_for(0, g.n * g.c, std::max<int64_t>(1, detail::k_pool_min_parallel_work / std::max<int64_t>(1, in_plane)),
-                 [&](int64_t lo, int64_t hi) { detail::max_pool_argmax_2x2(g, x, x_end, lo, hi - lo, idx, values); });
+                 [&](int64_t lo, int64_t hi) {
+                   detail::max_pool_argmax_2x2(g, x, x_end, lo, hi - lo, idx, values, drop_nonpositive);
+                 });
     return;
   }
   detail::for_each_pool_chunk<T>(g, [&](int64_t first, int64_t count, detail::PoolScratch<T>& s) {
@@ -509,6 +515,10 @@ template <class T> void max_pool2d_argmax(const Pool2dGeometry& g, const T* x, i
                                   [&](int64_t o, int64_t a) { ic[o] = static_cast<int32_t>(a); });
   });
   if (values) max_pool2d_take(g, idx, x, values);
+  if (drop_nonpositive)
+    for (int64_t p = 0; p < g.n * g.c; ++p)
+      for (int64_t o = p * out_plane; o < (p + 1) * out_plane; ++o)
+        if (idx[o] >= 0 && !(x[p * in_plane + idx[o]] > T(0))) idx[o] = -1;
 }
 
 /// out[o] = v[idx[o]] in o's plane (0 where idx is -1).
