@@ -535,6 +535,22 @@ std::vector<OpCase> build_table() {
   t.push_back(make_case(
       "max_pool2d/overlap", Shapes{{1, 2, 7, 7}}, [](const auto& in) { return max_pool2d(in[0], 3, 2); },
       [](const std::vector<Ref>& r) { return pool_ref(r[0], 3, 2, true); }));
+  // A convnet's block: a compiled gradient moves ReLU's mask into the pooling's argmax
+  // (passes/fuse.hpp). Few output channels (the shifted product), and enough to fill half a
+  // vector (the direct kernel).
+  auto conv_relu_pool_ref = [](const Ref& x, const Ref& w, std::int64_t oh, std::int64_t ow) {
+    Ref y = conv_ref(x, w, 1, 0, 0, 1, oh, ow);
+    for (double& v : y.data) v = v > 0 || std::isnan(v) ? v : 0;  // relu keeps NaN
+    return pool_ref(y, 2, 2, true);
+  };
+  t.push_back(make_case(
+      "conv2d_relu_max_pool/shifted", Shapes{{2, 1, 12, 12}, {3, 1, 5, 5}},
+      [](const auto& in) { return max_pool2d(relu(conv2d(in[0], in[1], {.pad_mode = PadMode::valid})), 2, 2); },
+      [=](const std::vector<Ref>& r) { return conv_relu_pool_ref(r[0], r[1], 8, 8); }));
+  t.push_back(make_case(
+      "conv2d_relu_max_pool/direct", Shapes{{2, 2, 10, 9}, {10, 2, 3, 3}},
+      [](const auto& in) { return max_pool2d(relu(conv2d(in[0], in[1], {.pad_mode = PadMode::valid})), 2, 2); },
+      [=](const std::vector<Ref>& r) { return conv_relu_pool_ref(r[0], r[1], 8, 7); }));
   t.push_back(make_case(
       "avg_pool2d", Shapes{{2, 2, 6, 4}}, [](const auto& in) { return avg_pool2d(in[0], 2, 2); },
       [](const std::vector<Ref>& r) { return pool_ref(r[0], 2, 2, false); }));

@@ -212,8 +212,10 @@ inline bool mask_in_argmax(ir::Graph& g, ir::Node& pool) {
     if (std::find(node->inputs.begin(), node->inputs.end(), argmax) == node->inputs.end()) continue;
     if (!node->is<op::MaxPoolPut>() || node->inputs[0] != argmax) return false;
     ir::Node* select = node->inputs[1]->producer;
+    // The gradient itself of the put's shape (not a broadcast the Select stretched).
     if (!select || !select->is<op::Where>() || !is_positive_zero(select->inputs[2]) ||
-        readers(g, select->outputs[0]) != 1)
+        readers(g, select->outputs[0]) != 1 || !(select->inputs[1]->shape == select->outputs[0]->shape) ||
+        select->inputs[1]->dtype != select->outputs[0]->dtype)
       return false;
     const ir::Node* greater = select->inputs[0]->producer;
     if (!greater || !greater->is<op::Greater>() || greater->inputs[0] != values ||
