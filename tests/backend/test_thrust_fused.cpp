@@ -5,6 +5,8 @@
 
 #if defined(XGRAD_WITH_THRUST)
 #include "xgrad/backend/thrust/fused.hpp"
+#include "xgrad/core/factory.hpp"
+#include "xgrad/ops/device.hpp"
 #include "xgrad/ops/elementwise-inl.hpp"  // op::Fusible and the op structs
 
 namespace xg = xgrad;

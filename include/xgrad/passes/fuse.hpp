@@ -6,7 +6,9 @@
 // the product as the GEMM finishes it).
 //
 // Max pooling's argmax and the forward's take of the maxima (MaxPoolTake(x, MaxPoolArgmax(x)))
-// become one MaxPoolWithArgmax node: one pass over x makes both.
+// become one MaxPoolWithArgmax node: one pass over x makes both. When only puts of ReLU's
+// masked gradient read the argmax, the mask moves into it (drop_nonpositive) and the puts read
+// the gradient itself.
 //
 // A group never becomes a cycle: it stays convex (no outside node on a path between two of its
 // nodes). The fused nodes and the rest are then put in an order where every value is made

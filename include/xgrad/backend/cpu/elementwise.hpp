@@ -122,7 +122,7 @@ template <class T> xsimd::batch_bool<T> load_mask(const bool* p) {
     std::memcpy(&word, p + k, std::min<std::size_t>(8, n - k));
     bits |= ((word * 0x0102040810204080ull) >> 56) << k;
   }
-  if constexpr (std::is_integral_v<typename B::register_type>) {
+  if constexpr (std::is_base_of_v<xsimd::avx512f, typename xsimd::batch<T>::arch_type>) {
     return B(static_cast<typename B::register_type>(bits));
   } else {
     using I = xsimd::batch<xsimd::as_integer_t<T>>;
