@@ -97,17 +97,6 @@ void conv2d_backward_weight(Device device, const cpu::Conv2dGeometry& g, const T
   XGRAD_ON_THRUST(device, conv2d_backward_weight(g, x, gy, gw));
   cpu::conv2d_backward_weight(g, x, gy, gw);
 }
-/// idx[o] = -1 where the window's maximum x[idx[o]] is not above 0: max_pool2d_argmax's
-/// drop_nonpositive, after the fact.
-template <class T> struct DropNonpositive {
-  const T* x;
-  const std::int32_t* idx;
-  std::int64_t in_plane, out_plane;
-  XGRAD_HD std::int32_t operator()(std::int64_t o) const {
-    return idx[o] >= 0 && x[o / out_plane * in_plane + idx[o]] > T(0) ? idx[o] : -1;
-  }
-};
-
 /// See cpu::max_pool2d_argmax.
 template <class T> void max_pool2d_argmax(Device device, const cpu::Pool2dGeometry& g, const T* x, std::int32_t* idx,
                                           T* values = nullptr, bool drop_nonpositive = false) {
@@ -117,7 +106,7 @@ template <class T> void max_pool2d_argmax(Device device, const cpu::Pool2dGeomet
     if (values) thrust_backend::max_pool2d_take(g, idx, x, values);
     if (drop_nonpositive)
       thrust_backend::tabulate(idx, g.n * g.c * g.out_h * g.out_w,
-                               DropNonpositive<T>{x, idx, g.h * g.w, g.out_h * g.out_w});
+                               cpu::DropNonpositive<T>{x, idx, g.h * g.w, g.out_h * g.out_w});
     return;
   }
 #endif

@@ -515,10 +515,10 @@ template <class T> void max_pool2d_argmax(const Pool2dGeometry& g, const T* x, i
                                   [&](int64_t o, int64_t a) { ic[o] = static_cast<int32_t>(a); });
   });
   if (values) max_pool2d_take(g, idx, x, values);
-  if (drop_nonpositive)
-    for (int64_t p = 0; p < g.n * g.c; ++p)
-      for (int64_t o = p * out_plane; o < (p + 1) * out_plane; ++o)
-        if (idx[o] >= 0 && !(x[p * in_plane + idx[o]] > T(0))) idx[o] = -1;
+  if (drop_nonpositive) {
+    const DropNonpositive<T> drop{x, idx, in_plane, out_plane};
+    for (int64_t o = 0; o < g.n * g.c * out_plane; ++o) idx[o] = drop(o);
+  }
 }
 
 /// out[o] = v[idx[o]] in o's plane (0 where idx is -1).
