@@ -5,4 +5,5 @@
 #include "xgrad/passes/fuse-inl.hpp"
 #include "xgrad/passes/pipeline-inl.hpp"
 #include "xgrad/passes/rewrite-inl.hpp"
+#include "xgrad/passes/schedule-inl.hpp"
 #include "xgrad/passes/simplify-inl.hpp"

@@ -2,14 +2,18 @@
 // optimized graph computes against eager.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <span>
 #include <sstream>
+#include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
 
+#include <xgrad/backend/cpu/thread_pool.hpp>
 #include <xgrad/xgrad.hpp>
 
 #include "test_support.hpp"
@@ -648,4 +652,104 @@ TEST_CASE("plan_memory: a result that passes an arena buffer through is copied o
   jitted(x * 3.0f);
   CHECK(first.to_vector() == kept);
   CHECK(kept == f(x).to_vector());
+}
+
+namespace {
+
+/// The stage (index into stages) node k of `g` runs in.
+std::size_t stage_of(std::span<const xg::backend::Stage> stages, std::size_t k) {
+  for (std::size_t s = 0; s < stages.size(); ++s)
+    if (k >= stages[s].begin && k < stages[s].end) return s;
+  return stages.size();
+}
+
+/// The position in g.nodes of the node whose first input is `a` and second `b`.
+std::size_t position_of_node(const xg::ir::Graph& g, const xg::ir::Value* a, const xg::ir::Value* b) {
+  for (std::size_t k = 0; k < g.nodes.size(); ++k)
+    if (g.nodes[k]->inputs.size() >= 2 && g.nodes[k]->inputs[0] == a && g.nodes[k]->inputs[1] == b) return k;
+  return g.nodes.size();
+}
+
+/// Sets the pool's thread count for a scope.
+struct Threads {
+  int saved = xg::cpu::num_threads();
+  explicit Threads(int n) { xg::cpu::set_num_threads(n); }
+  ~Threads() { xg::cpu::set_num_threads(saved); }
+};
+
+}  // namespace
+
+TEST_CASE("schedule: cheap independent nodes meet in a stage that runs at once; large ones run alone") {
+  // Two small products (65k and 131k multiply-adds: one thread each) around a large one (2M).
+  auto f = [](xg::Tensor<float> a, xg::Tensor<float> b, xg::Tensor<float> x, xg::Tensor<float> w) {
+    auto small1 = xg::matmul(a, b);
+    auto large = xg::matmul(x, w);
+    auto small2 = xg::matmul(b, a);
+    return xg::sum(small1) + xg::sum(large) + xg::sum(small2);
+  };
+  auto a = xg::randn<float>({32, 64}, 1), b = xg::randn<float>({64, 32}, 2);
+  auto x = xg::randn<float>({128, 128}, 3), w = xg::randn<float>({128, 128}, 4);
+  auto with = [&](xg::JitConfig config) { return xg::jit(f, config).lower(a, b, x, w); };
+  const auto scheduled = with(only("schedule"));
+  const xg::ir::Graph& g = scheduled.graph();
+  const auto& in = g.inputs;
+  const std::size_t k1 = position_of_node(g, in[0], in[1]), k2 = position_of_node(g, in[1], in[0]),
+                    kl = position_of_node(g, in[2], in[3]);
+  REQUIRE(kl < g.nodes.size());
+  // The second small product moved before the large one, beside the first.
+  CHECK(k1 + 1 == k2);
+  CHECK(k2 < kl);
+  const auto stages = xg::backend::stages(g);
+  CHECK(stage_of(stages, k1) == stage_of(stages, k2));
+  CHECK(stages[stage_of(stages, k1)].size() == 2);
+  CHECK(stages[stage_of(stages, kl)].size() == 1);
+  CHECK(scheduled.ir().find("[stage " + std::to_string(stage_of(stages, k1)) + " of 2 nodes]") != std::string::npos);
+  // Without the pass the order is the program's, and the large product splits the small ones.
+  const auto unscheduled = with(only("none"));
+  const xg::ir::Graph& u = unscheduled.graph();
+  CHECK(position_of_node(u, u.inputs[1], u.inputs[0]) > position_of_node(u, u.inputs[2], u.inputs[3]));
+  CHECK(unscheduled.ir().find("[stage ") == std::string::npos);
+  // The same result on one thread and on two.
+  const float eager = f(a, b, x, w).item();
+  for (int threads : {1, 2}) {
+    Threads guard(threads);
+    CHECK(xg::jit(f)(a, b, x, w).item() == doctest::Approx(eager).epsilon(1e-5));
+  }
+}
+
+TEST_CASE("plan_memory: nodes run at once never write over a buffer another of them reads") {
+  // u and v both read t and run at once; v reads it last, so alone it would take t's buffer.
+  auto f = [](xg::Tensor<float> x) {
+    auto t = xg::exp(x);
+    auto u = xg::tanh(t);
+    auto v = xg::sin(t);
+    return xg::sum(u * v);
+  };
+  auto x = xg::randn<float>({64, 64}, 5);
+  xg::JitConfig config = only("schedule");
+  config.disabled_passes.erase(
+      std::find(config.disabled_passes.begin(), config.disabled_passes.end(), std::string("plan_memory")));
+  const auto lowered = xg::jit(f, config).lower(x);
+  const xg::ir::Graph& g = lowered.graph();
+  INFO(lowered.ir());
+  REQUIRE(g.nodes.size() >= 4);
+  const auto stages = xg::backend::stages(g);
+  REQUIRE(stages.size() >= 3);
+  CHECK(stages[1].size() == 2);  // tanh and sin
+  const xg::backend::MemoryPlan* plan = lowered.memory_plan();
+  REQUIRE(plan != nullptr);
+  const int t = g.nodes[0]->outputs[0]->id;
+  for (std::size_t k = 1; k <= 2; ++k) {
+    const auto id = static_cast<std::size_t>(g.nodes[k]->outputs[0]->id);
+    CHECK(plan->in_place_of[id] != t);
+    CHECK(plan->offset[id] != plan->offset[static_cast<std::size_t>(t)]);
+  }
+  // The product after them still writes over one of its operands.
+  CHECK(plan->num_in_place == 1);
+  // Freed buffers poisoned, run again and again on two threads: eager's bits every time.
+  config.poison_freed_buffers = true;
+  auto jitted = xg::jit(f, config);
+  const float eager = f(x).item();
+  Threads guard(2);
+  for (int call = 0; call < 20; ++call) CHECK(jitted(x).item() == eager);
 }

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <stdexcept>
 
+#include "xgrad/backend/cpu/thread_pool.hpp"
 #include "xgrad/backend/executor.hpp"
 #include "xgrad/backend/kernels.hpp"
 #include "xgrad/ir/printer.hpp"
@@ -24,6 +25,7 @@ XGRAD_API Program::Program(std::shared_ptr<const ir::Graph> graph, ProgramOption
   m_release.resize(nodes.size());
   for (std::size_t id = 0; id < last_use.size(); ++id)
     if (last_use[id] >= 0) m_release[static_cast<std::size_t>(last_use[id])].push_back(static_cast<int>(id));
+  m_stages = backend::stages(*m_graph);
   if (m_options.plan_memory) m_plan = plan_memory(*m_graph);
 }
 
@@ -40,34 +42,23 @@ XGRAD_API void Program::run(std::span<const TensorBase> inputs, std::vector<Tens
   Workspace& ws = lease.workspace();
   auto& env = ws.env;
   for (std::size_t i = 0; i < g.inputs.size(); ++i) env[static_cast<std::size_t>(g.inputs[i]->id)] = inputs[i];
-  for (std::size_t k = 0; k < g.nodes.size(); ++k) {
-    const ir::Node& node = *g.nodes[k];
-    ws.in.clear();
-    for (const ir::Value* v : node.inputs) ws.in.push_back(env[static_cast<std::size_t>(v->id)]);
-    // On a device, a node whose inputs are all on the cpu (a constant, a factory, scalars)
-    // runs there and its result moves to the device; its planned buffer is not for cpu kernels.
-    const bool moved = device != Device::cpu && std::none_of(ws.in.begin(), ws.in.end(), [](const TensorBase& t) {
-                         return t.device() != Device::cpu;
-                       });
-    ws.out.clear();  // each output's planned buffer, or undefined: the kernel makes its own
-    for (const ir::Value* v : node.outputs)
-      ws.out.push_back(moved ? TensorBase() : ws.planned[static_cast<std::size_t>(v->id)]);
-    if (moved && node.is<op::Const>() && ws.constants[k].defined())
-      ws.out[0] = ws.constants[k];
-    else
-      node.kernel(ws.in, ws.out);
-    for (std::size_t j = 0; j < ws.out.size(); ++j) {
-      const ir::Value& v = *node.outputs[j];
-      check_output(node, v, ws.out[j]);
-      if (device != Device::cpu) move_to_device(ws, node, j, device);
-      keep_in_plan(ws, v, ws.out[j]);
-      env[static_cast<std::size_t>(v.id)] = std::move(ws.out[j]);
+  for (const Stage& stage : m_stages) {
+    if (stage.size() == 1 || device != Device::cpu) {
+      for (std::size_t k = stage.begin; k < stage.end; ++k) run_node(ws, ws.operands[0], k);
+    } else {
+      cpu::parallel_for(static_cast<std::int64_t>(stage.begin), static_cast<std::int64_t>(stage.end), 1,
+                        [&](std::int64_t first, std::int64_t last) {
+                          for (auto k = static_cast<std::size_t>(first); k < static_cast<std::size_t>(last); ++k)
+                            run_node(ws, ws.operands[k - stage.begin], k);
+                        });
     }
-    for (int id : m_release[k]) env[static_cast<std::size_t>(id)] = TensorBase();
-    if (m_plan && m_options.poison_freed_buffers)
-      for (const auto& region : m_plan->freed_after[k])
-        kernels::fill(device, ws.arena->data() + region.offset, static_cast<std::int64_t>(region.bytes),
-                      std::byte{0xFF});
+    for (std::size_t k = stage.begin; k < stage.end; ++k) {
+      for (int id : m_release[k]) env[static_cast<std::size_t>(id)] = TensorBase();
+      if (m_plan && m_options.poison_freed_buffers)
+        for (const auto& region : m_plan->freed_after[k])
+          kernels::fill(device, ws.arena->data() + region.offset, static_cast<std::int64_t>(region.bytes),
+                        std::byte{0xFF});
+    }
   }
   apply_effects(inputs, ws);
   results.clear();
@@ -80,6 +71,33 @@ XGRAD_API void Program::run(std::span<const TensorBase> inputs, std::vector<Tens
     results.push_back(shared ? xgrad::detail::copy_to(t, t.device()) : t);
   }
   for (auto& t : env) t = TensorBase();
+}
+
+XGRAD_API void Program::run_node(Workspace& ws, Workspace::Operands& ops, std::size_t k) const {
+  const ir::Node& node = *m_graph->nodes[k];
+  const Device device = ws.device;
+  ops.in.clear();
+  for (const ir::Value* v : node.inputs) ops.in.push_back(ws.env[static_cast<std::size_t>(v->id)]);
+  // On a device, a node whose inputs are all on the cpu (a constant, a factory, scalars)
+  // runs there and its result moves to the device; its planned buffer is not for cpu kernels.
+  const bool moved = device != Device::cpu && std::none_of(ops.in.begin(), ops.in.end(), [](const TensorBase& t) {
+                       return t.device() != Device::cpu;
+                     });
+  ops.out.clear();  // each output's planned buffer, or undefined: the kernel makes its own
+  for (const ir::Value* v : node.outputs)
+    ops.out.push_back(moved ? TensorBase() : ws.planned[static_cast<std::size_t>(v->id)]);
+  if (moved && node.is<op::Const>() && ws.constants[k].defined())
+    ops.out[0] = ws.constants[k];
+  else
+    node.kernel(ops.in, ops.out);
+  for (std::size_t j = 0; j < ops.out.size(); ++j) {
+    const ir::Value& v = *node.outputs[j];
+    check_output(node, v, ops.out[j]);
+    if (device != Device::cpu) move_to_device(ws, ops, node, j);
+    keep_in_plan(ws, v, ops.out[j]);
+    ws.env[static_cast<std::size_t>(v.id)] = std::move(ops.out[j]);
+  }
+  ops.in.clear();
 }
 
 XGRAD_API Program::Arena::Arena(std::size_t bytes, Device device) : m_device(device) {
@@ -129,6 +147,9 @@ XGRAD_API std::unique_ptr<Program::Workspace> Program::make_workspace(Device dev
   const ir::Graph& g = *m_graph;
   ws->env.resize(g.values.size());
   ws->planned.resize(g.values.size());
+  std::size_t longest_stage = 1;
+  for (const Stage& stage : m_stages) longest_stage = std::max(longest_stage, stage.size());
+  ws->operands.resize(longest_stage);
   if (device != Device::cpu) {
     ws->constants.resize(g.nodes.size());
     for (std::size_t k = 0; k < g.nodes.size(); ++k) {
@@ -162,8 +183,10 @@ XGRAD_API std::unique_ptr<Program::Workspace> Program::make_workspace(Device dev
   return ws;
 }
 
-XGRAD_API void Program::move_to_device(Workspace& ws, const ir::Node& node, std::size_t j, Device device) const {
-  TensorBase& t = ws.out[j];
+XGRAD_API void Program::move_to_device(const Workspace& ws, Workspace::Operands& ops, const ir::Node& node,
+                                       std::size_t j) {
+  const Device device = ws.device;
+  TensorBase& t = ops.out[j];
   if (t.device() == device || t.numel() == 1) return;
   const TensorBase& planned = ws.planned[static_cast<std::size_t>(node.outputs[j]->id)];
   if (!planned.defined()) {

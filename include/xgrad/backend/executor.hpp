@@ -1,5 +1,6 @@
 // The graph executor: runs a verified graph on concrete tensors, node by node, through the
-// kernels eager mode uses, on the device of its inputs (cpu or Device::thrust). With a memory
+// kernels eager mode uses, on the device of its inputs (cpu or Device::thrust). On the cpu the
+// nodes of a stage (backend/schedule.hpp) run at once on the thread pool. With a memory
 // plan (backend/memory_plan.hpp) every intermediate lives in an arena on that device, made on
 // the first call and kept for the next, and kernels write into it: after warm-up a call
 // allocates only what it returns. Without one, each node allocates its outputs and drops each
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "xgrad/backend/memory_plan.hpp"
+#include "xgrad/backend/schedule.hpp"
 #include "xgrad/core/config.hpp"
 #include "xgrad/ir/graph.hpp"
 
@@ -37,6 +39,8 @@ class Program {
   const ir::Graph& graph() const { return *m_graph; }
   /// The memory plan, when the program runs from one.
   const MemoryPlan* memory_plan() const { return m_plan ? &*m_plan : nullptr; }
+  /// The graph's nodes cut into stages, each run at once on the cpu.
+  std::span<const Stage> stages() const { return m_stages; }
 
   /// Runs the graph on `inputs` (one per graph input, of its dtype and shape), applies its
   /// effects to those inputs and returns its outputs.
@@ -70,7 +74,12 @@ class Program {
     std::vector<TensorBase> planned;    // per value id: a tensor over its arena buffer, if planned
     std::vector<TensorBase> env;        // per value id: the value while it is live
     std::vector<TensorBase> constants;  // off the cpu, per node: a Const's value moved to the device
-    std::vector<TensorBase> in, out, effect_sources;
+    /// Per node of the longest stage: its kernel's inputs and outputs while it runs.
+    struct Operands {
+      std::vector<TensorBase> in, out;
+    };
+    std::vector<Operands> operands;
+    std::vector<TensorBase> effect_sources;
   };
 
   struct Pool {
@@ -116,9 +125,13 @@ class Program {
 
   XGRAD_API std::unique_ptr<Workspace> make_workspace(Device device) const;
 
-  /// A node's output j, when made on the cpu during a call on `device`, moved there (into its
+  /// Runs node k, reading and writing the values in `ws.env`.
+  XGRAD_API void run_node(Workspace& ws, Workspace::Operands& ops, std::size_t k) const;
+
+  /// A node's output j, when made on the cpu during a call on the workspace's device, moved there (into its
   /// planned buffer when it has one); a one-element result may stay, as scalars do.
-  XGRAD_API void move_to_device(Workspace& ws, const ir::Node& node, std::size_t j, Device device) const;
+  XGRAD_API static void move_to_device(const Workspace& ws, Workspace::Operands& ops, const ir::Node& node,
+                                       std::size_t j);
 
   XGRAD_API static void check_output(const ir::Node& node, const ir::Value& v, const TensorBase& t);
 
@@ -135,6 +148,7 @@ class Program {
 
   std::shared_ptr<const ir::Graph> m_graph;
   ProgramOptions m_options;
+  std::vector<Stage> m_stages;
   std::vector<std::vector<int>> m_release;  // per node: the values no later node reads
   std::optional<MemoryPlan> m_plan;
   std::unique_ptr<Pools> m_pools;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "xgrad/backend/memory_plan.hpp"
+#include "xgrad/backend/schedule.hpp"
 
 namespace xgrad::backend {
 
@@ -146,56 +147,70 @@ XGRAD_API MemoryPlan plan_memory(const ir::Graph& g) {
   for (const auto& e : g.effects) last_use[root[id(e.value)]] = static_cast<std::ptrdiff_t>(num_nodes);
 
   detail::FreeList arena;
-  for (std::size_t k = 0; k < num_nodes; ++k) {
-    const ir::Node& node = *g.nodes[k];
+  for (const Stage& stage : stages(g)) {
+    // A stage's nodes run at once: none writes over a buffer another of them reads, and what
+    // they read last is free only when all are done.
+    auto read_beside = [&](std::size_t k, std::size_t r) {
+      for (std::size_t other = stage.begin; other < stage.end; ++other)
+        if (other != k && std::any_of(g.nodes[other]->inputs.begin(), g.nodes[other]->inputs.end(),
+                                      [&](const ir::Value* u) { return root[id(u)] == r; }))
+          return true;
+      return false;
+    };
     std::vector<std::size_t> taken;  // roots whose buffer an output took in place
-    for (std::size_t j = 0; j < node.outputs.size(); ++j) {
-      const ir::Value& v = *node.outputs[j];
-      if (node.traits.view || !plannable[id(&v)]) continue;
-      const std::size_t bytes = detail::value_bytes(v);
-      const ir::Value* donor = nullptr;
-      for (int i : detail::in_place_candidates(node, j)) {
-        const ir::Value* in = node.inputs[static_cast<std::size_t>(i)];
-        const std::size_t r = root[id(in)];
-        // The buffer must reach the node through this input alone: a fused group may read
-        // another view of it after the step that writes the output.
-        const auto readers =
-            std::count_if(node.inputs.begin(), node.inputs.end(), [&](const ir::Value* u) { return root[id(u)] == r; });
-        const auto copies = std::count(node.inputs.begin(), node.inputs.end(), in);
-        if (plan.offset[r] != MemoryPlan::kNotPlanned && last_use[r] == static_cast<std::ptrdiff_t>(k) &&
-            readers == copies && detail::value_bytes(*g.values[r]) == bytes &&
-            std::find(taken.begin(), taken.end(), r) == taken.end()) {
-          donor = in;
-          break;
+    for (std::size_t k = stage.begin; k < stage.end; ++k) {
+      const ir::Node& node = *g.nodes[k];
+      for (std::size_t j = 0; j < node.outputs.size(); ++j) {
+        const ir::Value& v = *node.outputs[j];
+        if (node.traits.view || !plannable[id(&v)]) continue;
+        const std::size_t bytes = detail::value_bytes(v);
+        const ir::Value* donor = nullptr;
+        for (int i : detail::in_place_candidates(node, j)) {
+          const ir::Value* in = node.inputs[static_cast<std::size_t>(i)];
+          const std::size_t r = root[id(in)];
+          // The buffer must reach the node through this input alone: a fused group may read
+          // another view of it after the step that writes the output.
+          const auto readers = std::count_if(node.inputs.begin(), node.inputs.end(),
+                                             [&](const ir::Value* u) { return root[id(u)] == r; });
+          const auto copies = std::count(node.inputs.begin(), node.inputs.end(), in);
+          if (plan.offset[r] != MemoryPlan::kNotPlanned && last_use[r] == static_cast<std::ptrdiff_t>(k) &&
+              readers == copies && detail::value_bytes(*g.values[r]) == bytes &&
+              std::find(taken.begin(), taken.end(), r) == taken.end() && !read_beside(k, r)) {
+            donor = in;
+            break;
+          }
         }
+        if (donor) {
+          plan.offset[id(&v)] = plan.offset[root[id(donor)]];
+          plan.in_place_of[id(&v)] = donor->id;
+          taken.push_back(root[id(donor)]);
+          ++plan.num_in_place;
+        } else {
+          auto [offset, reused] = arena.take(bytes);
+          plan.offset[id(&v)] = static_cast<std::ptrdiff_t>(offset);
+          plan.reused[id(&v)] = reused;
+          if (reused) ++plan.num_reused;
+        }
+        ++plan.num_planned;
+        plan.unplanned_bytes += bytes;
       }
-      if (donor) {
-        plan.offset[id(&v)] = plan.offset[root[id(donor)]];
-        plan.in_place_of[id(&v)] = donor->id;
-        taken.push_back(root[id(donor)]);
-        ++plan.num_in_place;
-      } else {
-        auto [offset, reused] = arena.take(bytes);
-        plan.offset[id(&v)] = static_cast<std::ptrdiff_t>(offset);
-        plan.reused[id(&v)] = reused;
-        if (reused) ++plan.num_reused;
-      }
-      ++plan.num_planned;
-      plan.unplanned_bytes += bytes;
     }
-    // Buffers nothing reads after this node (and not passed on in place) are free again.
+    // Buffers nothing reads after this stage (and not passed on in place) are free again.
     auto release = [&](const ir::Value* v) {
       const std::size_t r = root[id(v)];
-      if (plan.offset[r] == MemoryPlan::kNotPlanned || last_use[r] != static_cast<std::ptrdiff_t>(k) ||
+      if (plan.offset[r] == MemoryPlan::kNotPlanned || last_use[r] < static_cast<std::ptrdiff_t>(stage.begin) ||
+          last_use[r] >= static_cast<std::ptrdiff_t>(stage.end) ||
           std::find(taken.begin(), taken.end(), r) != taken.end())
         return;
-      taken.push_back(r);  // once per node
+      taken.push_back(r);  // once per stage
       const MemoryPlan::Region region{static_cast<std::size_t>(plan.offset[r]), detail::value_bytes(*g.values[r])};
       arena.give(region.offset, region.bytes);
-      plan.freed_after[k].push_back(region);
+      plan.freed_after[stage.end - 1].push_back(region);
     };
-    for (const ir::Value* v : node.inputs) release(v);
-    for (const ir::Value* v : node.outputs) release(v);
+    for (std::size_t k = stage.begin; k < stage.end; ++k) {
+      for (const ir::Value* v : g.nodes[k]->inputs) release(v);
+      for (const ir::Value* v : g.nodes[k]->outputs) release(v);
+    }
   }
   plan.arena_bytes = arena.peak();
   return plan;

@@ -1,7 +1,9 @@
 // Memory planning: before a compiled graph first runs, every intermediate gets a place in one
 // arena. A buffer is free again after the last node that reads it (or any view of it), and a
 // later value of the right size takes it; an elementwise node (or fused group) may write its
-// output over an input it reads last. Inputs, constants, outputs and whatever views them stay
+// output over an input it reads last. Nodes that run side by side (backend/schedule.hpp) are
+// planned as one step: none takes a buffer another reads, and their dead buffers are free after
+// the last of them. Inputs, constants, outputs and whatever views them stay
 // outside the arena: a caller owns what a call returns.
 #pragma once
 
@@ -30,7 +32,7 @@ struct MemoryPlan {
   std::vector<int> in_place_of;
   /// Per value id: whether it takes a buffer freed by a dead value (else a fresh part).
   std::vector<bool> reused;
-  /// Per node: the arena regions free after it runs.
+  /// Per node: the arena regions free after it runs; a stage's all after its last node.
   std::vector<std::vector<Region>> freed_after;
   std::size_t arena_bytes = 0;      // the peak: what one call's arena takes
   std::size_t unplanned_bytes = 0;  // what the planned values would take without any reuse

@@ -41,6 +41,7 @@ struct OpTraits {
   bool commutative = false;
   bool linear = false;                         // f(a x + b y) = a f(x) + b f(y) in each input
   bool view = false;                           // the output may share its first input's buffer (Reshape)
+  bool contraction = false;                    // sums products along axes (MatMul, Conv2D): work outgrows data
   BlockKernel block = nullptr;                 // elementwise ops that fusion can put in a group
   const MergedBlockKernels* merged = nullptr;  // unary ops with a batch body
 };

@@ -7,12 +7,14 @@
 #include <mutex>
 #include <shared_mutex>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
 #include "xgrad/ir/verify.hpp"
 #include "xgrad/jit/jit.hpp"
 #include "xgrad/passes/fuse.hpp"
+#include "xgrad/passes/schedule.hpp"
 
 namespace xgrad {
 
@@ -28,9 +30,19 @@ XGRAD_API void validate(const JitConfig& config) {
 
 XGRAD_API std::string Lowered::ir() const {
   const backend::MemoryPlan* plan = m_program->memory_plan();
-  if (!plan) return ir::to_text(graph());
-  return "# memory plan: " + plan->summary() + "\n" +
-         ir::to_text(graph(), nullptr, [plan](const ir::Node& node) { return plan->note(node); });
+  // Nodes that run at once: "[stage 3 of 4 nodes]" on each.
+  std::unordered_map<const ir::Node*, std::string> stage_notes;
+  const std::span<const backend::Stage> stages = m_program->stages();
+  for (std::size_t s = 0; s < stages.size(); ++s)
+    if (stages[s].size() > 1)
+      for (std::size_t k = stages[s].begin; k < stages[s].end; ++k)
+        stage_notes[graph().nodes[k].get()] =
+            xgrad::detail::concat("  [stage ", s, " of ", stages[s].size(), " nodes]");
+  auto note = [&](const ir::Node& node) {
+    const auto it = stage_notes.find(&node);
+    return (plan ? plan->note(node) : std::string()) + (it == stage_notes.end() ? std::string() : it->second);
+  };
+  return (plan ? "# memory plan: " + plan->summary() + "\n" : std::string()) + ir::to_text(graph(), nullptr, note);
 }
 
 namespace tracing::detail {
@@ -246,6 +258,11 @@ XGRAD_API std::shared_ptr<const Entry> Cache::compile(const Flat& flat, const st
     passes::renumber(*graph);
     ir::verify(*graph);
     save_stage(*graph, "fuse");
+  }
+  if (m_pipeline.schedule && passes::schedule(*graph)) {
+    passes::renumber(*graph);
+    ir::verify(*graph);
+    save_stage(*graph, "schedule");
   }
   auto program = std::make_shared<const backend::Program>(
       graph, backend::ProgramOptions{.plan_memory = m_pipeline.plan_memory,

@@ -17,6 +17,7 @@ namespace op {
 struct MatMul {
   static constexpr std::string_view name = "MatMul";
   static constexpr bool epilogue = true;
+  template <class R> static OpTraits traits() { return {.contraction = true}; }
   bool transpose_a = false, transpose_b = false;
   std::vector<ir::Attr> attrs() const {
     return {{"transpose_a", transpose_a ? "true" : "false"}, {"transpose_b", transpose_b ? "true" : "false"}};

@@ -104,6 +104,7 @@ template <class R, class Def, class... In> Tensor<R> fold_samples(Def def, std::
 
 struct Conv2D : Windowed<cpu::Conv2dGeometry> {
   static constexpr std::string_view name = "Conv2D";
+  template <class R> static OpTraits traits() { return {.contraction = true}; }
   static constexpr bool epilogue = true;
   static constexpr Needs<2> differentiable{true, true}, saved{true, true};
   static constexpr bool multilinear = true;
@@ -123,6 +124,7 @@ struct Conv2D : Windowed<cpu::Conv2dGeometry> {
 /// Conv2D's gradient with respect to its input.
 struct Conv2DInputGrad : Windowed<cpu::Conv2dGeometry> {
   static constexpr std::string_view name = "Conv2DInputGrad";
+  template <class R> static OpTraits traits() { return {.contraction = true}; }
   static constexpr Needs<2> differentiable{true, true}, saved{true, true};
   static constexpr bool multilinear = true;
   Shape output_shape() const { return {geometry.n, geometry.c_in, geometry.h, geometry.w}; }
@@ -140,6 +142,7 @@ struct Conv2DInputGrad : Windowed<cpu::Conv2dGeometry> {
 /// Conv2D's gradient with respect to its weights.
 struct Conv2DWeightGrad : Windowed<cpu::Conv2dGeometry> {
   static constexpr std::string_view name = "Conv2DWeightGrad";
+  template <class R> static OpTraits traits() { return {.contraction = true}; }
   static constexpr Needs<2> differentiable{true, true}, saved{true, true};
   static constexpr bool multilinear = true;
   Shape output_shape() const { return {geometry.c_out, geometry.c_in, geometry.kh, geometry.kw}; }

@@ -11,6 +11,7 @@
 #include "xgrad/passes/fold.hpp"
 #include "xgrad/passes/fuse.hpp"
 #include "xgrad/passes/pipeline.hpp"
+#include "xgrad/passes/schedule.hpp"
 #include "xgrad/passes/simplify.hpp"
 
 namespace xgrad::passes {
@@ -24,6 +25,7 @@ XGRAD_API std::vector<std::string> pass_names() {
   std::vector<std::string> names;
   for (const Pass& p : rewrite_passes()) names.emplace_back(p.name);
   names.emplace_back("fuse");
+  names.emplace_back("schedule");
   names.emplace_back("plan_memory");
   return names;
 }
@@ -45,6 +47,7 @@ XGRAD_API Pipeline pipeline(int level, const std::vector<std::string>& disabled)
   for (const Pass& p : rewrite_passes())
     if (enabled(p.name)) out.rewrites.push_back(p);
   out.fuse = level >= 2 && enabled("fuse");
+  out.schedule = level >= 2 && enabled("schedule");
   out.plan_memory = level >= 2 && enabled("plan_memory");
   return out;
 }

@@ -12,16 +12,17 @@ namespace xgrad::passes {
 /// The rewrites O1 and O2 run to a fixed point, by the names JitConfig::disabled_passes uses.
 XGRAD_API const std::vector<Pass>& rewrite_passes();
 
-/// What a level does: rewrites to a fixed point, then (O2) fusion once, then (O2) a memory
-/// plan for the executor. Fusion runs last because the rewrites must not look into a Fused
-/// node, whose kernel is its body.
+/// What a level does: rewrites to a fixed point, then (O2) fusion once, scheduling and a memory
+/// plan for the executor. Fusion runs after the rewrites because they must not look into a
+/// Fused node, whose kernel is its body.
 struct Pipeline {
   std::vector<Pass> rewrites;
   bool fuse = false;
+  bool schedule = false;
   bool plan_memory = false;
 };
 
-/// Every pass name: the rewrites, "fuse" and "plan_memory".
+/// Every pass name: the rewrites, "fuse", "schedule" and "plan_memory".
 XGRAD_API std::vector<std::string> pass_names();
 
 /// The pipeline of a level (0, 1, 2) without the passes named in `disabled`.

@@ -22,6 +22,11 @@
 
 namespace xgrad::cpu {
 
+/// The multiply-adds below which a product runs on one thread: under about 2^19 (two halves of
+/// ~2 us each) a region's cost and the re-packing eat the gain (84 x 120 x 32: 3.4 us on one
+/// thread, 3.9 us on two).
+inline constexpr std::int64_t kGemmParallelWork = std::int64_t{1} << 19;
+
 /// Told that rows [row, row + rows) and columns [col, col + cols) of C are final.
 using GemmBlockDone = std::function<void(int64_t row, int64_t rows, int64_t col, int64_t cols)>;
 
@@ -573,11 +578,8 @@ template <class T> void gemm(int64_t m, int64_t n, int64_t k, T alpha, const T* 
   }
 
   using cfg = detail::GemmConfig<T>;
-  // Below about 2^19 multiply-adds (two halves of ~2 us each) a region's cost and the
-  // re-packing eat the gain (84 x 120 x 32: 3.4 us on one thread, 3.9 us on two).
-  constexpr double parallel_threshold = 512.0 * 1024.0;
   const double work = static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
-  if (num_threads() <= 1 || work <= parallel_threshold || detail::t_in_parallel) {
+  if (num_threads() <= 1 || work <= static_cast<double>(kGemmParallelWork) || detail::t_in_parallel) {
     if (detail::dots_suit(m, n, k, a_col_stride, b_row_stride)) {
       detail::gemm_dots(m, n, k, alpha, a, a_row_stride, b, b_col_stride, beta, c, ldc);
       if (done) (*done)(0, m, 0, n);
