@@ -753,3 +753,77 @@ TEST_CASE("plan_memory: nodes run at once never write over a buffer another of t
   Threads guard(2);
   for (int call = 0; call < 20; ++call) CHECK(jitted(x).item() == eager);
 }
+
+TEST_CASE("plan_memory: an optimizer's update is written straight into the parameter it updates") {
+  auto run = [](const std::vector<std::string>& disabled, int calls) {
+    xg::Parameter<float> w(xg::randn<float>({16, 32}, 1) * 0.1f, "w"), b(xg::zeros<float>({32}), "b");
+    auto step = [&](xg::Tensor<float> x) {
+      auto [loss, grads] = xg::value_and_grad([&] { return xg::mean(xg::square(xg::tanh(xg::matmul(x, w) + b))); },
+                                              std::vector<xg::Tensor<float>>{w, b})();
+      xg::no_grad off;
+      w -= grads[0] * 0.1f;
+      b -= grads[1] * 0.1f;
+      return loss;
+    };
+    auto jitted = xg::jit(step, {.disabled_passes = disabled});
+    auto x = xg::randn<float>({64, 16}, 2);
+    const auto lowered = jitted.lower(x);
+    // Per effect (w's, then b's): the input its value is written into, or -1.
+    std::vector<int> written;
+    for (const auto& e : lowered.graph().effects)
+      written.push_back(
+          lowered.memory_plan() ? lowered.memory_plan()->written_into[static_cast<std::size_t>(e.value->id)] : -1);
+    const auto w_before = w.to_vector();
+    for (int call = 0; call < calls; ++call) jitted(x);
+    return std::make_tuple(written, lowered.ir(), w_before, w.to_vector(), b.to_vector());
+  };
+  const auto [written, ir, w0, w, b] = run({}, 3);
+  INFO(ir);
+  REQUIRE(written.size() == 2);
+  // b's update reads b element by element before writing: it goes into b. w's runs as the
+  // epilogue of the product x^T g, which writes its output before the update reads w: w's
+  // buffer cannot be that output, and the effect copies it in.
+  CHECK(written[1] >= 0);
+  CHECK(written[0] == -1);
+  CHECK(ir.find("1 written into the inputs they update") != std::string::npos);
+  CHECK(ir.find(", written into %" + std::to_string(written[1]) + "]") != std::string::npos);
+  CHECK(w != w0);
+  // The same parameters as without a memory plan, where each update is copied in when the call ends.
+  const auto [unplanned, unplanned_ir, w0_again, w_copied, b_copied] = run({"plan_memory"}, 3);
+  CHECK(unplanned == std::vector<int>{-1, -1});
+  CHECK(w0_again == w0);
+  CHECK(w == w_copied);
+  CHECK(b == b_copied);
+}
+
+TEST_CASE("plan_memory: an update is not written into its parameter while a later node still reads it") {
+  // The update of w is cheap and moves (schedule) beside tanh(y), before the product that reads
+  // the old w: writing it into w then would change the product.
+  xg::Parameter<float> w(xg::randn<float>({128, 128}, 3), "w");
+  auto f = [&](xg::Tensor<float> x, xg::Tensor<float> y, xg::Tensor<float> g) {
+    auto t = xg::tanh(y);
+    auto product = xg::matmul(x, w);
+    xg::no_grad off;
+    w -= g * 0.5f;
+    return xg::sum(product) + xg::sum(t);
+  };
+  auto x = xg::randn<float>({128, 128}, 4), y = xg::randn<float>({64, 64}, 5), g = xg::randn<float>({128, 128}, 6);
+  const auto w0 = xg::Tensor<float>(w).to_vector();
+  auto jitted = xg::jit(f);
+  const auto lowered = jitted.lower(x, y, g);
+  const xg::ir::Graph& graph = lowered.graph();
+  std::size_t update = graph.nodes.size(), product = graph.nodes.size();
+  for (std::size_t k = 0; k < graph.nodes.size(); ++k) {
+    if (graph.nodes[k]->op() == "MatMul") product = k;
+    if (!graph.nodes[k]->outputs.empty() && graph.nodes[k]->outputs[0] == graph.effects.at(0).value) update = k;
+  }
+  REQUIRE(update < product);  // the order that makes writing into w wrong
+  REQUIRE(lowered.memory_plan() != nullptr);
+  CHECK(lowered.memory_plan()->num_written_into == 0);
+  const float result = jitted(x, y, g).item();
+  const auto w1 = xg::Tensor<float>(w).to_vector();
+  // Eager, from the same w.
+  w = xg::Parameter<float>(xg::tensor<float>(w0, {128, 128}), "w");
+  CHECK(f(x, y, g).item() == doctest::Approx(result).epsilon(1e-5));
+  CHECK(xg::Tensor<float>(w).to_vector() == w1);
+}

@@ -26,7 +26,12 @@ XGRAD_API Program::Program(std::shared_ptr<const ir::Graph> graph, ProgramOption
   for (std::size_t id = 0; id < last_use.size(); ++id)
     if (last_use[id] >= 0) m_release[static_cast<std::size_t>(last_use[id])].push_back(static_cast<int>(id));
   m_stages = backend::stages(*m_graph);
-  if (m_options.plan_memory) m_plan = plan_memory(*m_graph);
+  if (m_options.plan_memory) {
+    m_plan = plan_memory(*m_graph);
+    for (const auto& e : m_graph->effects)
+      if (m_plan->written_into[static_cast<std::size_t>(e.value->id)] >= 0)
+        m_written_into.emplace_back(static_cast<std::size_t>(e.value->id), e.input);
+  }
 }
 
 XGRAD_API std::vector<TensorBase> Program::run(std::span<const TensorBase> inputs) const {
@@ -42,6 +47,7 @@ XGRAD_API void Program::run(std::span<const TensorBase> inputs, std::vector<Tens
   Workspace& ws = lease.workspace();
   auto& env = ws.env;
   for (std::size_t i = 0; i < g.inputs.size(); ++i) env[static_cast<std::size_t>(g.inputs[i]->id)] = inputs[i];
+  bind_written_into(inputs, ws);
   for (const Stage& stage : m_stages) {
     if (stage.size() == 1 || device != Device::cpu) {
       for (std::size_t k = stage.begin; k < stage.end; ++k) run_node(ws, ws.operands[0], k);
@@ -61,6 +67,7 @@ XGRAD_API void Program::run(std::span<const TensorBase> inputs, std::vector<Tens
     }
   }
   apply_effects(inputs, ws);
+  for (TensorBase& t : ws.into_input) t.impl()->storage.reset();  // the caller's, not ours to keep
   results.clear();
   results.reserve(g.outputs.size());
   for (const ir::Value* v : g.outputs) {
@@ -171,6 +178,11 @@ XGRAD_API std::unique_ptr<Program::Workspace> Program::make_workspace(Device dev
     ws->planned[static_cast<std::size_t>(v->id)] =
         TensorBase(std::make_shared<TensorImpl>(v->shape, v->dtype, std::move(storage)));
   }
+  for (const auto& [value, input] : m_written_into) {
+    const ir::Value& v = *g.values[value];
+    ws->in_arena.push_back(ws->planned[value]);
+    ws->into_input.emplace_back(std::make_shared<TensorImpl>(v.shape, v.dtype, std::shared_ptr<Storage>()));
+  }
   // A view of a planned buffer gets its handle now too, so that a warm call makes none.
   for (const auto& node : g.nodes) {
     if (!node->traits.view) continue;
@@ -228,6 +240,17 @@ XGRAD_API void Program::apply_effects(std::span<const TensorBase> inputs, Worksp
   }
   for (std::size_t i = 0; i < effects.size(); ++i) write_into(inputs[effects[i].input], sources[i]);
   sources.clear();
+}
+
+XGRAD_API void Program::bind_written_into(std::span<const TensorBase> inputs, Workspace& ws) const {
+  for (std::size_t d = 0; d < m_written_into.size(); ++d) {
+    const auto [value, input] = m_written_into[d];
+    const std::shared_ptr<Storage>& target = inputs[input].impl()->storage;
+    bool alone = inputs[input].device() == ws.device;
+    for (std::size_t i = 0; alone && i < inputs.size(); ++i) alone = i == input || inputs[i].impl()->storage != target;
+    if (alone) ws.into_input[d].impl()->storage = target;
+    ws.planned[value] = alone ? ws.into_input[d] : ws.in_arena[d];
+  }
 }
 
 XGRAD_API void Program::write_into(const TensorBase& dst, const TensorBase& src) {

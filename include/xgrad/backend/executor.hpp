@@ -13,6 +13,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "xgrad/backend/memory_plan.hpp"
@@ -71,7 +72,10 @@ class Program {
   struct Workspace {
     Device device = Device::cpu;
     std::unique_ptr<Arena> arena;
-    std::vector<TensorBase> planned;    // per value id: a tensor over its arena buffer, if planned
+    std::vector<TensorBase> planned;  // per value id: a tensor over its arena buffer, if planned
+    /// Per value written into an input (m_written_into): a tensor over its arena buffer, and one
+    /// over the caller's buffer for the call under way.
+    std::vector<TensorBase> in_arena, into_input;
     std::vector<TensorBase> env;        // per value id: the value while it is live
     std::vector<TensorBase> constants;  // off the cpu, per node: a Const's value moved to the device
     /// Per node of the longest stage: its kernel's inputs and outputs while it runs.
@@ -144,11 +148,17 @@ class Program {
   /// target (a swap) is copied first, so each write sees the values from before the call.
   XGRAD_API void apply_effects(std::span<const TensorBase> inputs, Workspace& ws) const;
 
+  /// Points the planned tensor of each value written into an input at that input's buffer for
+  /// this call, unless another input shares the buffer (then the arena's, and the effect copies).
+  XGRAD_API void bind_written_into(std::span<const TensorBase> inputs, Workspace& ws) const;
+
   XGRAD_API static void write_into(const TensorBase& dst, const TensorBase& src);
 
   std::shared_ptr<const ir::Graph> m_graph;
   ProgramOptions m_options;
   std::vector<Stage> m_stages;
+  /// The effects' values the memory plan writes into the inputs they update: (value id, input).
+  std::vector<std::pair<std::size_t, std::size_t>> m_written_into;
   std::vector<std::vector<int>> m_release;  // per node: the values no later node reads
   std::optional<MemoryPlan> m_plan;
   std::unique_ptr<Pools> m_pools;

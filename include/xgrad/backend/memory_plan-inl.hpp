@@ -89,9 +89,12 @@ class FreeList {
 }  // namespace detail
 
 XGRAD_API std::string MemoryPlan::summary() const {
-  return xgrad::detail::concat("arena ", bytes_text(arena_bytes), " for ", num_planned, " buffers (",
-                               bytes_text(unplanned_bytes), " without reuse); ", num_in_place, " in place, ",
-                               num_reused, " reuse a dead buffer");
+  std::string out = xgrad::detail::concat("arena ", bytes_text(arena_bytes), " for ", num_planned, " buffers (",
+                                          bytes_text(unplanned_bytes), " without reuse); ", num_in_place, " in place, ",
+                                          num_reused, " reuse a dead buffer");
+  if (num_written_into > 0)
+    out += xgrad::detail::concat("; ", num_written_into, " written into the inputs they update");
+  return out;
 }
 
 XGRAD_API std::string MemoryPlan::note(const ir::Node& node) const {
@@ -102,6 +105,7 @@ XGRAD_API std::string MemoryPlan::note(const ir::Node& node) const {
     out += xgrad::detail::concat(out.empty() ? "  [" : "; [", "%", v->id, " arena @", offset[id]);
     if (in_place_of[id] >= 0) out += xgrad::detail::concat(", in place of %", in_place_of[id]);
     if (reused[id]) out += ", reused";
+    if (written_into[id] >= 0) out += xgrad::detail::concat(", written into %", written_into[id]);
     out += "]";
   }
   return out;
@@ -119,6 +123,7 @@ XGRAD_API MemoryPlan plan_memory(const ir::Graph& g) {
   plan.offset.assign(num_values, MemoryPlan::kNotPlanned);
   plan.in_place_of.assign(num_values, -1);
   plan.reused.assign(num_values, false);
+  plan.written_into.assign(num_values, -1);
   plan.freed_after.resize(num_nodes);
 
   // A view shares its input's buffer: each buffer is a class of values with one root.
@@ -147,7 +152,8 @@ XGRAD_API MemoryPlan plan_memory(const ir::Graph& g) {
   for (const auto& e : g.effects) last_use[root[id(e.value)]] = static_cast<std::ptrdiff_t>(num_nodes);
 
   detail::FreeList arena;
-  for (const Stage& stage : stages(g)) {
+  const std::vector<Stage> cut = stages(g);
+  for (const Stage& stage : cut) {
     // A stage's nodes run at once: none writes over a buffer another of them reads, and what
     // they read last is free only when all are done.
     auto read_beside = [&](std::size_t k, std::size_t r) {
@@ -213,6 +219,53 @@ XGRAD_API MemoryPlan plan_memory(const ir::Graph& g) {
     }
   }
   plan.arena_bytes = arena.peak();
+
+  // Effects whose node may write the value straight into the input it updates.
+  std::vector<std::size_t> stage_begin(num_nodes);
+  for (const Stage& stage : cut)
+    for (std::size_t k = stage.begin; k < stage.end; ++k) stage_begin[k] = stage.begin;
+  std::vector<std::size_t> node_index(num_values, num_nodes);  // the node making each value
+  std::vector<std::size_t> views(num_values, 0);               // per root: values viewing it
+  for (std::size_t k = 0; k < num_nodes; ++k)
+    for (const ir::Value* v : g.nodes[k]->outputs) {
+      node_index[id(v)] = k;
+      if (root[id(v)] != id(v)) ++views[root[id(v)]];
+    }
+  std::vector<bool> returned(num_values, false);
+  for (const ir::Value* v : g.outputs) returned[root[id(v)]] = true;
+  for (const auto& e : g.effects) {
+    const ir::Value* v = e.value;
+    const ir::Value* input = g.inputs[e.input];
+    const std::size_t k = node_index[id(v)], r = root[id(input)];
+    if (k == num_nodes || plan.offset[id(v)] == MemoryPlan::kNotPlanned || views[id(v)] > 0 || returned[r] ||
+        plan.written_into[id(v)] >= 0 || last_use[r] > static_cast<std::ptrdiff_t>(k) ||
+        detail::value_bytes(*v) != detail::value_bytes(*input))
+      continue;
+    // Nothing may take v's buffer in place: it is the caller's tensor.
+    bool given_on = false;
+    for (std::size_t w = 0; w < num_values; ++w)
+      given_on = given_on || (plan.in_place_of[w] >= 0 && root[static_cast<std::size_t>(plan.in_place_of[w])] == id(v));
+    if (given_on) continue;
+    // The input is read last before v's stage, or by v's node alone, which may then write over
+    // it (as it would an input it reads last).
+    const ir::Node& node = *g.nodes[k];
+    if (last_use[r] >= static_cast<std::ptrdiff_t>(stage_begin[k])) {
+      const auto j =
+          static_cast<std::size_t>(std::find(node.outputs.begin(), node.outputs.end(), v) - node.outputs.begin());
+      bool ok = true;
+      for (std::size_t other = stage_begin[k]; ok && other < num_nodes && stage_begin[other] == stage_begin[k]; ++other)
+        for (std::size_t i = 0; ok && i < g.nodes[other]->inputs.size(); ++i) {
+          const ir::Value* u = g.nodes[other]->inputs[i];
+          if (root[id(u)] != r) continue;
+          const auto candidates = detail::in_place_candidates(node, j);
+          ok = other == k && u == input &&
+               std::find(candidates.begin(), candidates.end(), static_cast<int>(i)) != candidates.end();
+        }
+      if (!ok) continue;
+    }
+    plan.written_into[id(v)] = input->id;
+    ++plan.num_written_into;
+  }
   return plan;
 }
 

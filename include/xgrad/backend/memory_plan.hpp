@@ -32,13 +32,21 @@ struct MemoryPlan {
   std::vector<int> in_place_of;
   /// Per value id: whether it takes a buffer freed by a dead value (else a fresh part).
   std::vector<bool> reused;
+  /// Per value id: the graph input (its value id) whose buffer the value's node writes it into,
+  /// else -1. Such a value is an effect's, written into the tensor the effect updates: nothing
+  /// reads that input after the node, which reads it, if at all, element by element before
+  /// writing. The executor hands the node the caller's buffer instead of the arena's (where the
+  /// value keeps a place for a call that cannot: the tensor shared with another input), and the
+  /// effect has nothing left to copy.
+  std::vector<int> written_into;
   /// Per node: the arena regions free after it runs; a stage's all after its last node.
   std::vector<std::vector<Region>> freed_after;
   std::size_t arena_bytes = 0;      // the peak: what one call's arena takes
   std::size_t unplanned_bytes = 0;  // what the planned values would take without any reuse
-  int num_planned = 0, num_in_place = 0, num_reused = 0;
+  int num_planned = 0, num_in_place = 0, num_reused = 0, num_written_into = 0;
 
-  /// "arena 1.5 MiB for 24 buffers (4.2 MiB without reuse); 5 in place, 12 reuse a dead buffer"
+  /// "arena 1.5 MiB for 24 buffers (4.2 MiB without reuse); 5 in place, 12 reuse a dead buffer;
+  /// 4 written into the inputs they update"
   XGRAD_API std::string summary() const;
 
   /// The note the IR printer puts after a node: where each planned output lives.
