@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "xgrad/backend/cpu/copy.hpp"
 #include "xgrad/backend/cpu/thread_pool.hpp"
 
 namespace {
@@ -193,4 +194,18 @@ TEST_CASE("many back-to-back small regions") {
     sum += partial[0] + partial[1];
   }
   CHECK(sum == 20000 * 3);
+}
+
+TEST_CASE("copy_bytes copies every byte, in parts on the pool from 32 KiB") {
+  for (int threads : {1, 2, 3}) {
+    ThreadCountGuard guard(threads);
+    for (std::size_t bytes : {std::size_t{0}, std::size_t{1}, std::size_t{32767}, std::size_t{32769},
+                              std::size_t{200003}}) {
+      std::vector<unsigned char> src(bytes), dst(bytes + 1, 0xAB);
+      for (std::size_t i = 0; i < bytes; ++i) src[i] = static_cast<unsigned char>(i * 7 + 3);
+      xgrad::cpu::copy_bytes(dst.data(), src.data(), bytes);
+      CHECK(std::equal(src.begin(), src.end(), dst.begin()));
+      CHECK(dst[bytes] == 0xAB);  // nothing past the end
+    }
+  }
 }

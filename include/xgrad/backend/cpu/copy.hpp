@@ -1,7 +1,9 @@
-// Data movement kernel: copy between two strided views of the same shape.
+// Data movement kernels: copy between two strided views of the same shape, and of plain bytes.
 #pragma once
 
+#include <algorithm>
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 
@@ -49,6 +51,18 @@ void strided_copy(const Shape& shape, const T* src, const Strides& src_strides, 
       else
         for (std::int64_t j = 0; j < inner; ++j) d[j * ds] = s[j * ss];
     }
+  });
+}
+
+/// memcpy, split among the pool's threads in parts of 32 KiB or more: a buffer that two
+/// threads wrote is read back by both, each mostly from its own cache.
+inline void copy_bytes(void* dst, const void* src, std::size_t bytes) {
+  constexpr std::int64_t part = std::int64_t{1} << 15;
+  const auto parts = static_cast<std::int64_t>((bytes + part - 1) / part);
+  parallel_for(0, parts, 1, [&](std::int64_t lo, std::int64_t hi) {
+    const auto begin = static_cast<std::size_t>(lo * part);
+    const std::size_t end = std::min(bytes, static_cast<std::size_t>(hi * part));
+    std::memcpy(static_cast<std::byte*>(dst) + begin, static_cast<const std::byte*>(src) + begin, end - begin);
   });
 }
 
