@@ -22,10 +22,10 @@
 
 namespace xgrad::cpu {
 
-/// The multiply-adds below which a product runs on one thread: under about 2^19 (two halves of
-/// ~2 us each) a region's cost and the re-packing eat the gain (84 x 120 x 32: 3.4 us on one
-/// thread, 3.9 us on two).
-inline constexpr std::int64_t kGemmParallelWork = std::int64_t{1} << 19;
+/// The multiply-adds up to which a product runs on one thread: at about 2^17 (two halves of
+/// ~0.7 us each) a region's cost and the re-packing eat the gain (64 x 64 x 32: 1.3 us on one
+/// thread or two; LeNet5's 32 x 84 x 120, 2.6 times as much: 4.3 us on one, 3.2 us on two).
+inline constexpr std::int64_t kGemmParallelWork = std::int64_t{1} << 17;
 
 /// Told that rows [row, row + rows) and columns [col, col + cols) of C are final.
 using GemmBlockDone = std::function<void(int64_t row, int64_t rows, int64_t col, int64_t cols)>;
