@@ -1,9 +1,12 @@
 // Tests for xgrad::cpu::gemm against a naive double-precision reference.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <mutex>
 #include <random>
 #include <vector>
 
@@ -226,6 +229,43 @@ TEST_CASE("gemm multithreaded matches single-threaded") {
     CAPTURE(threads);
     check_shapes<float>({{200, 190, 120}, {500, 40, 100, true, false}, {40, 500, 100, false, true, 1.0, 1.0}});
     check_shapes<double>({{130, 250, 70, true, true, 2.0, 0.5}});
+  }
+  xgrad::cpu::set_num_threads(saved);
+}
+
+TEST_CASE("gemm tells each element of C once, when it is final") {
+  // Shapes on either side of the split's choices: along n with a small C (told after the
+  // product, in whole rows), along n with a large one, along m, and serial.
+  const int saved = xgrad::cpu::num_threads();
+  for (int threads : {1, 2, 3}) {
+    xgrad::cpu::set_num_threads(threads);
+    for (const auto& [m, n, k] : std::vector<std::array<int64_t, 3>>{
+             {32, 120, 400}, {32, 600, 300}, {120, 400, 32}, {300, 64, 200}, {8, 8, 8}}) {
+      CAPTURE(threads);
+      CAPTURE(m);
+      CAPTURE(n);
+      std::vector<float> a(static_cast<size_t>(m * k)), b(static_cast<size_t>(k * n)), c(static_cast<size_t>(m * n));
+      for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(i % 7) - 3.0f;
+      for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<float>(i % 5) - 2.0f;
+      std::vector<float> reference(c.size());
+      xgrad::cpu::set_num_threads(1);
+      xgrad::cpu::gemm<float>(m, n, k, 1.0f, a.data(), k, 1, b.data(), n, 1, 0.0f, reference.data(), n);
+      xgrad::cpu::set_num_threads(threads);
+      std::vector<int> told(c.size(), 0);
+      std::vector<float> seen(c.size(), -1.0f);
+      std::mutex mutex;
+      const xgrad::cpu::GemmBlockDone done = [&](int64_t row, int64_t rows, int64_t col, int64_t cols) {
+        std::lock_guard lock(mutex);
+        for (int64_t i = row; i < row + rows; ++i)
+          for (int64_t j = col; j < col + cols; ++j) {
+            ++told[static_cast<size_t>(i * n + j)];
+            seen[static_cast<size_t>(i * n + j)] = c[static_cast<size_t>(i * n + j)];
+          }
+      };
+      xgrad::cpu::gemm<float>(m, n, k, 1.0f, a.data(), k, 1, b.data(), n, 1, 0.0f, c.data(), n, &done);
+      CHECK(std::all_of(told.begin(), told.end(), [](int t) { return t == 1; }));
+      CHECK(seen == reference);  // exact: small integers
+    }
   }
   xgrad::cpu::set_num_threads(saved);
 }

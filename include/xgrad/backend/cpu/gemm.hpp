@@ -601,10 +601,13 @@ template <class T> void gemm(int64_t m, int64_t n, int64_t k, T alpha, const T* 
                                 static_cast<double>(m) * static_cast<double>(k);
   // A caller told of finished blocks (a fused epilogue) is told each row of a block along n
   // on its own, each call costing about as much as re-packing 256 elements; along m, whole rows
-  // at once (a dense layer's output, [32, 120] from [32, 400]: along n; its weight gradient,
-  // [120, 400] from 32 rows: along m).
-  const double row_calls = done ? static_cast<double>(nt) * static_cast<double>(m) * 256.0 : 0.0;
+  // at once (a dense layer's weight gradient, [120, 400] from 32 rows: along m). A C of at most
+  // 64 KiB is told after the product instead, in whole rows shared among the threads: read
+  // again, it is still in cache (a dense layer's output, [32, 120] from [32, 400]: along n).
+  const bool small_c = static_cast<double>(m) * static_cast<double>(n) * sizeof(T) <= 64.0 * 1024.0;
+  const double row_calls = done && !small_c ? static_cast<double>(nt) * static_cast<double>(m) * 256.0 : 0.0;
   const bool split_n = repack_split_n + row_calls <= repack_split_m || (m + cfg::mr - 1) / cfg::mr < nt;
+  const GemmBlockDone* block_done = split_n && small_c ? nullptr : done;
   const int64_t tile = split_n ? cfg::nr : cfg::mr;
   const int64_t extent = split_n ? n : m;
   const int64_t tiles = (extent + tile - 1) / tile;
@@ -616,13 +619,15 @@ template <class T> void gemm(int64_t m, int64_t n, int64_t k, T alpha, const T* 
       const int64_t hi = std::min(extent, tiles * (blk + 1) / blocks * tile);
       if (split_n) {
         detail::gemm_serial(m, hi - lo, k, alpha, a, a_row_stride, a_col_stride, b + lo * b_col_stride, b_row_stride,
-                            b_col_stride, beta, c + lo, ldc, done, 0, lo);
+                            b_col_stride, beta, c + lo, ldc, block_done, 0, lo);
       } else {
         detail::gemm_serial(hi - lo, n, k, alpha, a + lo * a_row_stride, a_row_stride, a_col_stride, b, b_row_stride,
-                            b_col_stride, beta, c + lo * ldc, ldc, done, lo, 0);
+                            b_col_stride, beta, c + lo * ldc, ldc, block_done, lo, 0);
       }
     }
   });
+  if (done && !block_done)
+    parallel_for(0, m, (m + nt - 1) / nt, [&](int64_t lo, int64_t hi) { (*done)(lo, hi - lo, 0, n); });
 }
 
 /// `count` products C_i[m x n] = A_i B_i (C packed, one matrix after another), where `plan`
