@@ -128,9 +128,20 @@ inline std::unique_ptr<ir::Node> make_fused(const ir::Graph& g, const std::vecto
     spec.anchor_kernel = anchor->kernel;
     // Only the group reads the anchor's result (fuse takes in no other anchor), so it may be
     // written into one of the group's outputs: no buffer of its own (a convolution's or a
-    // product's whole result, written and read back).
-    const int into = cpu::FusedKernel::anchor_output_in_place(steps, output_slots, inner.at(anchor->outputs[0])->id,
+    // product's whole result, written and read back). Not into an effect's value: the memory
+    // plan may write that straight into the tensor it updates, which the group reads first (an
+    // optimizer's update of a weight from its gradient).
+    std::unordered_set<const ir::Value*> effect_values;
+    for (const auto& e : g.effects) effect_values.insert(e.value);
+    std::vector<int> may_take;
+    for (std::size_t j = 0; j < output_slots.size(); ++j)
+      if (!effect_values.count(fused->outputs[j])) may_take.push_back(output_slots[j]);
+    const int pick = cpu::FusedKernel::anchor_output_in_place(steps, may_take, inner.at(anchor->outputs[0])->id,
                                                               dtype_size(anchor->outputs[0]->dtype));
+    const int into = pick < 0 ? -1
+                              : static_cast<int>(std::find(output_slots.begin(), output_slots.end(),
+                                                           may_take[static_cast<std::size_t>(pick)]) -
+                                                 output_slots.begin());
     spec.epilogue_of = {anchor->epilogue_kernel, anchor_inputs, into};
   }
   spec.input_types = input_types;
