@@ -47,6 +47,18 @@ template <class F, class... Args> std::string optimized(F f, xg::JitConfig confi
   return body(xg::jit(f, config).lower(args...).ir());
 }
 
+/// A small train step of a dense layer, tanh and a mean square loss, with plain SGD on w and b.
+auto small_train_step(xg::Parameter<float>& w, xg::Parameter<float>& b) {
+  return [&w, &b](xg::Tensor<float> x) {
+    auto [loss, grads] = xg::value_and_grad([&] { return xg::mean(xg::square(xg::tanh(xg::matmul(x, w) + b))); },
+                                            std::vector<xg::Tensor<float>>{w, b})();
+    xg::no_grad off;
+    w -= grads[0] * 0.1f;
+    b -= grads[1] * 0.1f;
+    return loss;
+  };
+}
+
 }  // namespace
 
 TEST_CASE("passes: dce drops what nothing reads, keeps prints and effects") {
@@ -603,14 +615,7 @@ TEST_CASE("passes: fuse runs elementwise work as a MatMul's epilogue, on each bl
 TEST_CASE("plan_memory: buffers reused and written in place, shown before running; calls allocate only results") {
   // A small train step: its backward pass has many same-shaped temporaries that die young.
   xg::Parameter<float> w(xg::randn<float>({16, 32}, 1) * 0.1f, "w"), b(xg::zeros<float>({32}), "b");
-  auto step = [&](xg::Tensor<float> x) {
-    auto [loss, grads] = xg::value_and_grad([&] { return xg::mean(xg::square(xg::tanh(xg::matmul(x, w) + b))); },
-                                            std::vector<xg::Tensor<float>>{w, b})();
-    xg::no_grad off;
-    w -= grads[0] * 0.1f;
-    b -= grads[1] * 0.1f;
-    return loss;
-  };
+  auto step = small_train_step(w, b);
   auto x = xg::randn<float>({64, 16}, 2);
   auto jitted = xg::jit(step, {.name = "step"});
   auto lowered = jitted.lower(x);
@@ -757,14 +762,7 @@ TEST_CASE("plan_memory: nodes run at once never write over a buffer another of t
 TEST_CASE("plan_memory: an optimizer's update is written straight into the parameter it updates") {
   auto run = [](const std::vector<std::string>& disabled, int calls) {
     xg::Parameter<float> w(xg::randn<float>({16, 32}, 1) * 0.1f, "w"), b(xg::zeros<float>({32}), "b");
-    auto step = [&](xg::Tensor<float> x) {
-      auto [loss, grads] = xg::value_and_grad([&] { return xg::mean(xg::square(xg::tanh(xg::matmul(x, w) + b))); },
-                                              std::vector<xg::Tensor<float>>{w, b})();
-      xg::no_grad off;
-      w -= grads[0] * 0.1f;
-      b -= grads[1] * 0.1f;
-      return loss;
-    };
+    auto step = small_train_step(w, b);
     auto jitted = xg::jit(step, {.disabled_passes = disabled});
     auto x = xg::randn<float>({64, 16}, 2);
     const auto lowered = jitted.lower(x);
