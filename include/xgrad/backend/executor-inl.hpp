@@ -257,11 +257,11 @@ XGRAD_API void Program::write_into(const TensorBase& dst, const TensorBase& src)
   Storage& to = *dst.impl()->storage;
   const Storage& from = *src.impl()->storage;
   const std::size_t bytes = static_cast<std::size_t>(dst.numel()) * dtype_size(dst.dtype());
-  if (&to == &from) {
-  } else if (to.device() == Device::cpu && from.device() == Device::cpu) {
-    cpu::copy_bytes(to.data(), from.data(), bytes);
-  } else {
-    xgrad::detail::copy_bytes(to.data(), to.device(), from.data(), from.device(), bytes);
+  if (&to != &from) {  // else the node wrote the value into the input itself
+    if (to.device() == Device::cpu && from.device() == Device::cpu)
+      cpu::copy_bytes(to.data(), from.data(), bytes);
+    else
+      xgrad::detail::copy_bytes(to.data(), to.device(), from.data(), from.device(), bytes);
   }
   to.bump_version();
 }
