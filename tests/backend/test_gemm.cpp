@@ -239,8 +239,9 @@ TEST_CASE("gemm tells each element of C once, when it is final") {
   const int saved = xgrad::cpu::num_threads();
   for (int threads : {1, 2, 3}) {
     xgrad::cpu::set_num_threads(threads);
-    for (const auto& [m, n, k] : std::vector<std::array<int64_t, 3>>{
+    for (const auto& shape : std::vector<std::array<int64_t, 3>>{
              {32, 120, 400}, {32, 600, 300}, {120, 400, 32}, {300, 64, 200}, {8, 8, 8}}) {
+      const int64_t m = shape[0], n = shape[1], k = shape[2];
       CAPTURE(threads);
       CAPTURE(m);
       CAPTURE(n);

@@ -776,7 +776,8 @@ TEST_CASE("plan_memory: an optimizer's update is written straight into the param
     return std::make_tuple(written, lowered.ir(), w_before, w.to_vector(), b.to_vector());
   };
   const auto [written, ir, w0, w, b] = run({}, 3);
-  INFO(ir);
+  const std::string& text = ir;  // INFO captures it, which a structured binding cannot be (clang 14)
+  INFO(text);
   REQUIRE(written.size() == 2);
   // Each update reads its parameter element by element before writing it. w's runs as the
   // epilogue of the product x^T g, which fusion then writes into a buffer of its own, not
