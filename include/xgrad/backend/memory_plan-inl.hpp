@@ -152,17 +152,34 @@ XGRAD_API MemoryPlan plan_memory(const ir::Graph& g) {
   for (const auto& e : g.effects) last_use[root[id(e.value)]] = static_cast<std::ptrdiff_t>(num_nodes);
 
   detail::FreeList arena;
+  // The stage of each node: a stage's nodes run at once.
   const std::vector<Stage> cut = stages(g);
-  for (const Stage& stage : cut) {
-    // A stage's nodes run at once: none writes over a buffer another of them reads, and what
-    // they read last is free only when all are done.
-    auto read_beside = [&](std::size_t k, std::size_t r) {
-      for (std::size_t other = stage.begin; other < stage.end; ++other)
-        if (other != k && std::any_of(g.nodes[other]->inputs.begin(), g.nodes[other]->inputs.end(),
-                                      [&](const ir::Value* u) { return root[id(u)] == r; }))
-          return true;
+  std::vector<Stage> stage_of(num_nodes);
+  for (const Stage& stage : cut)
+    for (std::size_t k = stage.begin; k < stage.end; ++k) stage_of[k] = stage;
+  // Whether output j of node k may be written over the buffer of `in`, one of its inputs: the
+  // node reads it last, through `in` alone (a fused group may read another view of it after the
+  // step that writes the output), element by element before writing (an in-place candidate),
+  // and no node running beside it reads it.
+  auto may_overwrite = [&](std::size_t k, std::size_t j, const ir::Value* in) {
+    const ir::Node& node = *g.nodes[k];
+    const std::size_t r = root[id(in)];
+    const auto candidates = detail::in_place_candidates(node, j);
+    const auto reads_as_candidate = [&](int i) { return node.inputs[static_cast<std::size_t>(i)] == in; };
+    const auto readers =
+        std::count_if(node.inputs.begin(), node.inputs.end(), [&](const ir::Value* u) { return root[id(u)] == r; });
+    if (last_use[r] != static_cast<std::ptrdiff_t>(k) ||
+        readers != std::count(node.inputs.begin(), node.inputs.end(), in) ||
+        std::none_of(candidates.begin(), candidates.end(), reads_as_candidate))
       return false;
-    };
+    const Stage& stage = stage_of[k];
+    for (std::size_t other = stage.begin; other < stage.end; ++other)
+      if (other != k && std::any_of(g.nodes[other]->inputs.begin(), g.nodes[other]->inputs.end(),
+                                    [&](const ir::Value* u) { return root[id(u)] == r; }))
+        return false;
+    return true;
+  };
+  for (const Stage& stage : cut) {
     std::vector<std::size_t> taken;  // roots whose buffer an output took in place
     for (std::size_t k = stage.begin; k < stage.end; ++k) {
       const ir::Node& node = *g.nodes[k];
@@ -174,14 +191,8 @@ XGRAD_API MemoryPlan plan_memory(const ir::Graph& g) {
         for (int i : detail::in_place_candidates(node, j)) {
           const ir::Value* in = node.inputs[static_cast<std::size_t>(i)];
           const std::size_t r = root[id(in)];
-          // The buffer must reach the node through this input alone: a fused group may read
-          // another view of it after the step that writes the output.
-          const auto readers = std::count_if(node.inputs.begin(), node.inputs.end(),
-                                             [&](const ir::Value* u) { return root[id(u)] == r; });
-          const auto copies = std::count(node.inputs.begin(), node.inputs.end(), in);
-          if (plan.offset[r] != MemoryPlan::kNotPlanned && last_use[r] == static_cast<std::ptrdiff_t>(k) &&
-              readers == copies && detail::value_bytes(*g.values[r]) == bytes &&
-              std::find(taken.begin(), taken.end(), r) == taken.end() && !read_beside(k, r)) {
+          if (plan.offset[r] != MemoryPlan::kNotPlanned && detail::value_bytes(*g.values[r]) == bytes &&
+              std::find(taken.begin(), taken.end(), r) == taken.end() && may_overwrite(k, j, in)) {
             donor = in;
             break;
           }
@@ -221,9 +232,6 @@ XGRAD_API MemoryPlan plan_memory(const ir::Graph& g) {
   plan.arena_bytes = arena.peak();
 
   // Effects whose node may write the value straight into the input it updates.
-  std::vector<std::size_t> stage_begin(num_nodes);
-  for (const Stage& stage : cut)
-    for (std::size_t k = stage.begin; k < stage.end; ++k) stage_begin[k] = stage.begin;
   std::vector<std::size_t> node_index(num_values, num_nodes);  // the node making each value
   std::vector<std::size_t> views(num_values, 0);               // per root: values viewing it
   for (std::size_t k = 0; k < num_nodes; ++k)
@@ -246,23 +254,11 @@ XGRAD_API MemoryPlan plan_memory(const ir::Graph& g) {
     for (std::size_t w = 0; w < num_values; ++w)
       given_on = given_on || (plan.in_place_of[w] >= 0 && root[static_cast<std::size_t>(plan.in_place_of[w])] == id(v));
     if (given_on) continue;
-    // The input is read last before v's stage, or by v's node alone, which may then write over
-    // it (as it would an input it reads last).
+    // The input is read last before v's stage, or by v's node, which may write over it.
     const ir::Node& node = *g.nodes[k];
-    if (last_use[r] >= static_cast<std::ptrdiff_t>(stage_begin[k])) {
-      const auto j =
-          static_cast<std::size_t>(std::find(node.outputs.begin(), node.outputs.end(), v) - node.outputs.begin());
-      bool ok = true;
-      for (std::size_t other = stage_begin[k]; ok && other < num_nodes && stage_begin[other] == stage_begin[k]; ++other)
-        for (std::size_t i = 0; ok && i < g.nodes[other]->inputs.size(); ++i) {
-          const ir::Value* u = g.nodes[other]->inputs[i];
-          if (root[id(u)] != r) continue;
-          const auto candidates = detail::in_place_candidates(node, j);
-          ok = other == k && u == input &&
-               std::find(candidates.begin(), candidates.end(), static_cast<int>(i)) != candidates.end();
-        }
-      if (!ok) continue;
-    }
+    const auto j =
+        static_cast<std::size_t>(std::find(node.outputs.begin(), node.outputs.end(), v) - node.outputs.begin());
+    if (last_use[r] >= static_cast<std::ptrdiff_t>(stage_of[k].begin) && !may_overwrite(k, j, input)) continue;
     plan.written_into[id(v)] = input->id;
     ++plan.num_written_into;
   }
