@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "xgrad/backend/cpu/conv.hpp"
+#include "xgrad/backend/cpu/conv_pooled.hpp"
 #include "xgrad/backend/cpu/pool.hpp"
 #include "xgrad/backend/cpu/resize.hpp"
 
@@ -794,4 +796,121 @@ TEST_CASE("resize_bilinear known values (as PyTorch interpolate)") {
   std::vector<double> half(2);
   cpu::resize_bilinear_forward<double>(1, 1, 1, 4, 1, 2, false, row.data(), half.data());
   CHECK(half == std::vector<double>{0.5, 2.5});
+}
+
+// ================================================================ gradients through max pooling
+
+// A convolution whose output is max pooled: its pool's geometry (windows kp x kp, stride sp),
+// and the argmax and pooled gradient the sparse kernels read instead of the put's output.
+template <class T> struct PooledCase {
+  cpu::Conv2dGeometry conv;
+  cpu::Pool2dGeometry pool;
+  std::vector<int32_t> idx;
+  Vec x, w, gp;
+};
+
+template <class T>
+PooledCase<T> pooled_case(int64_t c_in, int64_t c_out, int64_t k, int64_t kp, int64_t sp, bool drop, uint32_t seed) {
+  PooledCase<T> c;
+  const int64_t n = 3, h = 13, w = 12;
+  c.conv = {n, c_in, h, w, c_out, k, k, 1, 1, 0, 0, 1, 1, h - k + 1, w - k + 1};
+  c.pool = {n,
+            c_out,
+            c.conv.out_h,
+            c.conv.out_w,
+            kp,
+            kp,
+            sp,
+            sp,
+            0,
+            0,
+            (c.conv.out_h - kp) / sp + 1,
+            (c.conv.out_w - kp) / sp + 1};
+  c.x = through<T>(random_vec(x_size(c.conv), seed));
+  c.w = through<T>(random_vec(w_size(c.conv), seed + 1));
+  // Small integers: windows full of ties, and with drop some maxima at 0 or below (argmax -1).
+  const auto y = cast_vec<T>(random_ints(y_size(c.conv), seed + 2, -3, 3));
+  c.idx.resize(static_cast<std::size_t>(c.pool.n * c.pool.c * c.pool.out_h * c.pool.out_w));
+  std::vector<T> values(c.idx.size());
+  cpu::max_pool2d_argmax(c.pool, y.data(), c.idx.data(), values.data(), drop);
+  c.gp = through<T>(random_vec(static_cast<int64_t>(c.idx.size()), seed + 3));
+  return c;
+}
+
+// The put's output in double: what the dense kernels would read.
+Vec naive_put(const cpu::Pool2dGeometry& p, const std::vector<int32_t>& idx, const Vec& gp) {
+  Vec gy(static_cast<std::size_t>(p.n * p.c * p.h * p.w), 0.0);
+  for (std::size_t o = 0; o < idx.size(); ++o) {
+    const auto plane = static_cast<int64_t>(o) / (p.out_h * p.out_w);
+    if (idx[o] >= 0) gy[static_cast<std::size_t>(plane * p.h * p.w + idx[o])] += gp[o];
+  }
+  return gy;
+}
+
+TEST_CASE_TEMPLATE("a convolution's gradients through max pooling sum over the pooled elements only", T, float,
+                   double) {
+  // Against the put followed by the direct loops: window rows of one to several vectors (c_in),
+  // 3 x 3 and 5 x 5 windows, pools that tile, overlap (an element can win two windows) or leave
+  // rows out, dropped windows, and 1 to 3 threads (the weight gradient's blocks).
+  const int saved = cpu::num_threads();
+  uint32_t seed = 900;
+  for (int threads : {1, 3})
+    for (int64_t c_in : {1, 2, 6, 17})
+      for (int64_t k : {3, 5})
+        for (const std::pair<int64_t, int64_t>& pool : {std::pair<int64_t, int64_t>{2, 2}, {3, 2}, {3, 3}}) {
+          const int64_t kp = pool.first, sp = pool.second;  // not bindings: doctest's INFO captures them
+          cpu::set_num_threads(threads);
+          const int64_t c_out = c_in == 17 ? 3 : 5;
+          seed += 4;
+          const bool drop = seed / 4 % 2 == 0;
+          const PooledCase<T> c = pooled_case<T>(c_in, c_out, k, kp, sp, drop, seed);
+          INFO("threads ", threads, ", c_in ", c_in, ", window ", k, ", pool ", kp, " / ", sp, ", drop ", drop);
+          REQUIRE(cpu::detail::conv_pooled_suits(c.conv));
+          const Vec gy = naive_put(c.pool, c.idx, c.gp);
+          const auto xt = cast_vec<T>(c.x), wt = cast_vec<T>(c.w), gpt = cast_vec<T>(c.gp);
+          auto gx = nan_vec<T>(x_size(c.conv));
+          cpu::conv2d_backward_input_pooled(c.conv, c.pool, c.idx.data(), gpt.data(), wt.data(), gx.data());
+          check_close(gx, naive_conv_backward_input(c.conv, gy, c.w),
+                      naive_conv_backward_input(c.conv, abs_vec(gy), abs_vec(c.w)), "input gradient");
+          auto gw = nan_vec<T>(w_size(c.conv));
+          cpu::conv2d_backward_weight_pooled(c.conv, c.pool, xt.data(), c.idx.data(), gpt.data(), gw.data());
+          check_close(gw, naive_conv_backward_weight(c.conv, c.x, gy),
+                      naive_conv_backward_weight(c.conv, abs_vec(c.x), abs_vec(gy)), "weight gradient");
+          // The blocks of images are fixed by the geometry: a second run agrees bit for bit.
+          auto again = nan_vec<T>(w_size(c.conv));
+          cpu::conv2d_backward_weight_pooled(c.conv, c.pool, xt.data(), c.idx.data(), gpt.data(), again.data());
+          CHECK(std::memcmp(gw.data(), again.data(), gw.size() * sizeof(T)) == 0);
+        }
+  cpu::set_num_threads(saved);
+}
+
+TEST_CASE_TEMPLATE("gradients through max pooling meet an infinity as the dense kernels do", T, float, double) {
+  // The dense kernels multiply the put's zeros by every x (and w) element; 0 * inf is NaN. Where
+  // x (for the weight gradient) or w (for the input gradient) is not finite the sparse kernels
+  // run the dense ones, bit for bit, and so do geometries they do not serve (a 7 x 7 window).
+  const T inf = std::numeric_limits<T>::infinity();
+  auto bits_equal = [](const std::vector<T>& a, const std::vector<T>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+  };
+  for (int64_t k : {5, 7}) {
+    PooledCase<T> c = pooled_case<T>(2, 4, k, 2, 2, true, 40);
+    INFO("window ", k);
+    CHECK(cpu::detail::conv_pooled_suits(c.conv) == (k == 5));
+    auto xt = cast_vec<T>(c.x), wt = cast_vec<T>(c.w);
+    const auto gpt = cast_vec<T>(c.gp);
+    xt[xt.size() / 3] = inf;
+    wt[wt.size() / 2] = -inf;
+    std::vector<T> gy(static_cast<std::size_t>(y_size(c.conv)));
+    cpu::max_pool2d_put(c.pool, c.idx.data(), gpt.data(), gy.data());
+    auto want_gw = nan_vec<T>(w_size(c.conv)), got_gw = nan_vec<T>(w_size(c.conv));
+    cpu::conv2d_backward_weight(c.conv, xt.data(), gy.data(), want_gw.data());
+    cpu::conv2d_backward_weight_pooled(c.conv, c.pool, xt.data(), c.idx.data(), gpt.data(), got_gw.data());
+    CHECK(std::any_of(want_gw.begin(), want_gw.end(), [](T v) { return std::isnan(v); }));
+    CHECK(bits_equal(got_gw, want_gw));
+    auto want_gx = nan_vec<T>(x_size(c.conv)), got_gx = nan_vec<T>(x_size(c.conv));
+    cpu::conv2d_backward_input(c.conv, gy.data(), wt.data(), want_gx.data());
+    cpu::conv2d_backward_input_pooled(c.conv, c.pool, c.idx.data(), gpt.data(), wt.data(), got_gx.data());
+    CHECK(std::any_of(want_gx.begin(), want_gx.end(), [](T v) { return std::isnan(v); }));
+    CHECK(bits_equal(got_gx, want_gx));
+  }
 }

@@ -312,6 +312,55 @@ TEST_CASE("max pooling finds each window's argmax once for the forward and the b
         xg::max_pool2d(x, 3, 2, xg::PadMode::same).to_vector());
 }
 
+TEST_CASE("passes: fuse takes a convolution's gradients through max pooling from the pooled gradient") {
+  // A convnet block, conv -> ReLU -> 2 x 2 max pooling, and the gradients of its input and of its
+  // weights. At O2 both read the argmax and the pooled gradient (the put and its zeros are gone);
+  // their sums run in another order, so the results are close to eager's, not bitwise. Strict
+  // mode and O1 keep the put and eager's bits.
+  auto f = [](xg::Tensor<float> x, xg::Tensor<float> w) {
+    return xg::grad(
+        [](xg::Tensor<float> v, xg::Tensor<float> u) {
+          auto p = xg::max_pool2d(xg::relu(xg::conv2d(v, u, {.pad_mode = xg::PadMode::valid})), 2, 2);
+          return xg::sum(p * p);
+        },
+        xg::argnums<0, 1>)(x, w);
+  };
+  const auto x = xg::randn<float>({3, 4, 12, 11}, 1), w = xg::randn<float>({6, 4, 5, 5}, 2);
+  const auto [want_x, want_w] = f(x, w);
+  const auto count = [](const std::string& text, const std::string& what) {
+    std::size_t n = 0;
+    for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+    return n;
+  };
+  const auto close = [](const xg::Tensor<float>& got, const xg::Tensor<float>& want) {
+    const auto a = got.to_vector(), b = want.to_vector();
+    REQUIRE(a.size() == b.size());
+    double worst = 0, scale = 1;
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      worst = std::max(worst, std::abs(static_cast<double>(a[i]) - b[i]));
+      scale = std::max(scale, std::abs(static_cast<double>(b[i])));
+    }
+    CAPTURE(worst);
+    CHECK(worst <= 1e-5 * scale);
+  };
+  const std::string ir = optimized(f, xg::JitConfig{}, x, w);
+  CHECK(count(ir, "f32[3, 4, 12, 11] = Conv2DInputGradPooled(") == 1);
+  CHECK(count(ir, "f32[6, 4, 5, 5] = Conv2DWeightGradPooled(") == 1);
+  CHECK(count(ir, "= MaxPoolPut(") == 0);
+  const auto [got_x, got_w] = xg::jit(f)(x, w);
+  close(got_x, want_x);
+  close(got_w, want_w);
+  for (const xg::JitConfig& config : {xg::JitConfig{.strict = true}, xg::JitConfig{.level = xg::JitLevel::O1}}) {
+    CAPTURE(config.strict);
+    const std::string kept = optimized(f, config, x, w);
+    CHECK(count(kept, "= MaxPoolPut(") == 1);
+    CHECK(count(kept, "Pooled(") == 0);
+    const auto [exact_x, exact_w] = xg::jit(f, config)(x, w);
+    CHECK(exact_x.to_vector() == want_x.to_vector());
+    CHECK(exact_w.to_vector() == want_w.to_vector());
+  }
+}
+
 TEST_CASE("passes: optimized graphs compute what eager computes; bad pass names are refused") {
   auto f = [](xg::Tensor<double> v, xg::Tensor<double> w) {
     auto h = xg::tanh(xg::matmul(v, w) * 1.0) + xg::tanh(xg::matmul(v, w) * 1.0);

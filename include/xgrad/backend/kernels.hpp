@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "xgrad/backend/cpu/conv.hpp"
+#include "xgrad/backend/cpu/conv_pooled.hpp"
 #include "xgrad/backend/cpu/copy.hpp"
 #include "xgrad/backend/cpu/gemm.hpp"
 #include "xgrad/backend/cpu/pool.hpp"
@@ -96,6 +97,20 @@ template <class T>
 void conv2d_backward_weight(Device device, const cpu::Conv2dGeometry& g, const T* x, const T* gy, T* gw) {
   XGRAD_ON_THRUST(device, conv2d_backward_weight(g, x, gy, gw));
   cpu::conv2d_backward_weight(g, x, gy, gw);
+}
+/// See cpu::conv2d_backward_input_pooled.
+template <class T> void conv2d_backward_input_pooled(Device device, const cpu::Conv2dGeometry& g,
+                                                     const cpu::Pool2dGeometry& p, const std::int32_t* idx, const T* gp,
+                                                     const T* w, T* gx) {
+  XGRAD_ON_THRUST(device, conv2d_backward_input_pooled(g, p, idx, gp, w, gx));
+  cpu::conv2d_backward_input_pooled(g, p, idx, gp, w, gx);
+}
+/// See cpu::conv2d_backward_weight_pooled.
+template <class T> void conv2d_backward_weight_pooled(Device device, const cpu::Conv2dGeometry& g,
+                                                      const cpu::Pool2dGeometry& p, const T* x, const std::int32_t* idx,
+                                                      const T* gp, T* gw) {
+  XGRAD_ON_THRUST(device, conv2d_backward_weight_pooled(g, p, x, idx, gp, gw));
+  cpu::conv2d_backward_weight_pooled(g, p, x, idx, gp, gw);
 }
 /// See cpu::max_pool2d_argmax.
 template <class T> void max_pool2d_argmax(Device device, const cpu::Pool2dGeometry& g, const T* x, std::int32_t* idx,

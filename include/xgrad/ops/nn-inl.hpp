@@ -222,6 +222,37 @@ struct MaxPoolPut : Windowed<cpu::Pool2dGeometry> {
                                           const Tensor<T>&) const;
 };
 
+/// A convolution's gradients through max pooling, without the put: Conv2DInputGrad(
+/// MaxPoolPut(idx, gp), w) and Conv2DWeightGrad(x, MaxPoolPut(idx, gp)) summed over the pooled
+/// elements only (backend/cpu/conv_pooled.hpp; the pool's input is the convolution's output).
+/// Fusion makes them (passes/fuse.hpp), after differentiation: no derivative or batching rules.
+struct ThroughMaxPool {
+  cpu::Conv2dGeometry conv;
+  cpu::Pool2dGeometry pool;
+  std::vector<ir::Attr> attrs() const {
+    std::vector<ir::Attr> out = window_attrs(conv);
+    for (ir::Attr a : window_attrs(pool)) out.push_back({"pool_" + a.name, a.value});
+    return out;
+  }
+  bool operator==(const ThroughMaxPool&) const = default;
+};
+/// gx from the pooled gradient (inputs: idx, gp, w).
+struct Conv2DInputGradPooled : ThroughMaxPool {
+  static constexpr std::string_view name = "Conv2DInputGradPooled";
+  template <class T>
+  void run(Device d, const Tensor<std::int32_t>& idx, const Tensor<T>& gp, const Tensor<T>& w, Tensor<T>& gx) const {
+    kernels::conv2d_backward_input_pooled(d, conv, pool, idx.data(), gp.data(), w.data(), gx.data());
+  }
+};
+/// gw from the pooled gradient (inputs: x, idx, gp).
+struct Conv2DWeightGradPooled : ThroughMaxPool {
+  static constexpr std::string_view name = "Conv2DWeightGradPooled";
+  template <class T>
+  void run(Device d, const Tensor<T>& x, const Tensor<std::int32_t>& idx, const Tensor<T>& gp, Tensor<T>& gw) const {
+    kernels::conv2d_backward_weight_pooled(d, conv, pool, x.data(), idx.data(), gp.data(), gw.data());
+  }
+};
+
 /// Mean over each window (padding excluded from the count).
 struct AvgPool : Windowed<cpu::Pool2dGeometry> {
   static constexpr std::string_view name = "AvgPool";

@@ -10,6 +10,12 @@
 // masked gradient read the argmax, the mask moves into it (drop_nonpositive) and the puts read
 // the gradient itself.
 //
+// A convolution's gradients whose upstream gradient is such a put (conv -> [ReLU] -> max pool)
+// become Conv2DInputGradPooled / Conv2DWeightGradPooled, reading the argmax and the pooled
+// gradient: they sum over the pooled elements, not over every output position the put filled
+// with zeros (a quarter of the work for 2 x 2 windows), and the put goes. Not under strict: the
+// sums run in another order.
+//
 // A group never becomes a cycle: it stays convex (no outside node on a path between two of its
 // nodes). The fused nodes and the rest are then put in an order where every value is made
 // before it is read, keeping the original order where it can.

@@ -266,6 +266,20 @@ template <class T> void max_pool2d_take(const cpu::Pool2dGeometry& g, const std:
 template <class T> void max_pool2d_put(const cpu::Pool2dGeometry& g, const std::int32_t* idx, const T* gy, T* gx) {
   detail::for_outputs(g.n * g.c * g.h * g.w, gx, detail::MaxPoolPutFn<T>{g, idx, gy});
 }
+/// The convolution's gradients through max pooling (cpu::conv2d_backward_input_pooled): the put
+/// into scratch, then the dense kernels.
+template <class T> void conv2d_backward_input_pooled(const cpu::Conv2dGeometry& g, const cpu::Pool2dGeometry& p,
+                                                     const std::int32_t* idx, const T* gp, const T* w, T* gx) {
+  Scratch<T> gy(static_cast<std::size_t>(p.n * p.c * p.h * p.w));
+  thrust_backend::max_pool2d_put(p, idx, gp, gy.data());
+  thrust_backend::conv2d_backward_input(g, gy.data(), w, gx);
+}
+template <class T> void conv2d_backward_weight_pooled(const cpu::Conv2dGeometry& g, const cpu::Pool2dGeometry& p,
+                                                      const T* x, const std::int32_t* idx, const T* gp, T* gw) {
+  Scratch<T> gy(static_cast<std::size_t>(p.n * p.c * p.h * p.w));
+  thrust_backend::max_pool2d_put(p, idx, gp, gy.data());
+  thrust_backend::conv2d_backward_weight(g, x, gy.data(), gw);
+}
 template <class T> void avg_pool2d_forward(const cpu::Pool2dGeometry& g, const T* x, T* y) {
   detail::for_outputs(g.n * g.c * g.out_h * g.out_w, y, detail::AvgPoolFn<T>{g, x});
 }

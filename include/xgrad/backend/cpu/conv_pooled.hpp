@@ -1,0 +1,351 @@
+// xgrad CPU backend: a convolution's gradients when its output went through max pooling. The
+// gradient reaching the convolution is then max_pool2d_put(argmax, gp): zero except at each
+// window's argmax. These kernels take the argmax and the pooled gradient gp instead, and sum
+// over the pooled elements only: for 2 x 2 pooling a quarter of the dense kernels' work, and no
+// put. A graph makes them from Conv2DInputGrad / Conv2DWeightGrad of a put (passes/fuse.hpp).
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include <xsimd/xsimd.hpp>
+
+#include "xgrad/backend/cpu/conv.hpp"
+#include "xgrad/backend/cpu/elementwise.hpp"
+#include "xgrad/backend/cpu/pool.hpp"
+
+namespace xgrad::cpu {
+
+namespace detail {
+
+/// Whether the sparse kernels below serve the convolution: conv_is_shifted with a 3 x 3 or 5 x 5
+/// window (the window's rows are the kernels' register rows). Any other geometry goes through
+/// the put and the dense kernels.
+inline bool conv_pooled_suits(const Conv2dGeometry& g) {
+  return conv_is_shifted(g) && g.kh == g.kw && (g.kh == 3 || g.kh == 5);
+}
+
+/// The layout the sparse kernels read windows in: an image channels-last, [h * w][c_in], so that
+/// one window row (kw positions of c_in channels) is kw * c_in consecutive elements, read in
+/// `chunks` vectors. A window is found from the argmax, a plane offset in the convolution's
+/// output, through `at`: the offset of output position q's window in a channels-last image.
+struct PooledWindows {
+  int64_t row_elements;  // kw * c_in
+  int64_t chunks;        // vectors per window row
+  int64_t row_step;      // w * c_in: from one window row to the next
+  std::vector<int32_t> at;
+
+  template <class T> static PooledWindows of(const Conv2dGeometry& g) {
+    constexpr int64_t L = static_cast<int64_t>(xsimd::batch<T>::size);
+    PooledWindows p{g.kw * g.c_in, (g.kw * g.c_in + L - 1) / L, g.w * g.c_in, {}};
+    p.at.resize(static_cast<std::size_t>(g.out_h * g.out_w));
+    for (int64_t q = 0; q < g.out_h * g.out_w; ++q)
+      p.at[static_cast<std::size_t>(q)] = static_cast<int32_t>((q / g.out_w * g.w + q % g.out_w) * g.c_in);
+    return p;
+  }
+};
+
+/// Whether every one of src[0, n) is finite: x - x is 0 for a number and NaN for an infinity or
+/// a NaN, and a NaN stays in the running sum.
+template <class T> bool all_finite(const T* src, int64_t n) {
+  using V = xsimd::batch<T>;
+  constexpr int64_t L = static_cast<int64_t>(V::size);
+  V acc(T(0));
+  int64_t i = 0;
+  for (; i + L <= n; i += L) {
+    const V v = V::load_unaligned(src + i);
+    acc += v - v;
+  }
+  bool finite = xsimd::all(acc == V(T(0)));
+  for (; i < n; ++i) finite &= std::isfinite(src[i]);
+  return finite;
+}
+
+/// dst [count][plane][c] from src [count][c][plane] (dst holds a vector more: the transposes
+/// write whole vectors); false when an element is not finite.
+template <class T> bool channels_last(const T* src, int64_t count, int64_t c, int64_t plane, T* dst) {
+  if (c == 1) {
+    std::copy(src, src + count * plane, dst);
+  } else if (c <= static_cast<int64_t>(xsimd::batch<T>::size)) {
+    // Each position's vector spills past its c lanes into the next ones, written after it.
+    gy_by_position(src, count, c, plane, dst, c);
+  } else {
+    for (int64_t i = 0; i < count; ++i)
+      for (int64_t p = 0; p < plane; ++p)
+        for (int64_t ch = 0; ch < c; ++ch) dst[(i * plane + p) * c + ch] = src[(i * c + ch) * plane + p];
+  }
+  return all_finite(src, count * c * plane);
+}
+
+/// Vectors per sum set in the sparse kernels' register blocks: column blocks of two vectors when
+/// a window row takes two or more.
+inline constexpr int64_t k_pooled_block = 2;
+
+/// acc[s][a][j] (+)= gp[o] times window row a's vectors [cb, cb + CB) at o's argmax, over the
+/// pooled elements o of one plane, alternating between S sets of sums so that consecutive
+/// elements' multiply-adds do not wait on each other. A dropped window (-1) adds 0.
+template <class T, int KH, int CB, int S> [[gnu::always_inline]] inline void weight_sums_of_plane(
+    const int32_t* idx, const T* gp, int64_t pooled, const int32_t* at, const T* image, int64_t row_step,
+    std::array<std::array<std::array<xsimd::batch<T>, CB>, KH>, S>& acc) {
+  using V = xsimd::batch<T>;
+  constexpr int64_t L = static_cast<int64_t>(V::size);
+  auto step = [&](std::array<std::array<V, CB>, KH>& sums, int64_t o) {
+    const int32_t i = idx[o];
+    const V g(i < 0 ? T(0) : gp[o]);
+    const T* base = image + at[i < 0 ? 0 : i];
+#pragma GCC unroll 8
+    for (int a = 0; a < KH; ++a)
+#pragma GCC unroll 4
+      for (int j = 0; j < CB; ++j)
+        sums[a][j] = xsimd::fma(g, V::load_unaligned(base + a * row_step + j * L), sums[a][j]);
+  };
+  int64_t o = 0;
+  for (; o + S <= pooled; o += S)
+#pragma GCC unroll 4
+    for (int s = 0; s < S; ++s) step(acc[s], o + s);
+  for (; o < pooled; ++o) step(acc[0], o);
+}
+
+/// The weight gradient of images [first, last) for column block [cb, cb + CB) of every output
+/// channel's window rows, added into part [c_out][KH][chunks * L]; xt holds the images
+/// channels-last.
+template <class T, int KH, int CB> void weight_block_pooled(const Conv2dGeometry& g, const Pool2dGeometry& p,
+                                                            const PooledWindows& win, const T* xt, int64_t count,
+                                                            const int32_t* idx, const T* gp, int64_t cb, T* part) {
+  using V = xsimd::batch<T>;
+  constexpr int64_t L = static_cast<int64_t>(V::size);
+  constexpr int S = GemmConfig<T>::vector_regs >= 32 ? 2 : 1;
+  const int64_t pooled = p.out_h * p.out_w;
+  const int64_t image = g.h * g.w * g.c_in;
+  for (int64_t co = 0; co < g.c_out; ++co) {
+    T* sums = part + (co * KH * win.chunks + cb) * L;
+    std::array<std::array<std::array<V, CB>, KH>, S> acc;
+    for (int s = 0; s < S; ++s)
+      for (int a = 0; a < KH; ++a)
+        for (int j = 0; j < CB; ++j) acc[s][a][j] = s == 0 ? V::load_aligned(sums + (a * win.chunks + j) * L) : V(T(0));
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t plane = i * g.c_out + co;
+      weight_sums_of_plane<T, KH, CB, S>(idx + plane * pooled, gp + plane * pooled, pooled, win.at.data(),
+                                         xt + i * image + cb * L, win.row_step, acc);
+    }
+    for (int a = 0; a < KH; ++a)
+      for (int j = 0; j < CB; ++j) {
+        V total = acc[0][a][j];
+        for (int s = 1; s < S; ++s) total += acc[s][a][j];
+        total.store_aligned(sums + (a * win.chunks + j) * L);
+      }
+  }
+}
+
+template <class T, int KH> void weight_block_pooled(const Conv2dGeometry& g, const Pool2dGeometry& p,
+                                                    const PooledWindows& win, const T* xt, int64_t count,
+                                                    const int32_t* idx, const T* gp, T* part) {
+  for (int64_t cb = 0; cb < win.chunks; cb += k_pooled_block) {
+    if (win.chunks - cb >= k_pooled_block)
+      weight_block_pooled<T, KH, k_pooled_block>(g, p, win, xt, count, idx, gp, cb, part);
+    else
+      weight_block_pooled<T, KH, 1>(g, p, win, xt, count, idx, gp, cb, part);
+  }
+}
+
+// Channels-last images one pass of the weight gradient keeps in L1 (bytes), read once per
+// output channel.
+inline constexpr int64_t k_pooled_images_bytes = int64_t{24} << 10;
+
+/// The store order of the input gradient's windows: rows kh apart back to back, so that no
+/// window overlaps the one before it (a load from a store still in flight stalls).
+inline std::vector<int32_t> pooled_store_order(const Conv2dGeometry& g) {
+  std::vector<int32_t> order;
+  order.reserve(static_cast<std::size_t>(g.out_h * g.out_w));
+  for (int64_t y0 = 0; y0 < std::min(g.kh, g.out_h); ++y0)
+    for (int64_t x = 0; x < g.out_w; ++x)
+      for (int64_t y = y0; y < g.out_h; y += g.kh) order.push_back(static_cast<int32_t>(y * g.out_w + x));
+  return order;
+}
+
+/// One image's input gradient, channels-last into gxt (zeroed here): the pooled gradients are
+/// listed per output position q (with their output channels), then each q with any adds
+/// sum over them of gp times the channel's weights, one window, into gxt: one store per window
+/// row vector per position, not per pooled element. wt is w as [c_out][KH][chunks * L], zero
+/// past each row; `tail` keeps a row's last vector to its elements.
+template <class T, int KH, int CB>
+void input_windows_pooled(const PooledWindows& win, const std::vector<int32_t>& order, const int32_t* count,
+                          const int32_t* listed_co, const T* listed_g, int64_t per_position, const T* wt,
+                          const std::vector<xsimd::batch_bool<T>>& tail, int64_t cb, T* gxt) {
+  using V = xsimd::batch<T>;
+  constexpr int64_t L = static_cast<int64_t>(V::size);
+  const int64_t wrow = win.chunks * L;
+  for (const int32_t q : order) {
+    const int32_t n = count[q];
+    if (n == 0) continue;
+    const int32_t* cos = listed_co + q * per_position;
+    const T* gs = listed_g + q * per_position;
+    std::array<std::array<V, CB>, KH> u;
+    {
+      const V g(gs[0]);
+      const T* w = wt + cos[0] * KH * wrow + cb * L;
+#pragma GCC unroll 8
+      for (int a = 0; a < KH; ++a)
+#pragma GCC unroll 4
+        for (int j = 0; j < CB; ++j) u[a][j] = g * V::load_aligned(w + a * wrow + j * L);
+    }
+    for (int32_t k = 1; k < n; ++k) {
+      const V g(gs[k]);
+      const T* w = wt + cos[k] * KH * wrow + cb * L;
+#pragma GCC unroll 8
+      for (int a = 0; a < KH; ++a)
+#pragma GCC unroll 4
+        for (int j = 0; j < CB; ++j) u[a][j] = xsimd::fma(g, V::load_aligned(w + a * wrow + j * L), u[a][j]);
+    }
+    T* base = gxt + win.at[static_cast<std::size_t>(q)] + cb * L;
+#pragma GCC unroll 8
+    for (int a = 0; a < KH; ++a)
+#pragma GCC unroll 4
+      for (int j = 0; j < CB; ++j) {
+        T* at = base + a * win.row_step + j * L;
+        (V::load_unaligned(at) + xsimd::select(tail[static_cast<std::size_t>(cb + j)], u[a][j], V(T(0))))
+            .store_unaligned(at);
+      }
+  }
+}
+
+template <class T, int KH> void input_windows_pooled(const PooledWindows& win, const std::vector<int32_t>& order,
+                                                     const int32_t* count, const int32_t* listed_co, const T* listed_g,
+                                                     int64_t per_position, const T* wt,
+                                                     const std::vector<xsimd::batch_bool<T>>& tail, T* gxt) {
+  for (int64_t cb = 0; cb < win.chunks; cb += k_pooled_block) {
+    if (win.chunks - cb >= k_pooled_block)
+      input_windows_pooled<T, KH, k_pooled_block>(win, order, count, listed_co, listed_g, per_position, wt, tail, cb,
+                                                  gxt);
+    else
+      input_windows_pooled<T, KH, 1>(win, order, count, listed_co, listed_g, per_position, wt, tail, cb, gxt);
+  }
+}
+
+/// The dense route: the put into a buffer of its own, then the dense kernel.
+template <class T, class Dense>
+void through_put(const Pool2dGeometry& p, const int32_t* idx, const T* gp, Dense&& dense) {
+  auto gy = conv_scratch<T>(p.n * p.c * p.h * p.w);
+  max_pool2d_put(p, idx, gp, gy.get());
+  dense(gy.get());
+}
+
+}  // namespace detail
+
+/// gw = conv2d_backward_weight(g, x, max_pool2d_put(p, idx, gp)): x [n, c_in, h, w], idx and gp
+/// [n, c_out, p.out_h, p.out_w] with p's input the convolution's output; gw [c_out, c_in, kh, kw]
+/// overwritten. Each pooled element adds gp times the x window at its argmax (the dense kernel
+/// multiplies every other output position by 0). Where x holds an infinity or NaN the dense
+/// kernel runs instead, so that the zeros times it give the NaNs they give there. Blocks of
+/// images fixed by the geometry: repeated calls give the same bits.
+template <class T> void conv2d_backward_weight_pooled(const Conv2dGeometry& g, const Pool2dGeometry& p, const T* x,
+                                                      const int32_t* idx, const T* gp, T* gw) {
+  auto dense = [&](const T* gy) { conv2d_backward_weight(g, x, gy, gw); };
+  if (!detail::conv_pooled_suits(g) || g.n <= 0 || g.c_out * g.c_in == 0) return detail::through_put(p, idx, gp, dense);
+  using V = xsimd::batch<T>;
+  constexpr int64_t L = static_cast<int64_t>(V::size);
+  const detail::PooledWindows win = detail::PooledWindows::of<T>(g);
+  const int64_t image = g.c_in * g.h * g.w;
+  const int64_t pooled_plane = p.out_h * p.out_w;
+  const int64_t part_size = g.c_out * g.kh * win.chunks * L;
+  const int64_t gw_size = g.c_out * g.c_in * g.kh * g.kw;
+  const int64_t work_per_image = g.c_out * pooled_plane * g.kh * win.chunks * L;
+  const int64_t per_pass =
+      std::max<int64_t>(1, detail::k_pooled_images_bytes / (image * static_cast<int64_t>(sizeof(T))));
+  std::atomic<bool> finite{true};
+  detail::sum_over_image_blocks(
+      g.n, detail::direct_weight_blocks(g.n, work_per_image), gw_size, work_per_image, gw,
+      [&](int64_t first, int64_t last, T* out) {
+        auto& ws = detail::conv_workspace<T>();
+        T* part = ws.m_col.get(part_size);
+        std::fill(part, part + part_size, T(0));
+        for (int64_t i = first; i < last; i += per_pass) {
+          const int64_t count = std::min(per_pass, last - i);
+          // Window rows read up to a vector past the last image's end.
+          T* xt = ws.m_mat.get(count * image + L);
+          if (!detail::channels_last(x + i * image, count, g.c_in, g.h * g.w, xt)) finite = false;
+          std::fill(xt + count * image, xt + count * image + L, T(0));
+          const int64_t planes = i * g.c_out * pooled_plane;
+          if (g.kh == 5)
+            detail::weight_block_pooled<T, 5>(g, p, win, xt, count, idx + planes, gp + planes, part);
+          else
+            detail::weight_block_pooled<T, 3>(g, p, win, xt, count, idx + planes, gp + planes, part);
+        }
+        for (int64_t co = 0; co < g.c_out; ++co)
+          for (int64_t c = 0; c < g.c_in; ++c)
+            for (int64_t a = 0; a < g.kh; ++a)
+              for (int64_t b = 0; b < g.kw; ++b)
+                out[((co * g.c_in + c) * g.kh + a) * g.kw + b] =
+                    part[(co * g.kh + a) * win.chunks * L + b * g.c_in + c];
+      });
+  if (!finite) detail::through_put(p, idx, gp, dense);
+}
+
+/// gx = conv2d_backward_input(g, max_pool2d_put(p, idx, gp), w): shapes as for
+/// conv2d_backward_weight_pooled, gx [n, c_in, h, w] overwritten. Each output position reached by
+/// pooled elements adds their gradients times their channels' weights over its window. Where w
+/// holds an infinity or NaN the dense kernel runs instead (its zeros times it make NaNs).
+template <class T> void conv2d_backward_input_pooled(const Conv2dGeometry& g, const Pool2dGeometry& p,
+                                                     const int32_t* idx, const T* gp, const T* w, T* gx) {
+  auto dense = [&](const T* gy) { conv2d_backward_input(g, gy, w, gx); };
+  if (!detail::conv_pooled_suits(g) || !detail::all_finite(w, g.c_out * g.c_in * g.kh * g.kw) || g.n <= 0 ||
+      g.c_out == 0)
+    return detail::through_put(p, idx, gp, dense);
+  using V = xsimd::batch<T>;
+  constexpr int64_t L = static_cast<int64_t>(V::size);
+  const detail::PooledWindows win = detail::PooledWindows::of<T>(g);
+  const int64_t wrow = win.chunks * L;
+  // w as [c_out][kh][kw * c_in], each row padded to whole vectors with zeros.
+  detail::ScratchBuffer<T> wt_buffer;  // aligned: its rows are whole vectors
+  T* wt = wt_buffer.get(g.c_out * g.kh * wrow);
+  std::fill(wt, wt + g.c_out * g.kh * wrow, T(0));
+  for (int64_t co = 0; co < g.c_out; ++co)
+    for (int64_t c = 0; c < g.c_in; ++c)
+      for (int64_t a = 0; a < g.kh; ++a)
+        for (int64_t b = 0; b < g.kw; ++b)
+          wt[(co * g.kh + a) * wrow + b * g.c_in + c] = w[((co * g.c_in + c) * g.kh + a) * g.kw + b];
+  std::vector<xsimd::batch_bool<T>> tail;
+  for (int64_t j = 0; j < win.chunks; ++j)
+    tail.push_back(lane_indices<V>() + V(static_cast<T>(j * L)) < V(static_cast<T>(win.row_elements)));
+  const std::vector<int32_t> order = detail::pooled_store_order(g);
+  const int64_t positions = g.out_h * g.out_w;
+  const int64_t pooled_plane = p.out_h * p.out_w;
+  const int64_t image = g.c_in * g.h * g.w;
+  // Pooled elements whose argmax can be one position: the windows holding it, per channel.
+  const int64_t per_position =
+      g.c_out * ((p.kh + p.stride_h - 1) / p.stride_h) * ((p.kw + p.stride_w - 1) / p.stride_w);
+  detail::conv_for_batch(g.n, g.c_out * pooled_plane * g.kh * wrow, [&](int64_t lo, int64_t hi) {
+    std::vector<int32_t> count(static_cast<std::size_t>(positions));
+    std::vector<int32_t> listed_co(static_cast<std::size_t>(positions * per_position));
+    std::vector<T> listed_g(static_cast<std::size_t>(positions * per_position));
+    T* gxt = detail::conv_workspace<T>().m_mat.get(image + L);
+    for (int64_t i = lo; i < hi; ++i) {
+      std::fill(count.begin(), count.end(), 0);
+      for (int64_t co = 0; co < g.c_out; ++co) {
+        const int32_t* id = idx + (i * g.c_out + co) * pooled_plane;
+        const T* gv = gp + (i * g.c_out + co) * pooled_plane;
+        for (int64_t o = 0; o < pooled_plane; ++o) {
+          const int32_t q = id[o];
+          if (q < 0) continue;
+          const int64_t k = q * per_position + count[static_cast<std::size_t>(q)]++;
+          listed_co[static_cast<std::size_t>(k)] = static_cast<int32_t>(co);
+          listed_g[static_cast<std::size_t>(k)] = gv[o];
+        }
+      }
+      std::fill(gxt, gxt + image + L, T(0));
+      if (g.kh == 5)
+        detail::input_windows_pooled<T, 5>(win, order, count.data(), listed_co.data(), listed_g.data(), per_position,
+                                           wt, tail, gxt);
+      else
+        detail::input_windows_pooled<T, 3>(win, order, count.data(), listed_co.data(), listed_g.data(), per_position,
+                                           wt, tail, gxt);
+      detail::positions_to_channels(gxt, g.h * g.w, g.c_in, g.c_in, gx + i * image);
+    }
+  });
+}
+
+}  // namespace xgrad::cpu
