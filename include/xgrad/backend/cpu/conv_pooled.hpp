@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include <xsimd/xsimd.hpp>
@@ -39,8 +40,8 @@ struct PooledWindows {
   int64_t row_step;      // w * c_in: from one window row to the next
   std::vector<int32_t> at;
 
-  template <class T> static PooledWindows of(const Conv2dGeometry& g) {
-    constexpr int64_t L = static_cast<int64_t>(xsimd::batch<T>::size);
+  template <class V> static PooledWindows of(const Conv2dGeometry& g) {
+    constexpr int64_t L = static_cast<int64_t>(V::size);
     PooledWindows p{g.kw * g.c_in, (g.kw * g.c_in + L - 1) / L, g.w * g.c_in, {}};
     p.at.resize(static_cast<std::size_t>(g.out_h * g.out_w));
     for (int64_t q = 0; q < g.out_h * g.out_w; ++q)
@@ -88,10 +89,10 @@ inline constexpr int64_t k_pooled_block = 2;
 /// acc[s][a][j] (+)= gp[o] times window row a's vectors [cb, cb + CB) at o's argmax, over the
 /// pooled elements o of one plane, alternating between S sets of sums so that consecutive
 /// elements' multiply-adds do not wait on each other. A dropped window (-1) adds 0.
-template <class T, int KH, int CB, int S> [[gnu::always_inline]] inline void weight_sums_of_plane(
-    const int32_t* idx, const T* gp, int64_t pooled, const int32_t* at, const T* image, int64_t row_step,
-    std::array<std::array<std::array<xsimd::batch<T>, CB>, KH>, S>& acc) {
-  using V = xsimd::batch<T>;
+template <class V, int KH, int CB, int S, class T = typename V::value_type>
+[[gnu::always_inline]] inline void weight_sums_of_plane(const int32_t* idx, const T* gp, int64_t pooled,
+                                                        const int32_t* at, const T* image, int64_t row_step,
+                                                        std::array<std::array<std::array<V, CB>, KH>, S>& acc) {
   constexpr int64_t L = static_cast<int64_t>(V::size);
   auto step = [&](std::array<std::array<V, CB>, KH>& sums, int64_t o) {
     const int32_t i = idx[o];
@@ -113,10 +114,9 @@ template <class T, int KH, int CB, int S> [[gnu::always_inline]] inline void wei
 /// The weight gradient of images [first, last) for column block [cb, cb + CB) of every output
 /// channel's window rows, added into part [c_out][KH][chunks * L]; xt holds the images
 /// channels-last.
-template <class T, int KH, int CB> void weight_block_pooled(const Conv2dGeometry& g, const Pool2dGeometry& p,
-                                                            const PooledWindows& win, const T* xt, int64_t count,
-                                                            const int32_t* idx, const T* gp, int64_t cb, T* part) {
-  using V = xsimd::batch<T>;
+template <class V, int KH, int CB, class T = typename V::value_type>
+void weight_block_pooled(const Conv2dGeometry& g, const Pool2dGeometry& p, const PooledWindows& win, const T* xt,
+                         int64_t count, const int32_t* idx, const T* gp, int64_t cb, T* part) {
   constexpr int64_t L = static_cast<int64_t>(V::size);
   constexpr int S = GemmConfig<T>::vector_regs >= 32 ? 2 : 1;
   const int64_t pooled = p.out_h * p.out_w;
@@ -129,7 +129,7 @@ template <class T, int KH, int CB> void weight_block_pooled(const Conv2dGeometry
         for (int j = 0; j < CB; ++j) acc[s][a][j] = s == 0 ? V::load_aligned(sums + (a * win.chunks + j) * L) : V(T(0));
     for (int64_t i = 0; i < count; ++i) {
       const int64_t plane = i * g.c_out + co;
-      weight_sums_of_plane<T, KH, CB, S>(idx + plane * pooled, gp + plane * pooled, pooled, win.at.data(),
+      weight_sums_of_plane<V, KH, CB, S>(idx + plane * pooled, gp + plane * pooled, pooled, win.at.data(),
                                          xt + i * image + cb * L, win.row_step, acc);
     }
     for (int a = 0; a < KH; ++a)
@@ -141,14 +141,14 @@ template <class T, int KH, int CB> void weight_block_pooled(const Conv2dGeometry
   }
 }
 
-template <class T, int KH> void weight_block_pooled(const Conv2dGeometry& g, const Pool2dGeometry& p,
-                                                    const PooledWindows& win, const T* xt, int64_t count,
-                                                    const int32_t* idx, const T* gp, T* part) {
+template <class V, int KH, class T = typename V::value_type>
+void weight_block_pooled(const Conv2dGeometry& g, const Pool2dGeometry& p, const PooledWindows& win, const T* xt,
+                         int64_t count, const int32_t* idx, const T* gp, T* part) {
   for (int64_t cb = 0; cb < win.chunks; cb += k_pooled_block) {
     if (win.chunks - cb >= k_pooled_block)
-      weight_block_pooled<T, KH, k_pooled_block>(g, p, win, xt, count, idx, gp, cb, part);
+      weight_block_pooled<V, KH, k_pooled_block>(g, p, win, xt, count, idx, gp, cb, part);
     else
-      weight_block_pooled<T, KH, 1>(g, p, win, xt, count, idx, gp, cb, part);
+      weight_block_pooled<V, KH, 1>(g, p, win, xt, count, idx, gp, cb, part);
   }
 }
 
@@ -236,68 +236,89 @@ void through_put(const Pool2dGeometry& p, const int32_t* idx, const T* gp, Dense
 
 }  // namespace detail
 
-/// gw = conv2d_backward_weight(g, x, max_pool2d_put(p, idx, gp)): x [n, c_in, h, w], idx and gp
-/// [n, c_out, p.out_h, p.out_w] with p's input the convolution's output; gw [c_out, c_in, kh, kw]
-/// overwritten. Each pooled element adds gp times the x window at its argmax (the dense kernel
-/// multiplies every other output position by 0). Where x holds an infinity or NaN the dense
-/// kernel runs instead, so that the zeros times it give the NaNs they give there. Blocks of
-/// images fixed by the geometry: repeated calls give the same bits.
-template <class T> void conv2d_backward_weight_pooled(const Conv2dGeometry& g, const Pool2dGeometry& p, const T* x,
-                                                      const int32_t* idx, const T* gp, T* gw) {
-  auto dense = [&](const T* gy) { conv2d_backward_weight(g, x, gy, gw); };
-  if (!detail::conv_pooled_suits(g) || g.n <= 0 || g.c_out * g.c_in == 0) return detail::through_put(p, idx, gp, dense);
-  using V = xsimd::batch<T>;
+namespace detail {
+
+/// conv2d_backward_weight_pooled in vectors V; false (gw unfinished) when x is not all finite.
+template <class V, class T = typename V::value_type> bool weight_pooled(const Conv2dGeometry& g,
+                                                                        const Pool2dGeometry& p, const T* x,
+                                                                        const int32_t* idx, const T* gp, T* gw) {
   constexpr int64_t L = static_cast<int64_t>(V::size);
-  const detail::PooledWindows win = detail::PooledWindows::of<T>(g);
+  const PooledWindows win = PooledWindows::of<V>(g);
   const int64_t image = g.c_in * g.h * g.w;
   const int64_t pooled_plane = p.out_h * p.out_w;
   const int64_t part_size = g.c_out * g.kh * win.chunks * L;
   const int64_t gw_size = g.c_out * g.c_in * g.kh * g.kw;
   const int64_t work_per_image = g.c_out * pooled_plane * g.kh * win.chunks * L;
-  const int64_t per_pass =
-      std::max<int64_t>(1, detail::k_pooled_images_bytes / (image * static_cast<int64_t>(sizeof(T))));
+  const int64_t per_pass = std::max<int64_t>(1, k_pooled_images_bytes / (image * static_cast<int64_t>(sizeof(T))));
   std::atomic<bool> finite{true};
-  detail::sum_over_image_blocks(
-      g.n, detail::direct_weight_blocks(g.n, work_per_image), gw_size, work_per_image, gw,
-      [&](int64_t first, int64_t last, T* out) {
-        auto& ws = detail::conv_workspace<T>();
-        T* part = ws.m_col.get(part_size);
-        std::fill(part, part + part_size, T(0));
-        for (int64_t i = first; i < last; i += per_pass) {
-          const int64_t count = std::min(per_pass, last - i);
-          // Window rows read up to a vector past the last image's end.
-          T* xt = ws.m_mat.get(count * image + L);
-          if (!detail::channels_last(x + i * image, count, g.c_in, g.h * g.w, xt)) finite = false;
-          std::fill(xt + count * image, xt + count * image + L, T(0));
-          const int64_t planes = i * g.c_out * pooled_plane;
-          if (g.kh == 5)
-            detail::weight_block_pooled<T, 5>(g, p, win, xt, count, idx + planes, gp + planes, part);
-          else
-            detail::weight_block_pooled<T, 3>(g, p, win, xt, count, idx + planes, gp + planes, part);
-        }
-        for (int64_t co = 0; co < g.c_out; ++co)
-          for (int64_t c = 0; c < g.c_in; ++c)
-            for (int64_t a = 0; a < g.kh; ++a)
-              for (int64_t b = 0; b < g.kw; ++b)
-                out[((co * g.c_in + c) * g.kh + a) * g.kw + b] =
-                    part[(co * g.kh + a) * win.chunks * L + b * g.c_in + c];
-      });
+  sum_over_image_blocks(g.n, direct_weight_blocks(g.n, work_per_image), gw_size, work_per_image, gw,
+                        [&](int64_t first, int64_t last, T* out) {
+                          auto& ws = conv_workspace<T>();
+                          T* part = ws.m_col.get(part_size);
+                          std::fill(part, part + part_size, T(0));
+                          for (int64_t i = first; i < last; i += per_pass) {
+                            const int64_t count = std::min(per_pass, last - i);
+                            // Window rows read up to a vector past the last image's end.
+                            T* xt = ws.m_mat.get(count * image + L);
+                            if (!channels_last(x + i * image, count, g.c_in, g.h * g.w, xt)) finite = false;
+                            std::fill(xt + count * image, xt + count * image + L, T(0));
+                            const int64_t planes = i * g.c_out * pooled_plane;
+                            if (g.kh == 5)
+                              weight_block_pooled<V, 5>(g, p, win, xt, count, idx + planes, gp + planes, part);
+                            else
+                              weight_block_pooled<V, 3>(g, p, win, xt, count, idx + planes, gp + planes, part);
+                          }
+                          for (int64_t co = 0; co < g.c_out; ++co)
+                            for (int64_t c = 0; c < g.c_in; ++c)
+                              for (int64_t a = 0; a < g.kh; ++a)
+                                for (int64_t b = 0; b < g.kw; ++b)
+                                  out[((co * g.c_in + c) * g.kh + a) * g.kw + b] =
+                                      part[(co * g.kh + a) * win.chunks * L + b * g.c_in + c];
+                        });
+  return finite;
+}
+
+}  // namespace detail
+
+/// gw = conv2d_backward_weight(g, x, max_pool2d_put(p, idx, gp)): x [n, c_in, h, w], idx and gp
+/// [n, c_out, p.out_h, p.out_w] with p's input the convolution's output; gw [c_out, c_in, kh, kw]
+/// overwritten. Each pooled element adds gp times the x window at its argmax (the dense kernel
+/// multiplies every other output position by 0). Window rows that fit half a vector are read in
+/// half-width vectors: fewer of the unaligned loads cross a cache line. Where x holds an
+/// infinity or NaN the dense kernel runs instead, so that the zeros times it give the NaNs they
+/// give there. Blocks of images fixed by the geometry: repeated calls give the same bits.
+template <class T> void conv2d_backward_weight_pooled(const Conv2dGeometry& g, const Pool2dGeometry& p, const T* x,
+                                                      const int32_t* idx, const T* gp, T* gw) {
+  auto dense = [&](const T* gy) { conv2d_backward_weight(g, x, gy, gw); };
+  if (!detail::conv_pooled_suits(g) || g.n <= 0 || g.c_out * g.c_in == 0) return detail::through_put(p, idx, gp, dense);
+  using Wide = xsimd::batch<T>;
+  using Narrow = xsimd::make_sized_batch_t<T, 32 / sizeof(T)>;
+  bool finite;
+  if constexpr (!std::is_void_v<Narrow> && Narrow::size < Wide::size) {
+    finite = g.kw * g.c_in <= static_cast<int64_t>(Narrow::size) ? detail::weight_pooled<Narrow>(g, p, x, idx, gp, gw)
+                                                                 : detail::weight_pooled<Wide>(g, p, x, idx, gp, gw);
+  } else {
+    finite = detail::weight_pooled<Wide>(g, p, x, idx, gp, gw);
+  }
   if (!finite) detail::through_put(p, idx, gp, dense);
 }
 
 /// gx = conv2d_backward_input(g, max_pool2d_put(p, idx, gp), w): shapes as for
 /// conv2d_backward_weight_pooled, gx [n, c_in, h, w] overwritten. Each output position reached by
 /// pooled elements adds their gradients times their channels' weights over its window. Where w
-/// holds an infinity or NaN the dense kernel runs instead (its zeros times it make NaNs).
+/// holds an infinity or NaN the dense kernel runs instead (its zeros times it make NaNs), and
+/// where a window row (kw * c_in) is shorter than a vector.
 template <class T> void conv2d_backward_input_pooled(const Conv2dGeometry& g, const Pool2dGeometry& p,
                                                      const int32_t* idx, const T* gp, const T* w, T* gx) {
   auto dense = [&](const T* gy) { conv2d_backward_input(g, gy, w, gx); };
-  if (!detail::conv_pooled_suits(g) || !detail::all_finite(w, g.c_out * g.c_in * g.kh * g.kw) || g.n <= 0 ||
-      g.c_out == 0)
-    return detail::through_put(p, idx, gp, dense);
   using V = xsimd::batch<T>;
   constexpr int64_t L = static_cast<int64_t>(V::size);
-  const detail::PooledWindows win = detail::PooledWindows::of<T>(g);
+  // Window rows shorter than a vector: the adds of neighbouring positions' windows land on the
+  // same vectors one after another (each waits for the last store), slower than the put.
+  if (!detail::conv_pooled_suits(g) || g.kw * g.c_in < L || !detail::all_finite(w, g.c_out * g.c_in * g.kh * g.kw) ||
+      g.n <= 0 || g.c_out == 0)
+    return detail::through_put(p, idx, gp, dense);
+  const detail::PooledWindows win = detail::PooledWindows::of<V>(g);
   const int64_t wrow = win.chunks * L;
   // w as [c_out][kh][kw * c_in], each row padded to whole vectors with zeros.
   detail::ScratchBuffer<T> wt_buffer;  // aligned: its rows are whole vectors
