@@ -72,4 +72,40 @@ TEST_CASE("thrust: a group's axes merge where every input walks them as one; bro
   for (std::size_t i = 0; i < a.size(); ++i) CHECK(sq[i] == a[i] * a[i]);
 }
 
+TEST_CASE("thrust: a group's blocks cross rows, carry into every axis and end mid-block") {
+  // where(a > r, a * c, r) and the mask itself over [3, 7, 9] (189 elements: on a host system
+  // three blocks of 64, the last one short), r [7, 1] and c [9] broadcast: each block starts
+  // and ends inside a row, and walking it carries into both leading axes.
+  using Group = xg::thrust_backend::FusedGroup<xg::op::Fusible>;
+  using xg::detail::fusible_index;
+  const xg::Shape shape{3, 7, 9};
+  std::vector<double> a(189), r(7), c(9);
+  for (std::size_t i = 0; i < a.size(); ++i) a[i] = static_cast<double>((i * 37) % 23) - 11.0;
+  for (std::size_t j = 0; j < r.size(); ++j) r[j] = static_cast<double>(j) - 3.0;
+  for (std::size_t k = 0; k < c.size(); ++k) c[k] = 0.5 * static_cast<double>(k) + 1.0;
+  const auto group = Group::make(
+      shape, {{xg::DType::float64, shape}, {xg::DType::float64, xg::Shape{7, 1}}, {xg::DType::float64, xg::Shape{9}}},
+      {{fusible_index<xg::op::Greater>(), {0, 1}, xg::DType::boolean, 3},
+       {fusible_index<xg::op::Mul>(), {0, 2}, xg::DType::float64, 4},
+       {fusible_index<xg::op::Where>(), {3, 4, 1}, xg::DType::float64, 5}},
+      {5, 3});
+  REQUIRE(group.has_value());
+  const std::vector<xg::TensorBase> in{xg::tensor<double>(a, {3, 7, 9}).to(xg::Device::thrust),
+                                       xg::tensor<double>(r, {7, 1}).to(xg::Device::thrust),
+                                       xg::tensor<double>(c, {9}).to(xg::Device::thrust)};
+  std::vector<xg::TensorBase> out(2);
+  (*group)(in, out);
+  const auto got = xg::Tensor<double>(out[0]).to(xg::Device::cpu).to_vector();
+  const auto mask = xg::Tensor<bool>(out[1]).to(xg::Device::cpu).to_vector();
+  REQUIRE(got.size() == a.size());
+  REQUIRE(mask.size() == a.size());
+  int wrong = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const std::size_t j = i / 9 % 7, k = i % 9;
+    const bool above = a[i] > r[j];
+    wrong += (mask[i] != above) + (got[i] != (above ? a[i] * c[k] : r[j]));
+  }
+  CHECK(wrong == 0);
+}
+
 #endif  // XGRAD_WITH_THRUST

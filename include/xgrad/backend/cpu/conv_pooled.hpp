@@ -238,6 +238,14 @@ void through_put(const Pool2dGeometry& p, const int32_t* idx, const T* gp, Dense
 
 namespace detail {
 
+/// Whether N is a vector type of fewer lanes than xsimd::batch<T>.
+template <class N, class T> constexpr bool narrower_than_batch() {
+  if constexpr (std::is_void_v<N>)
+    return false;
+  else
+    return N::size < xsimd::batch<T>::size;
+}
+
 /// conv2d_backward_weight_pooled in vectors V; false (gw unfinished) when x is not all finite.
 template <class V, class T = typename V::value_type> bool weight_pooled(const Conv2dGeometry& g,
                                                                         const Pool2dGeometry& p, const T* x,
@@ -292,9 +300,9 @@ template <class T> void conv2d_backward_weight_pooled(const Conv2dGeometry& g, c
   auto dense = [&](const T* gy) { conv2d_backward_weight(g, x, gy, gw); };
   if (!detail::conv_pooled_suits(g) || g.n <= 0 || g.c_out * g.c_in == 0) return detail::through_put(p, idx, gp, dense);
   using Wide = xsimd::batch<T>;
-  using Narrow = xsimd::make_sized_batch_t<T, 32 / sizeof(T)>;
+  using Narrow = xsimd::make_sized_batch_t<T, 32 / sizeof(T)>;  // void without 256-bit vectors
   bool finite;
-  if constexpr (!std::is_void_v<Narrow> && Narrow::size < Wide::size) {
+  if constexpr (detail::narrower_than_batch<Narrow, T>()) {
     finite = g.kw * g.c_in <= static_cast<int64_t>(Narrow::size) ? detail::weight_pooled<Narrow>(g, p, x, idx, gp, gw)
                                                                  : detail::weight_pooled<Wide>(g, p, x, idx, gp, gw);
   } else {

@@ -1,10 +1,13 @@
 // A fused group of elementwise ops (passes/fuse.hpp) on Device::thrust: one thrust::for_each
 // over the output's elements, each reading the group's inputs once, running every op's own
 // scalar body (Op::apply) on values held in registers, and writing the group's live outputs.
-// No intermediate buffers. Groups whose values are float, double or bool run this way; others
+// No intermediate buffers. On a GPU each element is a thread; on a host system (OpenMP, serial)
+// each call takes a block of elements through the steps one at a time, which pays the
+// interpretation (index arithmetic, type branches, finding the op) once per block. Groups whose values are float, double or bool run this way; others
 // (integer arithmetic) run op by op through the eager kernels (backend::detail::run_body).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -81,6 +84,22 @@ template <class Ops> struct FusedFn {
   FusedStep steps[kMaxSteps];
   FusedOutput outputs[kMaxOutputs];
 
+#if THRUST_DEVICE_SYSTEM != THRUST_DEVICE_SYSTEM_CUDA
+  /// Elements a host thread evaluates a step at a time (FusedBlockFn).
+  static constexpr int kBlock = 64;
+
+  /// Elements [first, first + n) of the output, n <= kBlock, step by step: each input is walked
+  /// along the output's axes once (no division per element), each step's op is found once, and
+  /// its body runs over the block in a loop of its own.
+  void run_block(std::int64_t first, int n) const {
+    FusedValue r[kMaxSlots][kBlock];
+    for (int k = 0; k < num_inputs; ++k) load_block(inputs[k], first, n, r[k]);
+    for (int s = 0; s < num_steps; ++s)
+      run_block_step(steps[s], r, n, std::make_index_sequence<std::tuple_size_v<Ops>>{});
+    for (int o = 0; o < num_outputs; ++o) store_block(outputs[o], first, n, r[outputs[o].slot]);
+  }
+#endif
+
   XGRAD_HD void operator()(std::int64_t i) const {
     const std::int64_t flat = i;
     std::int64_t index[kMaxRank];
@@ -109,6 +128,85 @@ template <class Ops> struct FusedFn {
       v.b = static_cast<const bool*>(in.data)[offset];
     return v;
   }
+
+#if THRUST_DEVICE_SYSTEM != THRUST_DEVICE_SYSTEM_CUDA
+  template <class T> void load_typed(const FusedInput& in, std::int64_t first, int n, FusedValue* out) const {
+    const T* data = static_cast<const T*>(in.data);
+    std::int64_t index[kMaxRank];
+    std::int64_t rest = first, offset = 0;
+    for (int d = rank - 1; d >= 0; --d) {
+      index[d] = d == 0 ? rest : rest % dims[d];
+      rest = d == 0 ? 0 : rest / dims[d];
+      offset += index[d] * in.strides[d];
+    }
+    const int last = rank - 1;
+    for (int j = 0; j < n; ++j) {
+      fused_put(out[j], data[offset]);
+      offset += in.strides[last];
+      if (++index[last] < dims[last]) continue;
+      // Carry into the axes before the last, and start the offset over.
+      for (int d = last; d > 0 && index[d] == dims[d]; --d) {
+        index[d] = 0;
+        ++index[d - 1];
+      }
+      offset = 0;
+      for (int d = 0; d < rank; ++d) offset += index[d] * in.strides[d];
+    }
+  }
+
+  void load_block(const FusedInput& in, std::int64_t first, int n, FusedValue* out) const {
+    if (!in.data || rank == 0) {
+      const FusedValue v = in.data ? load(in, nullptr) : in.scalar;
+      for (int j = 0; j < n; ++j) out[j] = v;
+    } else if (in.dtype == DType::float32) {
+      load_typed<float>(in, first, n, out);
+    } else if (in.dtype == DType::float64) {
+      load_typed<double>(in, first, n, out);
+    } else {
+      load_typed<bool>(in, first, n, out);
+    }
+  }
+
+  static void store_block(const FusedOutput& out, std::int64_t first, int n, const FusedValue* v) {
+    if (out.dtype == DType::float32)
+      for (int j = 0; j < n; ++j) static_cast<float*>(out.data)[first + j] = v[j].f32;
+    else if (out.dtype == DType::float64)
+      for (int j = 0; j < n; ++j) static_cast<double*>(out.data)[first + j] = v[j].f64;
+    else
+      for (int j = 0; j < n; ++j) static_cast<bool*>(out.data)[first + j] = v[j].b;
+  }
+
+  template <std::size_t... I>
+  static void run_block_step(const FusedStep& s, FusedValue (*r)[kBlock], int n, std::index_sequence<I...>) {
+    if (s.op < 0) {
+      for (int j = 0; j < n; ++j) r[s.result][j] = r[s.args[0]][j];
+      return;
+    }
+    auto over_block = [&]<class Op>(std::type_identity<Op>) {
+      if (s.f64)
+        apply_block<Op, double>(s, r, n);
+      else
+        apply_block<Op, float>(s, r, n);
+    };
+    (void)((s.op == static_cast<int>(I) && (over_block(std::type_identity<std::tuple_element_t<I, Ops>>{}), true)) ||
+           ...);
+  }
+
+  /// apply over a block: the same body, element by element.
+  template <class Op, class T> static void apply_block(const FusedStep& s, FusedValue (*r)[kBlock], int n) {
+    const FusedValue *a = r[s.args[0]], *b = r[s.args[1]], *c = r[s.args[2]];
+    FusedValue* out = r[s.result];
+    if constexpr (requires(bool cond, T x) { Op::apply(cond, x, x); })
+      for (int j = 0; j < n; ++j) fused_put(out[j], Op::apply(a[j].b, fused_get<T>(b[j]), fused_get<T>(c[j])));
+    else if constexpr (requires(T x) { Op::apply(x); })
+      for (int j = 0; j < n; ++j) fused_put(out[j], Op::apply(fused_get<T>(a[j])));
+    else if constexpr (requires(T x) { Op::apply(x, x); })
+      for (int j = 0; j < n; ++j) fused_put(out[j], Op::apply(fused_get<T>(a[j]), fused_get<T>(b[j])));
+    else
+      for (int j = 0; j < n; ++j)
+        fused_put(out[j], Op::apply(fused_get<T>(a[j]), fused_get<T>(b[j]), fused_get<T>(c[j])));
+  }
+#endif
 
   XGRAD_HD static void store(const FusedOutput& out, std::int64_t flat, const FusedValue& v) {
     if (out.dtype == DType::float32)
@@ -148,6 +246,18 @@ template <class Ops> struct FusedFn {
       fused_put(out, Op::apply(at(0), at(1), at(2)));
   }
 };
+
+#if THRUST_DEVICE_SYSTEM != THRUST_DEVICE_SYSTEM_CUDA
+/// A host system's functor: one call per block of kBlock elements (the last one shorter).
+template <class Ops> struct FusedBlockFn {
+  FusedFn<Ops> fn;
+  std::int64_t numel;
+  void operator()(std::int64_t block) const {
+    const std::int64_t first = block * FusedFn<Ops>::kBlock;
+    fn.run_block(first, static_cast<int>(std::min<std::int64_t>(FusedFn<Ops>::kBlock, numel - first)));
+  }
+};
+#endif
 
 /// A group as the functor runs it, built once when the group is fused; empty (nullopt) when
 /// a value is not float, double or bool or the group is too large.
@@ -254,7 +364,14 @@ template <class Ops> class FusedGroup {
       fn.outputs[o].data = t.impl()->storage->data();
     }
     thrust::counting_iterator<std::int64_t> first(0);
+#if THRUST_DEVICE_SYSTEM == THRUST_DEVICE_SYSTEM_CUDA
     thrust::for_each(thrust::device, first, first + m_shape.numel(), fn);
+#else
+    // On the host a block at a time: the per-element interpretation (index arithmetic, a type
+    // branch per load, the op found per step) costs more than most ops' bodies.
+    const std::int64_t blocks = (m_shape.numel() + FusedFn<Ops>::kBlock - 1) / FusedFn<Ops>::kBlock;
+    thrust::for_each(thrust::device, first, first + blocks, FusedBlockFn<Ops>{fn, m_shape.numel()});
+#endif
   }
 
  private:
