@@ -734,14 +734,16 @@ struct Threads {
 }  // namespace
 
 TEST_CASE("schedule: cheap independent nodes meet in a stage that runs at once; large ones run alone") {
-  // Two small products (65k and 131k multiply-adds: one thread each) around a large one (2M).
+  // Two small products (102k and 320k multiply-adds: one thread each; the second is past the
+  // GEMM's own threshold for splitting, 2^17, but two threads split it for little gain) around
+  // a large one (2M).
   auto f = [](xg::Tensor<float> a, xg::Tensor<float> b, xg::Tensor<float> x, xg::Tensor<float> w) {
     auto small1 = xg::matmul(a, b);
     auto large = xg::matmul(x, w);
     auto small2 = xg::matmul(b, a);
     return xg::sum(small1) + xg::sum(large) + xg::sum(small2);
   };
-  auto a = xg::randn<float>({32, 64}, 1), b = xg::randn<float>({64, 32}, 2);
+  auto a = xg::randn<float>({32, 100}, 1), b = xg::randn<float>({100, 32}, 2);
   auto x = xg::randn<float>({128, 128}, 3), w = xg::randn<float>({128, 128}, 4);
   auto with = [&](xg::JitConfig config) { return xg::jit(f, config).lower(a, b, x, w); };
   const auto scheduled = with(only("schedule"));

@@ -13,6 +13,12 @@ namespace xgrad::backend {
 
 namespace detail {
 
+/// The most multiply-adds a matrix product may do to run beside others: four times the GEMM's
+/// own threshold for splitting, as two threads split products up to that size for little gain
+/// (LeNet5's 32 x 84 x 120 products: as long on two threads as on one), while two such
+/// products at once take one's time.
+inline constexpr std::int64_t kBesideWork = 4 * cpu::kGemmParallelWork;
+
 /// A node's work, in elements read and written (multiply-adds for a contraction), or -1 when
 /// its kernel may split it among threads, or it has effects or control flow.
 inline std::int64_t one_thread_work(const ir::Node& node) {
@@ -32,7 +38,7 @@ inline std::int64_t one_thread_work(const ir::Node& node) {
     const double work = std::sqrt(static_cast<double>(node.inputs[0]->shape.numel()) *
                                   static_cast<double>(node.inputs[1]->shape.numel()) *
                                   static_cast<double>(node.outputs[0]->shape.numel()));
-    return work <= static_cast<double>(cpu::kGemmParallelWork) ? static_cast<std::int64_t>(work) : -1;
+    return work <= static_cast<double>(kBesideWork) ? static_cast<std::int64_t>(work) : -1;
   }
   std::int64_t sum = 0;
   for (const auto* values : {&node.inputs, &node.outputs})
