@@ -38,17 +38,31 @@ struct PooledWindows {
   int64_t row_elements;  // kw * c_in
   int64_t chunks;        // vectors per window row
   int64_t row_step;      // w * c_in: from one window row to the next
-  std::vector<int32_t> at;
+  const int32_t* at;
 
-  template <class V> static PooledWindows of(const Conv2dGeometry& g) {
+  /// The windows of g in vectors V, `at` written into `storage`.
+  template <class V> static PooledWindows of(const Conv2dGeometry& g, std::vector<int32_t>& storage) {
     constexpr int64_t L = static_cast<int64_t>(V::size);
-    PooledWindows p{g.kw * g.c_in, (g.kw * g.c_in + L - 1) / L, g.w * g.c_in, {}};
-    p.at.resize(static_cast<std::size_t>(g.out_h * g.out_w));
+    storage.resize(static_cast<std::size_t>(g.out_h * g.out_w));
     for (int64_t q = 0; q < g.out_h * g.out_w; ++q)
-      p.at[static_cast<std::size_t>(q)] = static_cast<int32_t>((q / g.out_w * g.w + q % g.out_w) * g.c_in);
-    return p;
+      storage[static_cast<std::size_t>(q)] = static_cast<int32_t>((q / g.out_w * g.w + q % g.out_w) * g.c_in);
+    return {g.kw * g.c_in, (g.kw * g.c_in + L - 1) / L, g.w * g.c_in, storage.data()};
   }
 };
+
+/// What one call of the sparse kernels works in, per thread and kept between calls (a train
+/// step's calls then allocate nothing): the window offsets, the input gradient's store order and
+/// its weights laid out by window rows (the caller's, read by every thread), and the pooled
+/// elements listed per output position (each thread's own).
+template <class T> struct PooledScratch {
+  std::vector<int32_t> at, order, count, listed_co;
+  std::vector<T> listed_g;
+  ScratchBuffer<T> wt;
+};
+template <class T> PooledScratch<T>& pooled_scratch() {
+  static thread_local PooledScratch<T> scratch;
+  return scratch;
+}
 
 /// Whether every one of src[0, n) is finite: x - x is 0 for a number and NaN for an infinity or
 /// a NaN, and a NaN stays in the running sum.
@@ -129,7 +143,7 @@ void weight_block_pooled(const Conv2dGeometry& g, const Pool2dGeometry& p, const
         for (int j = 0; j < CB; ++j) acc[s][a][j] = s == 0 ? V::load_aligned(sums + (a * win.chunks + j) * L) : V(T(0));
     for (int64_t i = 0; i < count; ++i) {
       const int64_t plane = i * g.c_out + co;
-      weight_sums_of_plane<V, KH, CB, S>(idx + plane * pooled, gp + plane * pooled, pooled, win.at.data(),
+      weight_sums_of_plane<V, KH, CB, S>(idx + plane * pooled, gp + plane * pooled, pooled, win.at,
                                          xt + i * image + cb * L, win.row_step, acc);
     }
     for (int a = 0; a < KH; ++a)
@@ -158,27 +172,30 @@ inline constexpr int64_t k_pooled_images_bytes = int64_t{24} << 10;
 
 /// The store order of the input gradient's windows: rows kh apart back to back, so that no
 /// window overlaps the one before it (a load from a store still in flight stalls).
-inline std::vector<int32_t> pooled_store_order(const Conv2dGeometry& g) {
-  std::vector<int32_t> order;
-  order.reserve(static_cast<std::size_t>(g.out_h * g.out_w));
+inline void pooled_store_order(const Conv2dGeometry& g, std::vector<int32_t>& order) {
+  order.clear();
   for (int64_t y0 = 0; y0 < std::min(g.kh, g.out_h); ++y0)
     for (int64_t x = 0; x < g.out_w; ++x)
       for (int64_t y = y0; y < g.out_h; y += g.kh) order.push_back(static_cast<int32_t>(y * g.out_w + x));
-  return order;
 }
 
 /// One image's input gradient, channels-last into gxt (zeroed here): the pooled gradients are
 /// listed per output position q (with their output channels), then each q with any adds
 /// sum over them of gp times the channel's weights, one window, into gxt: one store per window
 /// row vector per position, not per pooled element. wt is w as [c_out][KH][chunks * L], zero
-/// past each row; `tail` keeps a row's last vector to its elements.
-template <class T, int KH, int CB>
-void input_windows_pooled(const PooledWindows& win, const std::vector<int32_t>& order, const int32_t* count,
-                          const int32_t* listed_co, const T* listed_g, int64_t per_position, const T* wt,
-                          const std::vector<xsimd::batch_bool<T>>& tail, int64_t cb, T* gxt) {
+/// past each row; a row's last vector adds only within the row (as 0 times an infinite gradient
+/// is NaN).
+template <class T, int KH, int CB> void input_windows_pooled(const PooledWindows& win,
+                                                             const std::vector<int32_t>& order, const int32_t* count,
+                                                             const int32_t* listed_co, const T* listed_g,
+                                                             int64_t per_position, const T* wt, int64_t cb, T* gxt) {
   using V = xsimd::batch<T>;
   constexpr int64_t L = static_cast<int64_t>(V::size);
   const int64_t wrow = win.chunks * L;
+  std::array<xsimd::batch_bool<T>, CB> in_row;
+  for (int j = 0; j < CB; ++j)
+    in_row[static_cast<std::size_t>(j)] =
+        lane_indices<V>() + V(static_cast<T>((cb + j) * L)) < V(static_cast<T>(win.row_elements));
   for (const int32_t q : order) {
     const int32_t n = count[q];
     if (n == 0) continue;
@@ -201,13 +218,13 @@ void input_windows_pooled(const PooledWindows& win, const std::vector<int32_t>& 
 #pragma GCC unroll 4
         for (int j = 0; j < CB; ++j) u[a][j] = xsimd::fma(g, V::load_aligned(w + a * wrow + j * L), u[a][j]);
     }
-    T* base = gxt + win.at[static_cast<std::size_t>(q)] + cb * L;
+    T* base = gxt + win.at[q] + cb * L;
 #pragma GCC unroll 8
     for (int a = 0; a < KH; ++a)
 #pragma GCC unroll 4
       for (int j = 0; j < CB; ++j) {
         T* at = base + a * win.row_step + j * L;
-        (V::load_unaligned(at) + xsimd::select(tail[static_cast<std::size_t>(cb + j)], u[a][j], V(T(0))))
+        (V::load_unaligned(at) + xsimd::select(in_row[static_cast<std::size_t>(j)], u[a][j], V(T(0))))
             .store_unaligned(at);
       }
   }
@@ -215,14 +232,12 @@ void input_windows_pooled(const PooledWindows& win, const std::vector<int32_t>& 
 
 template <class T, int KH> void input_windows_pooled(const PooledWindows& win, const std::vector<int32_t>& order,
                                                      const int32_t* count, const int32_t* listed_co, const T* listed_g,
-                                                     int64_t per_position, const T* wt,
-                                                     const std::vector<xsimd::batch_bool<T>>& tail, T* gxt) {
+                                                     int64_t per_position, const T* wt, T* gxt) {
   for (int64_t cb = 0; cb < win.chunks; cb += k_pooled_block) {
     if (win.chunks - cb >= k_pooled_block)
-      input_windows_pooled<T, KH, k_pooled_block>(win, order, count, listed_co, listed_g, per_position, wt, tail, cb,
-                                                  gxt);
+      input_windows_pooled<T, KH, k_pooled_block>(win, order, count, listed_co, listed_g, per_position, wt, cb, gxt);
     else
-      input_windows_pooled<T, KH, 1>(win, order, count, listed_co, listed_g, per_position, wt, tail, cb, gxt);
+      input_windows_pooled<T, KH, 1>(win, order, count, listed_co, listed_g, per_position, wt, cb, gxt);
   }
 }
 
@@ -251,7 +266,7 @@ template <class V, class T = typename V::value_type> bool weight_pooled(const Co
                                                                         const Pool2dGeometry& p, const T* x,
                                                                         const int32_t* idx, const T* gp, T* gw) {
   constexpr int64_t L = static_cast<int64_t>(V::size);
-  const PooledWindows win = PooledWindows::of<V>(g);
+  const PooledWindows win = PooledWindows::of<V>(g, pooled_scratch<T>().at);
   const int64_t image = g.c_in * g.h * g.w;
   const int64_t pooled_plane = p.out_h * p.out_w;
   const int64_t part_size = g.c_out * g.kh * win.chunks * L;
@@ -326,21 +341,19 @@ template <class T> void conv2d_backward_input_pooled(const Conv2dGeometry& g, co
   if (!detail::conv_pooled_suits(g) || g.kw * g.c_in < L || !detail::all_finite(w, g.c_out * g.c_in * g.kh * g.kw) ||
       g.n <= 0 || g.c_out == 0)
     return detail::through_put(p, idx, gp, dense);
-  const detail::PooledWindows win = detail::PooledWindows::of<V>(g);
+  auto& shared = detail::pooled_scratch<T>();  // the caller's: read by every thread
+  const detail::PooledWindows win = detail::PooledWindows::of<V>(g, shared.at);
   const int64_t wrow = win.chunks * L;
-  // w as [c_out][kh][kw * c_in], each row padded to whole vectors with zeros.
-  detail::ScratchBuffer<T> wt_buffer;  // aligned: its rows are whole vectors
-  T* wt = wt_buffer.get(g.c_out * g.kh * wrow);
+  // w as [c_out][kh][kw * c_in], each row padded to whole vectors with zeros (aligned).
+  T* wt = shared.wt.get(g.c_out * g.kh * wrow);
   std::fill(wt, wt + g.c_out * g.kh * wrow, T(0));
   for (int64_t co = 0; co < g.c_out; ++co)
     for (int64_t c = 0; c < g.c_in; ++c)
       for (int64_t a = 0; a < g.kh; ++a)
         for (int64_t b = 0; b < g.kw; ++b)
           wt[(co * g.kh + a) * wrow + b * g.c_in + c] = w[((co * g.c_in + c) * g.kh + a) * g.kw + b];
-  std::vector<xsimd::batch_bool<T>> tail;
-  for (int64_t j = 0; j < win.chunks; ++j)
-    tail.push_back(lane_indices<V>() + V(static_cast<T>(j * L)) < V(static_cast<T>(win.row_elements)));
-  const std::vector<int32_t> order = detail::pooled_store_order(g);
+  detail::pooled_store_order(g, shared.order);
+  const std::vector<int32_t>& order = shared.order;
   const int64_t positions = g.out_h * g.out_w;
   const int64_t pooled_plane = p.out_h * p.out_w;
   const int64_t image = g.c_in * g.h * g.w;
@@ -348,9 +361,13 @@ template <class T> void conv2d_backward_input_pooled(const Conv2dGeometry& g, co
   const int64_t per_position =
       g.c_out * ((p.kh + p.stride_h - 1) / p.stride_h) * ((p.kw + p.stride_w - 1) / p.stride_w);
   detail::conv_for_batch(g.n, g.c_out * pooled_plane * g.kh * wrow, [&](int64_t lo, int64_t hi) {
-    std::vector<int32_t> count(static_cast<std::size_t>(positions));
-    std::vector<int32_t> listed_co(static_cast<std::size_t>(positions * per_position));
-    std::vector<T> listed_g(static_cast<std::size_t>(positions * per_position));
+    auto& own = detail::pooled_scratch<T>();
+    std::vector<int32_t>& count = own.count;
+    count.resize(static_cast<std::size_t>(positions));
+    own.listed_co.resize(static_cast<std::size_t>(positions * per_position));
+    own.listed_g.resize(static_cast<std::size_t>(positions * per_position));
+    int32_t* listed_co = own.listed_co.data();
+    T* listed_g = own.listed_g.data();
     T* gxt = detail::conv_workspace<T>().m_mat.get(image + L);
     for (int64_t i = lo; i < hi; ++i) {
       std::fill(count.begin(), count.end(), 0);
@@ -361,17 +378,15 @@ template <class T> void conv2d_backward_input_pooled(const Conv2dGeometry& g, co
           const int32_t q = id[o];
           if (q < 0) continue;
           const int64_t k = q * per_position + count[static_cast<std::size_t>(q)]++;
-          listed_co[static_cast<std::size_t>(k)] = static_cast<int32_t>(co);
-          listed_g[static_cast<std::size_t>(k)] = gv[o];
+          listed_co[k] = static_cast<int32_t>(co);
+          listed_g[k] = gv[o];
         }
       }
       std::fill(gxt, gxt + image + L, T(0));
       if (g.kh == 5)
-        detail::input_windows_pooled<T, 5>(win, order, count.data(), listed_co.data(), listed_g.data(), per_position,
-                                           wt, tail, gxt);
+        detail::input_windows_pooled<T, 5>(win, order, count.data(), listed_co, listed_g, per_position, wt, gxt);
       else
-        detail::input_windows_pooled<T, 3>(win, order, count.data(), listed_co.data(), listed_g.data(), per_position,
-                                           wt, tail, gxt);
+        detail::input_windows_pooled<T, 3>(win, order, count.data(), listed_co, listed_g, per_position, wt, gxt);
       detail::positions_to_channels(gxt, g.h * g.w, g.c_in, g.c_in, gx + i * image);
     }
   });
