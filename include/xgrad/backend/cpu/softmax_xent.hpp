@@ -54,9 +54,13 @@ template <class T> void softmax_xent_backward(const T* logits, const std::int32_
     for (std::int64_t i = lo; i < hi; ++i) {
       const T* x = logits + i * classes;
       T* out = grad + i * classes;
-      const auto [shift, sum] = softmax_row(x, classes);
+      // The exponentials go into the output first, so each is computed once (they are the
+      // kernel's cost: a row of 10 classes is 10 calls, and the step waits on this kernel).
+      const T shift = *std::max_element(x, x + classes);
+      T sum = 0;
+      for (std::int64_t c = 0; c < classes; ++c) sum += out[c] = std::exp(x[c] - shift);
       const T scale = g[i] / sum;
-      for (std::int64_t c = 0; c < classes; ++c) out[c] = std::exp(x[c] - shift) * scale;
+      for (std::int64_t c = 0; c < classes; ++c) out[c] *= scale;
       out[labels[i]] -= g[i];
     }
   });
