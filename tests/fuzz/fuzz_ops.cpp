@@ -52,7 +52,7 @@ const std::vector<Row> kRowsValues = {
     // Elementwise (ops/elementwise.hpp).
     UNARY(neg, kNum), UNARY(exp, kFloat), UNARY(log, kFloat), UNARY(sqrt, kFloat), UNARY(rsqrt, kFloat),
     UNARY(tanh, kFloat), UNARY(sigmoid, kFloat), UNARY(relu, kNum), UNARY(sign, kNum), UNARY(abs, kNum),
-    UNARY(square, kNum), UNARY(sin, kFloat), UNARY(cos, kFloat),
+    UNARY(square, kNum), UNARY(sin, kFloat), UNARY(cos, kFloat), UNARY(erf, kFloat),
     ROW("unary -", kNum, in.run([](const Tn<T>& x) { return -x; }, in.tensor<T>())),
     BINARY(add, kNum), BINARY(sub, kNum), BINARY(mul, kNum), BINARY(div, kNum), BINARY(pow, kNum),
     BINARY(maximum, kNum), BINARY(minimum, kNum), BINARY(equal, kAll), BINARY(less, kNum), BINARY(greater, kNum),

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <numbers>
 
 namespace xgrad::testing {
 
@@ -237,6 +238,14 @@ std::vector<OpCase> build_table() {
       "cos", [](const auto& in) { return cos(in[0]); }, [](double v) { return std::cos(v); });
   unary(
       "sign", [](const auto& in) { return sign(in[0]); }, sign_ref, D::away_from_zero, false);
+  unary(
+      "erf", [](const auto& in) { return erf(in[0]); }, [](double v) { return std::erf(v); });
+  unary(
+      "gelu", [](const auto& in) { return gelu(in[0]); },
+      [](double v) { return 0.5 * v * (1 + std::erf(v / std::numbers::sqrt2)); });
+  unary(
+      "gelu_tanh", [](const auto& in) { return gelu(in[0], GeluApproximation::tanh); },
+      [](double v) { return 0.5 * v * (1 + std::tanh(std::sqrt(2 / std::numbers::pi) * (v + 0.044715 * v * v * v))); });
 
   auto binary = [&](std::string name, auto f, double (*ref)(double, double), Domain da = D::any, Domain db = D::any,
                     bool diff = true) {

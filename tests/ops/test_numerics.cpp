@@ -1,8 +1,8 @@
 // Numerical semantics (docs/NUMERICS.md): integer division, wrap-around and powers; saturating
 // float-to-int casts; NaN through max, min, relu, maximum, minimum, clip, sign, argmax and max
-// pooling; C's special cases of pow. Each is checked against a plain-loop reference eagerly,
-// compiled at O0, O1 and O2 (inputs as graph inputs, and as constants the O1/O2 folding pass
-// computes), and on Device::thrust eagerly and compiled.
+// pooling; C's special cases of pow; erf and gelu at their special values. Each is checked
+// against a plain-loop reference eagerly, compiled at O0, O1 and O2 (inputs as graph inputs, and
+// as constants the O1/O2 folding pass computes), and on Device::thrust eagerly and compiled.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -10,6 +10,7 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <numbers>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -364,6 +365,46 @@ TEST_CASE("numerics: pow has C's special cases: pow(0, -0.5) is inf, pow(NaN, 0)
   for (double v : x) want_e.push_back(v == 0 ? 0.0 : std::sqrt(v) * std::log(v));
   check_runs(everywhere([](D t, D p) { return xg::grad([&](D q) { return xg::sum(xg::pow(t, q)); })(p); }, x, e),
              want_e, 1e-12);
+}
+
+// ---- erf and gelu ---------------------------------------------------------------------------
+
+template <class T> void check_erf_and_gelu() {
+  constexpr T inf = std::numeric_limits<T>::infinity(), nan = std::numeric_limits<T>::quiet_NaN();
+  const auto x = repeat<T>({T(0), T(-0.0), inf, -inf, nan, T(0.5), T(-0.5), T(1), T(-2.25), T(3.5), T(-6), T(30),
+                            T(1e-20), T(-40), T(0.0625)});
+  std::vector<T> want_erf, want_gelu, want_gelu_tanh;
+  for (T v : x) {
+    const long double l = v;
+    want_erf.push_back(static_cast<T>(std::erf(l)));
+    // PyTorch's formulas, in long double: 0.5 x (1 + erf(x / sqrt 2)) and the tanh form.
+    want_gelu.push_back(static_cast<T>(0.5L * l * (1 + std::erf(l / std::sqrt(2.0L)))));
+    const long double inner = std::sqrt(2 / std::numbers::pi_v<long double>) * (l + 0.044715L * l * l * l);
+    want_gelu_tanh.push_back(static_cast<T>(0.5L * l * (1 + std::tanh(inner))));
+  }
+  const double tolerance = std::is_same_v<T, float> ? 2e-6 : 1e-13;
+  // erf keeps the sign of zero, is exactly ±1 at ±inf and NaN at NaN (`same` at 0 tolerance
+  // for those; the rest within the tolerance).
+  check_runs(everywhere([](auto t) { return xg::erf(t); }, x), want_erf, tolerance);
+  CHECK(same(xg::erf(xg::tensor<T>({T(-0.0)})).to_vector()[0], T(-0.0)));
+  check_runs(everywhere([](auto t) { return xg::gelu(t); }, x), want_gelu, tolerance);
+  check_runs(everywhere([](auto t) { return xg::gelu(t, xg::GeluApproximation::tanh); }, x), want_gelu_tanh, tolerance);
+}
+
+TEST_CASE("numerics: erf and gelu (both forms) at zeros, infinities, NaN and far tails, fused or not") {
+  SUBCASE("float") { check_erf_and_gelu<float>(); }
+  SUBCASE("double") { check_erf_and_gelu<double>(); }
+  // Their gradients against the closed forms: erf' = 2/sqrt(pi) exp(-x^2), and GELU's
+  // Phi(x) + x phi(x) with phi the standard normal density.
+  const std::vector<double> x{-3, -1.5, -0.25, 0, 0.3, 1, 2.5, 6, -6};
+  std::vector<double> d_erf, d_gelu;
+  for (double v : x) {
+    d_erf.push_back(2 / std::sqrt(std::numbers::pi) * std::exp(-v * v));
+    d_gelu.push_back(0.5 * (1 + std::erf(v / std::sqrt(2.0))) +
+                     v * std::exp(-v * v / 2) / std::sqrt(2 * std::numbers::pi));
+  }
+  check_runs(everywhere([](D t) { return xg::grad([](D u) { return xg::sum(xg::erf(u)); })(t); }, x), d_erf, 1e-13);
+  check_runs(everywhere([](D t) { return xg::grad([](D u) { return xg::sum(xg::gelu(u)); })(t); }, x), d_gelu, 1e-13);
 }
 
 }  // namespace numerics_test

@@ -29,6 +29,7 @@ namespace xgrad::math {
 XGRAD_MATH_UNARY(sqrt)
 XGRAD_MATH_UNARY(sin)
 XGRAD_MATH_UNARY(cos)
+XGRAD_MATH_UNARY(erf)
 #undef XGRAD_MATH_UNARY
 
 namespace detail {

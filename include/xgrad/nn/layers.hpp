@@ -129,6 +129,16 @@ class ReLU : public Module {
   Tensor<float> forward(Tensor<float> x) override { return relu(x); }
 };
 
+/// GELU activation (xgrad::gelu): exact by default, or its tanh approximation.
+class GELU : public Module {
+ public:
+  explicit GELU(GeluApproximation approximate = GeluApproximation::none) : m_approximate(approximate) {}
+  Tensor<float> forward(Tensor<float> x) override { return gelu(x, m_approximate); }
+
+ private:
+  GeluApproximation m_approximate;
+};
+
 /// [N, ...] -> [N, -1]
 class Flatten : public Module {
  public:

@@ -7,6 +7,7 @@
 
 #include <array>
 #include <cmath>
+#include <numbers>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -159,6 +160,14 @@ struct Cos : UnaryDefaults {
   template <class V> XGRAD_HD static V apply(const V& x) { return math::cos(x); }
   template <class T> static Tensor<T> grad(const Tensor<T>& x, const Tensor<T>&, const Tensor<T>& g) {
     return -(g * sin(x));
+  }
+};
+
+struct Erf : UnaryDefaults {
+  static constexpr std::string_view name = "Erf";
+  template <class V> XGRAD_HD static V apply(const V& x) { return math::erf(x); }
+  template <class T> static Tensor<T> grad(const Tensor<T>& x, const Tensor<T>&, const Tensor<T>& g) {
+    return g * (T(2) * std::numbers::inv_sqrtpi_v<T>)*exp(-square(x));  // d erf(x)/dx
   }
 };
 
@@ -318,8 +327,8 @@ struct Fma {
 
 /// The ops a fused group may hold, numbered by their place here on Device::thrust, where one
 /// functor runs a whole group (backend/thrust/fused.hpp).
-using Fusible = std::tuple<Neg, Exp, Log, Sqrt, Rsqrt, Tanh, Sigmoid, Relu, Sign, Abs, Square, Sin, Cos, Add, Sub, Mul,
-                           Div, Pow, Maximum, Minimum, Equal, Less, Greater, Where, Fma>;
+using Fusible = std::tuple<Neg, Exp, Log, Sqrt, Rsqrt, Tanh, Sigmoid, Relu, Sign, Abs, Square, Sin, Cos, Erf, Add, Sub,
+                           Mul, Div, Pow, Maximum, Minimum, Equal, Less, Greater, Where, Fma>;
 
 /// The cheap ops a unary op's kernel may be merged with in a fused group (MergedBlockKernels):
 /// those whose result it may read in registers, and those that may read its result.

@@ -23,17 +23,18 @@ template <class T> using bool_result = bool;
 // The ops as lists, which drive the declarations here, the definitions (ops/elementwise-inl.hpp)
 // and the instances below: fn, Op (its struct, op::Op), the concept of the types it takes, and
 // for a binary op the element type of its result.
-#define XGRAD_UNARY_FUNCTIONS(M, ...)                                                                           \
-  M(neg, Neg, Numeric, __VA_ARGS__)                                                                             \
-  M(exp, Exp, FloatingPoint, __VA_ARGS__)                                                                       \
-  M(log, Log, FloatingPoint, __VA_ARGS__)                                                                       \
-  M(sqrt, Sqrt, FloatingPoint, __VA_ARGS__)                                                                     \
-  M(rsqrt, Rsqrt, FloatingPoint, __VA_ARGS__)                                                                   \
-  M(tanh, Tanh, FloatingPoint, __VA_ARGS__)                                                                     \
-  M(sigmoid, Sigmoid, FloatingPoint, __VA_ARGS__)                                                               \
-  M(relu, Relu, Numeric, __VA_ARGS__)                                                                           \
-  M(sign, Sign, Numeric, __VA_ARGS__) M(abs, Abs, Numeric, __VA_ARGS__) M(square, Square, Numeric, __VA_ARGS__) \
-      M(sin, Sin, FloatingPoint, __VA_ARGS__) M(cos, Cos, FloatingPoint, __VA_ARGS__)
+#define XGRAD_UNARY_FUNCTIONS(M, ...)                                                                               \
+  M(neg, Neg, Numeric, __VA_ARGS__)                                                                                 \
+  M(exp, Exp, FloatingPoint, __VA_ARGS__)                                                                           \
+  M(log, Log, FloatingPoint, __VA_ARGS__)                                                                           \
+  M(sqrt, Sqrt, FloatingPoint, __VA_ARGS__)                                                                         \
+  M(rsqrt, Rsqrt, FloatingPoint, __VA_ARGS__)                                                                       \
+  M(tanh, Tanh, FloatingPoint, __VA_ARGS__)                                                                         \
+  M(sigmoid, Sigmoid, FloatingPoint, __VA_ARGS__)                                                                   \
+  M(relu, Relu, Numeric, __VA_ARGS__)                                                                               \
+  M(sign, Sign, Numeric, __VA_ARGS__)                                                                               \
+  M(abs, Abs, Numeric, __VA_ARGS__) M(square, Square, Numeric, __VA_ARGS__) M(sin, Sin, FloatingPoint, __VA_ARGS__) \
+      M(cos, Cos, FloatingPoint, __VA_ARGS__) M(erf, Erf, FloatingPoint, __VA_ARGS__)
 #define XGRAD_BINARY_FUNCTIONS(M, ...)                   \
   M(add, Add, Numeric, same_result, __VA_ARGS__)         \
   M(sub, Sub, Numeric, same_result, __VA_ARGS__)         \

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <numbers>
 #include <span>
 #include <string>
 #include <vector>
@@ -619,6 +620,17 @@ template <FloatingPoint T> Tensor<T> softmax(const Tensor<T>& x, std::int64_t ax
   // Scaled by the sum's reciprocal, as PyTorch does: one division per row, not per element.
   auto e = exp(sub(x, max(x.detach(), {a}, true, loc), loc), loc);
   return mul(e, div(T(1), sum(e, {a}, true, loc), loc), loc);
+}
+
+template <FloatingPoint T> Tensor<T> gelu(const Tensor<T>& x, GeluApproximation approximate, SourceLoc loc) {
+  detail::OpScope scope("GELU", loc, {x});
+  const auto half_x = mul(x, T(0.5), loc);
+  if (approximate == GeluApproximation::tanh) {
+    const T sqrt_2_over_pi = std::numbers::sqrt2_v<T> * std::numbers::inv_sqrtpi_v<T>;
+    const auto inner = mul(fma(mul(square(x, loc), T(0.044715), loc), x, x, loc), sqrt_2_over_pi, loc);
+    return fma(half_x, tanh(inner, loc), half_x, loc);
+  }
+  return fma(half_x, erf(mul(x, T(1) / std::numbers::sqrt2_v<T>, loc), loc), half_x, loc);
 }
 
 template <FloatingPoint T>

@@ -1,4 +1,4 @@
-// Neural-network ops: bias_add, conv2d, pooling, resize_bilinear, softmax, log_softmax,
+// Neural-network ops: bias_add, conv2d, pooling, resize_bilinear, softmax, log_softmax, gelu,
 // one_hot and softmax_cross_entropy. Declarations only, with the options their signatures
 // take: the ops' structs and the functions' definitions are in ops/nn-inl.hpp.
 #pragma once
@@ -63,6 +63,16 @@ Tensor<T> log_softmax(const Tensor<T>& x, std::int64_t axis = -1, SourceLoc loc 
 template <FloatingPoint T>
 Tensor<T> softmax(const Tensor<T>& x, std::int64_t axis = -1, SourceLoc loc = SourceLoc::current());
 
+/// Which form gelu computes: the exact x * Phi(x) with Phi from erf, or the tanh approximation
+/// (PyTorch's approximate="tanh", the original GPT-2's).
+enum class GeluApproximation { none, tanh };
+
+/// GELU, x * Phi(x) with Phi the standard normal CDF: 0.5 x (1 + erf(x / sqrt(2))), or with
+/// `tanh`, 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))). A composite of elementwise ops, so
+/// a compiled graph fuses it whole into its neighbours.
+template <FloatingPoint T> Tensor<T> gelu(const Tensor<T>& x, GeluApproximation approximate = GeluApproximation::none,
+                                          SourceLoc loc = SourceLoc::current());
+
 /// [labels..., num_classes] with 1 at each label; labels outside [0, num_classes) throw.
 template <FloatingPoint T>
 Tensor<T> one_hot(const Tensor<std::int32_t>& labels, std::int64_t num_classes, SourceLoc loc = SourceLoc::current());
@@ -98,6 +108,7 @@ template <FloatingPoint T> Tensor<T> reduce_losses(const Tensor<T>& losses, Redu
   X Tensor<T> resize_bilinear<T>(const Tensor<T>&, std::int64_t, std::int64_t, bool, SourceLoc);                  \
   X Tensor<T> log_softmax<T>(const Tensor<T>&, std::int64_t, SourceLoc);                                          \
   X Tensor<T> softmax<T>(const Tensor<T>&, std::int64_t, SourceLoc);                                              \
+  X Tensor<T> gelu<T>(const Tensor<T>&, GeluApproximation, SourceLoc);                                            \
   X Tensor<T> one_hot<T>(const Tensor<std::int32_t>&, std::int64_t, SourceLoc);                                   \
   X Tensor<T> softmax_cross_entropy<T>(const Tensor<T>&, const Tensor<std::int32_t>&, Reduction, SourceLoc);      \
   X Tensor<std::int32_t> detail::max_pool_argmax<T>(const Tensor<T>&, const cpu::Pool2dGeometry&, SourceLoc);     \
