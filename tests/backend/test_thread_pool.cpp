@@ -54,6 +54,28 @@ TEST_CASE("parallel_for covers the range exactly once") {
   }
 }
 
+TEST_CASE("a region's chunks: each thread claims its home range in order, then the others' ranges") {
+  using xgrad::cpu::detail::Job;
+  Job two;
+  two.plan(8, 2);  // homes [0, 4) and [4, 8)
+  CHECK(two.claim(1) == 4);
+  CHECK(two.claim(0) == 0);
+  CHECK(two.claim(0) == 1);
+  CHECK(two.claim(1) == 5);
+  CHECK(two.claim(0) == 2);
+  CHECK(two.claim(0) == 3);
+  CHECK(two.claim(0) == 6);  // its own range done: takes from the other's
+  CHECK(two.claim(1) == 7);
+  CHECK(two.claim(1) == -1);
+  CHECK(two.claim(0) == -1);
+
+  Job uneven;
+  uneven.plan(5, 3);  // homes [0, 1), [1, 3), [3, 5)
+  std::vector<std::int64_t> order;
+  for (int id : {2, 2, 2, 0, 1, 0}) order.push_back(uneven.claim(id));
+  CHECK(order == std::vector<std::int64_t>{3, 4, 0, 1, 2, -1});
+}
+
 TEST_CASE("parallel_for on an empty range does not call f") {
   ThreadCountGuard guard(4);
   int calls = 0;
@@ -199,8 +221,8 @@ TEST_CASE("many back-to-back small regions") {
 TEST_CASE("copy_bytes copies every byte, in parts on the pool from 32 KiB") {
   for (int threads : {1, 2, 3}) {
     ThreadCountGuard guard(threads);
-    for (std::size_t bytes : {std::size_t{0}, std::size_t{1}, std::size_t{32767}, std::size_t{32769},
-                              std::size_t{200003}}) {
+    for (std::size_t bytes :
+         {std::size_t{0}, std::size_t{1}, std::size_t{32767}, std::size_t{32769}, std::size_t{200003}}) {
       std::vector<unsigned char> src(bytes), dst(bytes + 1, 0xAB);
       for (std::size_t i = 0; i < bytes; ++i) src[i] = static_cast<unsigned char>(i * 7 + 3);
       xgrad::cpu::copy_bytes(dst.data(), src.data(), bytes);

@@ -209,7 +209,7 @@ TEST_CASE(
       job.m_invoke = [](void* ctx, std::int64_t lo, std::int64_t hi) { (*static_cast<decltype(body)*>(ctx))(lo, hi); };
       job.m_ctx = &body;
       job.m_size = 1000;
-      job.m_num_chunks = 16;
+      job.plan(16, pool.size());
       if (!pool.try_run(job)) return 13;
       for (int h : hits)
         if (h != 1) return 14;
