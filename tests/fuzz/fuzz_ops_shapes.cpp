@@ -41,6 +41,7 @@ const std::vector<Row> kRowsShapes = {
     ROW("softmax", kFloat, auto x = in.tensor<T>(); I64 a = in.axis(x.ndim()); in.run([=](const Tn<T>& x) { return xg::softmax(x, a); }, x)),
     ROW("log_softmax", kFloat, auto x = in.tensor<T>(); I64 a = in.axis(x.ndim()); in.run([=](const Tn<T>& x) { return xg::log_softmax(x, a); }, x)),
     ROW("gelu", kFloat, auto form = in.flag() ? xg::GeluApproximation::tanh : xg::GeluApproximation::none; in.run([=](const Tn<T>& x) { return xg::gelu(x, form); }, in.tensor<T>())),
+    ROW("layer_norm", kFloat, auto x = in.tensor<T>(); auto gamma = in.tensor<T>(); auto beta = in.tensor<T>(); in.run([](const Tn<T>& x, const Tn<T>& g, const Tn<T>& b) { return xg::layer_norm(x, g, b); }, x, gamma, beta)),
     ROW("one_hot", kFloat, I64 c = in.u8() < 200 ? I64(in.pick(6)) : in.any_int(); in.run([=](const Tn<I32>& l) { return xg::one_hot<T>(l, c); }, in.labels(in.input_shape(), c))),
     ROW("softmax_cross_entropy", kFloat, auto x = in.tensor<T>(); auto r = in.reduction(); auto l = in.labels(in.flag() && x.ndim() ? xg::Shape{x.shape()[0]} : in.input_shape(), x.ndim() == 2 ? x.shape()[1] : 3); in.run([=](const Tn<T>& x, const Tn<I32>& l) { return xg::softmax_cross_entropy(x, l, r); }, x, l)),
 };

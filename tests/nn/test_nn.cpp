@@ -170,6 +170,42 @@ TEST_CASE("nn: BatchNorm2d normalizes by batch statistics in training and moving
   check_gradients(g, xg::randn<float>({3, 2, 2, 2}, 8));
 }
 
+TEST_CASE("nn: LayerNorm normalizes each row of the last axis, then scales and shifts; GELU is gelu") {
+  xg::nn::LayerNorm ln(4);
+  CHECK(ln.named_parameters().size() == 2);
+  // Rows 1 2 3 4 (mean 2.5, biased variance 1.25) and 2 2 2 6 (3, 3).
+  const auto x = xg::tensor<float>({1, 2, 3, 4, 2, 2, 2, 6}, {2, 4});
+  const double s0 = 1 / std::sqrt(1.25 + 1e-5), s1 = 1 / std::sqrt(3.0 + 1e-5);
+  check_values(ln(x),
+               {float(-1.5 * s0), float(-0.5 * s0), float(0.5 * s0), float(1.5 * s0), float(-1 * s1), float(-1 * s1),
+                float(-1 * s1), float(3 * s1)},
+               1e-5);
+  {
+    xg::no_grad off;
+    ln.gamma.assign(xg::tensor<float>({2, 1, 1, 0.5}));
+    ln.beta.assign(xg::tensor<float>({0, 1, 0, -1}));
+  }
+  const auto y = ln(x);
+  CHECK(y.data()[0] == doctest::Approx(2 * -1.5 * s0).epsilon(1e-5));
+  CHECK(y.data()[1] == doctest::Approx(-0.5 * s0 + 1).epsilon(1e-5));
+  CHECK(y.data()[7] == doctest::Approx(0.5 * 3 * s1 - 1).epsilon(1e-5));
+  check_gradients(ln, xg::randn<float>({3, 4}, 8));
+  xg::nn::LayerNorm plain(4, {.eps = 1e-3f, .elementwise_affine = false});
+  CHECK(plain.named_parameters().empty());
+  CHECK(plain(x).data()[7] == doctest::Approx(3 / std::sqrt(3.0 + 1e-3)).epsilon(1e-5));
+  // A last axis of another size, or a bad eps, is refused with the layer's name and the shapes.
+  const auto what = xg::testing::message_of<xg::ShapeError>([&] { ln(xg::ones<float>({2, 5})); });
+  CHECK(xg::testing::contains(what, "LayerNorm"));
+  CHECK(xg::testing::contains(what, "[2, 5]"));
+  CHECK_THROWS_AS(xg::nn::LayerNorm(4, {.eps = 0.0f}), xg::ValueError);
+  CHECK_THROWS_AS(xg::nn::LayerNorm(0), xg::ValueError);
+
+  xg::nn::GELU gelu, gelu_tanh(xg::GeluApproximation::tanh);
+  const auto g = xg::tensor<float>({-1, 0, 1});
+  check_values(gelu(g), {-0.15865525f, 0.0f, 0.84134475f}, 1e-6);  // x Phi(x)
+  check_values(gelu_tanh(g), {-0.15880801f, 0.0f, 0.84119199f}, 1e-6);
+}
+
 TEST_CASE("nn: Dropout drops with probability p, scales the rest, and draws the same masks under jit") {
   ModeGuard mode;
   const auto x = xg::ones<float>({100, 100});

@@ -162,6 +162,26 @@ Ref log_softmax_ref(const Ref& x) {  // over the last axis
   return y;
 }
 
+/// Over the last axis, with the biased variance; gamma and beta (when given) of the last axis's size.
+Ref layer_norm_ref(const Ref& x, const Ref* gamma = nullptr, const Ref* beta = nullptr, double eps = 1e-5) {
+  Ref y = x;
+  const std::int64_t c = x.shape.back(), rows = x.numel() / c;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    double mean = 0, var = 0;
+    for (std::int64_t j = 0; j < c; ++j) mean += x.data[static_cast<std::size_t>(r * c + j)] / static_cast<double>(c);
+    for (std::int64_t j = 0; j < c; ++j) {
+      const double d = x.data[static_cast<std::size_t>(r * c + j)] - mean;
+      var += d * d / static_cast<double>(c);
+    }
+    for (std::int64_t j = 0; j < c; ++j) {
+      double& v = y.data[static_cast<std::size_t>(r * c + j)];
+      v = (v - mean) / std::sqrt(var + eps);
+      if (gamma) v = v * gamma->data[static_cast<std::size_t>(j)] + beta->data[static_cast<std::size_t>(j)];
+    }
+  }
+  return y;
+}
+
 Ref copy_block(const Ref& x, std::vector<std::int64_t> begin, std::vector<std::int64_t> size) {
   Ref y = Ref::zeros(size);
   for (std::int64_t flat = 0; flat < y.numel(); ++flat) {
@@ -572,6 +592,16 @@ std::vector<OpCase> build_table() {
   t.push_back(make_case(
       "log_softmax", Shapes{{3, 5}}, [](const auto& in) { return log_softmax(in[0]); },
       [](const std::vector<Ref>& r) { return log_softmax_ref(r[0]); }));
+  t.push_back(make_case(
+      "layer_norm", Shapes{{4, 6}}, [](const auto& in) { return layer_norm(in[0]); },
+      [](const std::vector<Ref>& r) { return layer_norm_ref(r[0]); }));
+  t.push_back(make_case(
+      "layer_norm/affine", Shapes{{2, 3, 7}, {7}, {7}},
+      [](const auto& in) { return layer_norm(in[0], in[1], in[2], 1e-3); },
+      [](const std::vector<Ref>& r) { return layer_norm_ref(r[0], &r[1], &r[2], 1e-3); }));
+  t.push_back(make_case(
+      "layer_norm/one_feature", Shapes{{3, 1}}, [](const auto& in) { return layer_norm(in[0]); },
+      [](const std::vector<Ref>& r) { return layer_norm_ref(r[0]); }));
   t.push_back(make_case(
       "softmax/axis_0", Shapes{{4, 3}}, [](const auto& in) { return softmax(in[0], 0); },
       [](const std::vector<Ref>& r) {

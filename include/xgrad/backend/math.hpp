@@ -29,7 +29,6 @@ namespace xgrad::math {
 XGRAD_MATH_UNARY(sqrt)
 XGRAD_MATH_UNARY(sin)
 XGRAD_MATH_UNARY(cos)
-XGRAD_MATH_UNARY(erf)
 #undef XGRAD_MATH_UNARY
 
 namespace detail {
@@ -83,6 +82,18 @@ template <class V> XGRAD_HD V tanh(const V& x) {
       return xsimd::select(xsimd::isnan(x), x, xsimd::tanh(detail::clamped_defined(x, -40.0, 40.0)));
   }
   return xsimd::tanh(x);
+#endif
+}
+
+template <class V> XGRAD_HD V erf(const V& x) {
+#if defined(__CUDA_ARCH__)
+  return std::erf(x);
+#else
+  // xsimd's erf takes exp(-x^2) for large |x| (see clamped_defined); erf is exactly ±1 beyond
+  // |x| = 6 in float and double alike.
+  if constexpr (xsimd::is_batch<V>::value)
+    return xsimd::select(xsimd::isnan(x), x, xsimd::erf(detail::clamped_defined(x, -6.0, 6.0)));
+  return xsimd::erf(x);
 #endif
 }
 

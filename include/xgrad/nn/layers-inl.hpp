@@ -93,6 +93,25 @@ XGRAD_API Tensor<float> Dropout::forward(Tensor<float> x) {
   return where(keep, x * (1.0f / (1.0f - m_p)), 0.0f);
 }
 
+XGRAD_API LayerNorm::LayerNorm(std::int64_t normalized_size, LayerNormOptions options, SourceLoc loc)
+    : m_size(normalized_size), m_options(options) {
+  detail::check_size("LayerNorm", "normalized_size", normalized_size, loc);
+  if (!(options.eps > 0.0f)) throw_value_error("LayerNorm", loc, "eps must be > 0, got ", options.eps);
+  if (options.elementwise_affine) {
+    gamma = Parameter<float>(ones<float>({normalized_size}), "gamma");
+    beta = Parameter<float>(zeros<float>({normalized_size}), "beta");
+    register_parameter("gamma", gamma);
+    register_parameter("beta", beta);
+  }
+}
+
+XGRAD_API Tensor<float> LayerNorm::forward(Tensor<float> x) {
+  const SourceLoc loc = call_site();
+  if (x.ndim() == 0 || x.shape()[x.ndim() - 1] != m_size)
+    throw_shape_error("LayerNorm", loc, "expected input [..., ", m_size, "], got ", x.shape());
+  return gamma.defined() ? layer_norm(x, gamma, beta, m_options.eps, loc) : layer_norm(x, m_options.eps, loc);
+}
+
 XGRAD_API BatchNorm2d::BatchNorm2d(std::int64_t num_features, BatchNormOptions options, SourceLoc loc)
     : m_channels(num_features), m_options(options) {
   detail::check_size("BatchNorm2d", "num_features", num_features, loc);

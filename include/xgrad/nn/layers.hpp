@@ -1,7 +1,7 @@
-// Layers: Dense, Conv2d, MaxPool2d, AvgPool2d, ReLU, Flatten, Dropout, BatchNorm2d, Sequential. Defaults
-// follow MindSpore 2's (Conv2d: pad_mode same, no bias; weights and biases U(-b, b) with
-// b = 1/sqrt(fan_in), as in PyTorch). Each forward is written with xgrad ops, so it runs eagerly
-// and traces alike.
+// Layers: Dense, Conv2d, MaxPool2d, AvgPool2d, ReLU, GELU, Flatten, Dropout, BatchNorm2d, LayerNorm,
+// Sequential. Defaults follow MindSpore 2's (Conv2d: pad_mode same, no bias; weights and biases
+// U(-b, b) with b = 1/sqrt(fan_in), as in PyTorch). Each forward is written with xgrad ops, so it
+// runs eagerly and traces alike.
 #pragma once
 
 #include <cmath>
@@ -182,6 +182,27 @@ class BatchNorm2d : public Module {
  private:
   std::int64_t m_channels;
   BatchNormOptions m_options;
+};
+
+struct LayerNormOptions {
+  float eps = 1e-5f;
+  bool elementwise_affine = true;  // learn gamma (ones) and beta (zeros)
+};
+
+/// Normalizes each vector along the last axis of x [..., normalized_size] (xgrad::layer_norm),
+/// then scales and shifts it by gamma and beta.
+class LayerNorm : public Module {
+ public:
+  XGRAD_API explicit LayerNorm(std::int64_t normalized_size, LayerNormOptions options = {},
+                               SourceLoc loc = SourceLoc::current());
+
+  XGRAD_API Tensor<float> forward(Tensor<float> x) override;
+
+  Parameter<float> gamma, beta;  // undefined without elementwise_affine
+
+ private:
+  std::int64_t m_size;
+  LayerNormOptions m_options;
 };
 
 /// Runs its layers in order; they are owned and named "0", "1", ...

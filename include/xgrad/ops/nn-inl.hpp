@@ -633,6 +633,27 @@ template <FloatingPoint T> Tensor<T> gelu(const Tensor<T>& x, GeluApproximation 
   return fma(half_x, erf(mul(x, T(1) / std::numbers::sqrt2_v<T>, loc), loc), half_x, loc);
 }
 
+template <FloatingPoint T> Tensor<T> layer_norm(const Tensor<T>& x, double eps, SourceLoc loc) {
+  detail::OpScope scope("LayerNorm", loc, {x});
+  if (x.ndim() == 0)
+    throw_shape_error("LayerNorm", loc, "x must have an axis to normalize over, got a scalar ", dtype_name(x.dtype()),
+                      x.shape());
+  if (!(eps > 0)) throw_value_error("LayerNorm", loc, "eps must be > 0, got ", eps);
+  const auto centered = sub(x, mean(x, {-1}, true, loc), loc);
+  const auto variance = mean(square(centered, loc), {-1}, true, loc);
+  return mul(centered, rsqrt(add(variance, static_cast<T>(eps), loc), loc), loc);
+}
+
+template <FloatingPoint T>
+Tensor<T> layer_norm(const Tensor<T>& x, const Tensor<T>& gamma, const Tensor<T>& beta, double eps, SourceLoc loc) {
+  detail::OpScope scope("LayerNorm", loc, {x, gamma, beta});
+  const Shape features{x.ndim() > 0 ? x.shape()[x.ndim() - 1] : 0};
+  if (x.ndim() > 0 && (gamma.shape() != features || beta.shape() != features))
+    throw_shape_error("LayerNorm", loc, "gamma and beta must be ", features, ", x's last axis (inputs ",
+                      detail::describe_inputs({{"x", &x}, {"gamma", &gamma}, {"beta", &beta}}), ")");
+  return fma(layer_norm(x, eps, loc), gamma, beta, loc);
+}
+
 template <FloatingPoint T>
 Tensor<T> one_hot(const Tensor<std::int32_t>& labels, std::int64_t num_classes, SourceLoc loc) {
   if (num_classes < 1) throw_value_error(op::OneHot::name, loc, "num_classes (", num_classes, ") must be positive");

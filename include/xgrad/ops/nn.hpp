@@ -1,5 +1,5 @@
 // Neural-network ops: bias_add, conv2d, pooling, resize_bilinear, softmax, log_softmax, gelu,
-// one_hot and softmax_cross_entropy. Declarations only, with the options their signatures
+// layer_norm, one_hot and softmax_cross_entropy. Declarations only, with the options their signatures
 // take: the ops' structs and the functions' definitions are in ops/nn-inl.hpp.
 #pragma once
 
@@ -73,6 +73,16 @@ enum class GeluApproximation { none, tanh };
 template <FloatingPoint T> Tensor<T> gelu(const Tensor<T>& x, GeluApproximation approximate = GeluApproximation::none,
                                           SourceLoc loc = SourceLoc::current());
 
+/// Layer normalization over the last axis: (x - mean) / sqrt(var + eps) with the biased variance,
+/// then gamma * that + beta, gamma and beta of shape [x.shape[-1]] (PyTorch's layer_norm with
+/// normalized_shape the last axis). A composite of reductions and elementwise ops: a compiled
+/// graph fuses it, and its gradient is autodiff's.
+template <FloatingPoint T> Tensor<T> layer_norm(const Tensor<T>& x, const Tensor<T>& gamma, const Tensor<T>& beta,
+                                                double eps = 1e-5, SourceLoc loc = SourceLoc::current());
+/// The same without the affine part.
+template <FloatingPoint T>
+Tensor<T> layer_norm(const Tensor<T>& x, double eps = 1e-5, SourceLoc loc = SourceLoc::current());
+
 /// [labels..., num_classes] with 1 at each label; labels outside [0, num_classes) throw.
 template <FloatingPoint T>
 Tensor<T> one_hot(const Tensor<std::int32_t>& labels, std::int64_t num_classes, SourceLoc loc = SourceLoc::current());
@@ -109,6 +119,8 @@ template <FloatingPoint T> Tensor<T> reduce_losses(const Tensor<T>& losses, Redu
   X Tensor<T> log_softmax<T>(const Tensor<T>&, std::int64_t, SourceLoc);                                          \
   X Tensor<T> softmax<T>(const Tensor<T>&, std::int64_t, SourceLoc);                                              \
   X Tensor<T> gelu<T>(const Tensor<T>&, GeluApproximation, SourceLoc);                                            \
+  X Tensor<T> layer_norm<T>(const Tensor<T>&, const Tensor<T>&, const Tensor<T>&, double, SourceLoc);             \
+  X Tensor<T> layer_norm<T>(const Tensor<T>&, double, SourceLoc);                                                 \
   X Tensor<T> one_hot<T>(const Tensor<std::int32_t>&, std::int64_t, SourceLoc);                                   \
   X Tensor<T> softmax_cross_entropy<T>(const Tensor<T>&, const Tensor<std::int32_t>&, Reduction, SourceLoc);      \
   X Tensor<std::int32_t> detail::max_pool_argmax<T>(const Tensor<T>&, const cpu::Pool2dGeometry&, SourceLoc);     \
