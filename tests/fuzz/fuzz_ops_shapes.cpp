@@ -21,6 +21,12 @@ const std::vector<Row> kRowsShapes = {
     ROW("slice", kAll, auto x = in.tensor<T>(); std::vector<I64> b(x.ndim() + (in.pick(8) == 0)), s(b.size()); for (auto& v : b) v = in.u8() < 200 ? in.pick(4) : in.any_int(); for (auto& v : s) v = in.u8() < 200 ? I64(in.pick(5)) - 1 : in.any_int(); in.run([=](const Tn<T>& x) { return xg::slice(x, b, s); }, x)),
     ROW("slice_backward", kNum, auto g = in.tensor<T>(); auto s = in.sizes(); std::vector<I64> b(g.ndim()); for (auto& v : b) v = in.u8() < 200 ? in.pick(4) : in.any_int(); in.run([=](const Tn<T>& g) { return xg::slice_backward(g, xg::Shape(s), b); }, g)),
     ROW("concat", kAll, auto xs = in.tensors<T>(); I64 a = in.axis(xs.empty() ? 1 : xs[0].ndim()); in.run([=](const Tv<T>& xs) { return xg::concat(xs, a); }, xs)),
+    ROW("split", kAll, auto x = in.tensor<T>(); auto sizes = in.sizes(); I64 a = in.axis(x.ndim()); in.run([=](const Tn<T>& x) { auto p = xg::split(x, sizes, a); return p.empty() ? x : p.back(); }, x)),
+    ROW("take", kAll, auto x = in.tensor<T>(); I64 a = in.axis(x.ndim()); I64 n = x.ndim() > 0 && a >= -x.ndim() && a < x.ndim() ? x.shape()[a < 0 ? a + x.ndim() : a] : 3; auto i = in.labels(in.input_shape(), n); in.run([=](const Tn<T>& x, const Tn<I32>& i) { return xg::take(x, i, a); }, x, i)),
+    ROW("cumsum", kNum, auto x = in.tensor<T>(); I64 a = in.axis(x.ndim()); bool r = in.flag(); in.run([=](const Tn<T>& x) { return xg::cumsum(x, a, r); }, x)),
+    ROW("tril", kAll, I64 k = in.u8() < 200 ? I64(in.pick(7)) - 3 : in.any_int(); in.run([=](const Tn<T>& x) { return xg::tril(x, k); }, in.tensor<T>())),
+    ROW("triu", kAll, I64 k = in.u8() < 200 ? I64(in.pick(7)) - 3 : in.any_int(); in.run([=](const Tn<T>& x) { return xg::triu(x, k); }, in.tensor<T>())),
+    ROW("masked_fill", kAll, auto x = in.tensor<T>(); auto m = in.tensor<bool>(in.pick(2) ? x.shape() : in.input_shape()); T v = in.value<T>(); in.run([=](const Tn<T>& x, const Tn<bool>& m) { return xg::masked_fill(x, m, v); }, x, m)),
     ROW("stack", kAll, auto xs = in.tensors<T>(); I64 a = in.axis(xs.empty() ? 1 : xs[0].ndim() + 1); in.run([=](const Tv<T>& xs) { return xg::stack(xs, a); }, xs)),
 
     // Reductions (ops/reduce.hpp).

@@ -170,6 +170,45 @@ TEST_CASE("nn: BatchNorm2d normalizes by batch statistics in training and moving
   check_gradients(g, xg::randn<float>({3, 2, 2, 2}, 8));
 }
 
+TEST_CASE("nn: Embedding looks rows up, adds the gradient into the rows it used, and traces") {
+  ModeGuard mode;
+  xg::nn::Embedding emb(5, 3);
+  REQUIRE(emb.weight.shape() == xg::Shape{5, 3});
+  CHECK(emb.named_parameters().size() == 1);
+  const auto table = values(emb.weight);
+  const auto ids = xg::tensor<std::int32_t>({1, 4, 1, 0}, {2, 2});
+  const auto y = emb(ids);
+  REQUIRE(y.shape() == xg::Shape{2, 2, 3});
+  const int picked[] = {1, 4, 1, 0};
+  for (int i = 0; i < 4; ++i)
+    for (int j = 0; j < 3; ++j) CHECK(y.data()[i * 3 + j] == table[static_cast<std::size_t>(picked[i] * 3 + j)]);
+  // d sum(emb(ids) * w) / d weight: row 1 gets w's slices 0 and 2, rows 4 and 0 one each, rows 2
+  // and 3 nothing.
+  const auto w = xg::randn<float>({2, 2, 3}, 5);
+  const auto dw = xg::grad([&](const Tensor<float>& table_in) { return xg::sum(xg::take(table_in, ids) * w); })(
+      emb.weight.detach());
+  const auto wv = values(w);
+  for (int j = 0; j < 3; ++j) {
+    CHECK(dw.data()[1 * 3 + j] ==
+          doctest::Approx(wv[static_cast<std::size_t>(0 * 3 + j)] + wv[static_cast<std::size_t>(2 * 3 + j)]));
+    CHECK(dw.data()[4 * 3 + j] == wv[static_cast<std::size_t>(1 * 3 + j)]);
+    CHECK(dw.data()[0 * 3 + j] == wv[static_cast<std::size_t>(3 * 3 + j)]);
+    CHECK(dw.data()[2 * 3 + j] == 0.0f);
+    CHECK(dw.data()[3 * 3 + j] == 0.0f);
+  }
+  // The layer's own gradient reaches its weight.
+  xg::sum(emb(ids) * w).backward();
+  REQUIRE(emb.weight.grad().defined());
+  CHECK(values(emb.weight.grad()) == values(dw));
+  // Traced inside a compiled function: the same rows, and the ids checked on each call.
+  auto f = xg::jit([&](const Tensor<std::int32_t>& i) { return emb(i) * 2.0f; });
+  const auto z = f(ids);
+  for (std::int64_t k = 0; k < z.numel(); ++k) CHECK(z.data()[k] == 2 * y.data()[k]);
+  const auto what = xg::testing::message_of<xg::ValueError>([&] { f(xg::tensor<std::int32_t>({5})); });
+  CHECK(xg::testing::contains(what, "index 5"));
+  CHECK_THROWS_AS(xg::nn::Embedding(0, 3), xg::ValueError);
+}
+
 TEST_CASE("nn: LayerNorm normalizes each row of the last axis, then scales and shifts; GELU is gelu") {
   xg::nn::LayerNorm ln(4);
   CHECK(ln.named_parameters().size() == 2);

@@ -592,6 +592,127 @@ std::vector<OpCase> build_table() {
   t.push_back(make_case(
       "log_softmax", Shapes{{3, 5}}, [](const auto& in) { return log_softmax(in[0]); },
       [](const std::vector<Ref>& r) { return log_softmax_ref(r[0]); }));
+  // take: fixed indices (the table's inputs are the float tensors), one repeated so the gradient
+  // adds twice into one slice.
+  auto take_ref = [](const Ref& x, const std::vector<std::int32_t>& idx, std::vector<std::int64_t> idx_shape,
+                     int axis) {
+    std::int64_t outer = 1, inner = 1;
+    for (int d = 0; d < axis; ++d) outer *= x.shape[static_cast<std::size_t>(d)];
+    for (std::size_t d = static_cast<std::size_t>(axis) + 1; d < x.shape.size(); ++d) inner *= x.shape[d];
+    const std::int64_t extent = x.shape[static_cast<std::size_t>(axis)], count = static_cast<std::int64_t>(idx.size());
+    std::vector<std::int64_t> shape(x.shape.begin(), x.shape.begin() + axis);
+    shape.insert(shape.end(), idx_shape.begin(), idx_shape.end());
+    shape.insert(shape.end(), x.shape.begin() + axis + 1, x.shape.end());
+    Ref y = Ref::zeros(shape);
+    for (std::int64_t o = 0; o < outer; ++o)
+      for (std::int64_t i = 0; i < count; ++i)
+        for (std::int64_t r = 0; r < inner; ++r)
+          y.data[static_cast<std::size_t>((o * count + i) * inner + r)] =
+              x.data[static_cast<std::size_t>((o * extent + idx[static_cast<std::size_t>(i)]) * inner + r)];
+    return y;
+  };
+  t.push_back(make_case(
+      "take/axis_0", Shapes{{5, 3}},
+      [](const auto& in) {
+        return take(in[0], tensor<std::int32_t>({4, 0, 2, 0}, {2, 2}), 0);
+      },
+      [take_ref](const std::vector<Ref>& r) {
+        return take_ref(r[0], {4, 0, 2, 0}, {2, 2}, 0);
+      }));
+  t.push_back(make_case(
+      "take/axis_1", Shapes{{2, 4, 3}},
+      [](const auto& in) {
+        return take(in[0], tensor<std::int32_t>({3, 3, 1}), -2);
+      },
+      [take_ref](const std::vector<Ref>& r) {
+        return take_ref(r[0], {3, 3, 1}, {3}, 1);
+      }));
+  t.push_back(make_case(
+      "take/last_axis", Shapes{{3, 70}},
+      [](const auto& in) {
+        return take(in[0], tensor<std::int32_t>({69, 0, 5, 69, 7}), 1);
+      },
+      [take_ref](const std::vector<Ref>& r) {
+        return take_ref(r[0], {69, 0, 5, 69, 7}, {5}, 1);
+      }));
+  t.push_back(make_case(
+      "take/wide_rows", Shapes{{4, 150}},  // rows wider than the cpu's 64-column scatter blocks
+      [](const auto& in) {
+        return take(in[0], tensor<std::int32_t>({1, 3, 1, 1, 0}), 0);
+      },
+      [take_ref](const std::vector<Ref>& r) {
+        return take_ref(r[0], {1, 3, 1, 1, 0}, {5}, 0);
+      }));
+  t.push_back(make_case(
+      "take/no_indices", Shapes{{3, 2}}, [](const auto& in) { return take(in[0], zeros<std::int32_t>({0}), 0); },
+      [take_ref](const std::vector<Ref>& r) { return take_ref(r[0], {}, {0}, 0); }));
+  // cumsum over [outer, extent, inner], forward or reversed.
+  auto cumsum_ref = [](const Ref& x, int axis, bool reverse) {
+    std::int64_t outer = 1, inner = 1;
+    for (int d = 0; d < axis; ++d) outer *= x.shape[static_cast<std::size_t>(d)];
+    for (std::size_t d = static_cast<std::size_t>(axis) + 1; d < x.shape.size(); ++d) inner *= x.shape[d];
+    const std::int64_t n = x.shape[static_cast<std::size_t>(axis)];
+    Ref y = x;
+    for (std::int64_t o = 0; o < outer; ++o)
+      for (std::int64_t r = 0; r < inner; ++r) {
+        double acc = 0;
+        for (std::int64_t k = 0; k < n; ++k) {
+          const auto at = static_cast<std::size_t>((o * n + (reverse ? n - 1 - k : k)) * inner + r);
+          acc += x.data[at];
+          y.data[at] = acc;
+        }
+      }
+    return y;
+  };
+  t.push_back(make_case(
+      "cumsum/last_axis", Shapes{{3, 5}}, [](const auto& in) { return cumsum(in[0], -1); },
+      [cumsum_ref](const std::vector<Ref>& r) { return cumsum_ref(r[0], 1, false); }));
+  t.push_back(make_case(
+      "cumsum/axis_0_reverse", Shapes{{4, 2, 3}}, [](const auto& in) { return cumsum(in[0], 0, true); },
+      [cumsum_ref](const std::vector<Ref>& r) { return cumsum_ref(r[0], 0, true); }));
+  // tril / triu: element (i, j) of the last two axes kept where j - i <= k (tril) or >= k (triu).
+  auto triangle_ref = [](const Ref& x, std::int64_t k, bool upper) {
+    Ref y = x;
+    const std::int64_t rows = x.shape[x.shape.size() - 2], cols = x.shape.back();
+    for (std::int64_t e = 0; e < x.numel(); ++e) {
+      const std::int64_t j = e % cols, i = e / cols % rows;
+      if (upper ? j - i < k : j - i > k) y.data[static_cast<std::size_t>(e)] = 0;
+    }
+    return y;
+  };
+  t.push_back(make_case(
+      "tril", Shapes{{2, 3, 4}}, [](const auto& in) { return tril(in[0]); },
+      [triangle_ref](const std::vector<Ref>& r) { return triangle_ref(r[0], 0, false); }));
+  t.push_back(make_case(
+      "tril/below", Shapes{{3, 5}}, [](const auto& in) { return tril(in[0], -1); },
+      [triangle_ref](const std::vector<Ref>& r) { return triangle_ref(r[0], -1, false); }));
+  t.push_back(make_case(
+      "triu/above", Shapes{{4, 3}}, [](const auto& in) { return triu(in[0], 1); },
+      [triangle_ref](const std::vector<Ref>& r) { return triangle_ref(r[0], 1, true); }));
+  t.push_back(make_case(
+      "masked_fill", Shapes{{3, 4}},
+      [](const auto& in) {
+        using T = typename std::decay_t<decltype(in[0])>::value_type;
+        return masked_fill(in[0], tensor<bool>({true, false, false, true}), T(0.5));
+      },
+      [](const std::vector<Ref>& r) {
+        Ref y = r[0];
+        for (std::size_t e = 0; e < y.data.size(); ++e)
+          if (e % 4 == 0 || e % 4 == 3) y.data[e] = 0.5;
+        return y;
+      }));
+  t.push_back(make_case(
+      "split", Shapes{{5, 3}},
+      [](const auto& in) {
+        const auto pieces = split(in[0], {2, 0, 3}, 0);
+        return concat(std::vector{pieces[2] * 2, pieces[1], pieces[0]}, 0);
+      },
+      [](const std::vector<Ref>& r) {
+        Ref y = r[0];
+        for (std::size_t e = 0; e < 9; ++e) y.data[e] = 2 * r[0].data[e + 6];
+        for (std::size_t e = 0; e < 6; ++e) y.data[e + 9] = r[0].data[e];
+        return y;
+      }));
   t.push_back(make_case(
       "layer_norm", Shapes{{4, 6}}, [](const auto& in) { return layer_norm(in[0]); },
       [](const std::vector<Ref>& r) { return layer_norm_ref(r[0]); }));

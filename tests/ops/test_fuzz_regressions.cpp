@@ -101,3 +101,17 @@ TEST_CASE("fuzz regression: a matmul with an empty output multiplies no matrices
   // A sum over nothing is zero.
   CHECK(xg::matmul(xg::ones<float>({2, 3, 0}), xg::ones<float>({0, 5})).to_vector() == std::vector<float>(30, 0.0f));
 }
+
+TEST_CASE("fuzz regression: cumsum, take, slice and its gradient with an empty result touch no data") {
+  // cumsum over 2^40 empty columns (a fuzz_ops timeout), and a slice gradient whose begin lies
+  // 2^62 elements into an empty tensor (regress-slice-backward-empty-far-begin: the offset
+  // overflowed the pointer).
+  const std::int64_t huge = std::int64_t{1} << 40, far = std::int64_t{1} << 62;
+  CHECK(xg::cumsum(xg::ones<float>({huge, 0}), 0).shape() == xg::Shape{huge, 0});
+  CHECK(xg::take(xg::ones<float>({huge, 2, 0}), xg::tensor<std::int32_t>({1, 0, 1}), 1).shape() ==
+        xg::Shape{huge, 3, 0});
+  CHECK(xg::slice_backward(xg::zeros<std::int64_t>({0, 0}), xg::Shape{0, far}, {0, far}).shape() == xg::Shape{0, far});
+  CHECK(xg::slice(xg::zeros<std::int64_t>({0, far}), {0, far}, {0, 0}).numel() == 0);
+  // split's sizes add up without overflowing (UBSan under fuzz_ops).
+  CHECK_THROWS_AS(xg::split(xg::ones<float>({3}), {2, std::numeric_limits<std::int64_t>::max() - 1}), xg::ShapeError);
+}

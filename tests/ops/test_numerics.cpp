@@ -407,4 +407,20 @@ TEST_CASE("numerics: erf and gelu (both forms) at zeros, infinities, NaN and far
   check_runs(everywhere([](D t) { return xg::grad([](D u) { return xg::sum(xg::gelu(u)); })(t); }, x), d_gelu, 1e-13);
 }
 
+TEST_CASE("numerics: tril and triu at the int64 limits keep everything or nothing; cumsum of integers wraps") {
+  const auto x = xg::arange<std::int32_t>(6);
+  const auto m = xg::reshape(x, {2, 3});
+  CHECK(xg::tril(m, std::numeric_limits<std::int64_t>::max()).to_vector() == m.to_vector());
+  CHECK(xg::triu(m, std::numeric_limits<std::int64_t>::min()).to_vector() == m.to_vector());
+  CHECK(xg::tril(m, -2).to_vector() == std::vector<std::int32_t>(6, 0));
+  CHECK(xg::triu(m, 3).to_vector() == std::vector<std::int32_t>(6, 0));
+  CHECK(xg::cumsum(m, 1).to_vector() == std::vector<std::int32_t>{0, 1, 3, 3, 7, 12});
+  const auto big = xg::tensor<std::int32_t>({std::numeric_limits<std::int32_t>::max(), 1});
+  CHECK(xg::cumsum(big, 0).to_vector()[1] == std::numeric_limits<std::int32_t>::min());
+  // Empty results whose other axes multiply to 2^40 return at once (found by the fuzzer).
+  const std::int64_t huge = std::int64_t{1} << 40;
+  CHECK(xg::cumsum(xg::zeros<float>({huge, 0}), 0).numel() == 0);
+  CHECK(xg::take(xg::zeros<float>({huge, 3, 0}), xg::tensor<std::int32_t>({0, 2}), 1).shape() == xg::Shape{huge, 2, 0});
+}
+
 }  // namespace numerics_test

@@ -2,7 +2,10 @@
 // caller's file:line.
 #include <doctest/doctest.h>
 
+#include <cstdint>
+#include <limits>
 #include <string>
+#include <vector>
 
 #include <xgrad/xgrad.hpp>
 
@@ -101,4 +104,52 @@ TEST_CASE("op errors: losses and value errors") {
           return xg::random_uniform<float>(xg::tensor<std::int64_t>({1, 2}), {3});
         }).find("RandomUniform: key must hold one value, got shape [2]") != std::string::npos);
   CHECK_THROWS_AS(xg::random_uniform<float>(xg::scalar<std::int64_t>(1), {-1}), xg::ValueError);
+}
+
+TEST_CASE("op errors: take refuses indices outside the axis, eagerly and compiled, and names them") {
+  const auto x = xg::ones<float>({4, 3});
+  const auto bad = xg::tensor<std::int32_t>({1, 4, 0});
+  int line = __LINE__ + 1;
+  auto msg = message_of<xg::ValueError>([&] { return xg::take(x, bad); });
+  CHECK(msg.find("Take") != std::string::npos);
+  CHECK(msg.find("index 4 at position 1") != std::string::npos);
+  CHECK(msg.find("[0, 4)") != std::string::npos);
+  CHECK(msg.find(here(line)) != std::string::npos);
+  CHECK(message_of<xg::ValueError>([&] {
+          return xg::take(x, xg::tensor<std::int32_t>({-1}), 1);
+        }).find("index -1 at position 0") != std::string::npos);
+  // Compiled: the same check runs on each call's indices, not only the traced ones.
+  auto f = xg::jit([](const xg::Tensor<float>& t, const xg::Tensor<std::int32_t>& i) { return xg::take(t, i); });
+  CHECK(f(x, xg::tensor<std::int32_t>({3, 0})).shape() == xg::Shape{2, 3});
+  CHECK(message_of<xg::ValueError>([&] { return f(x, bad); }).find("index 4 at position 1") != std::string::npos);
+  // The axis, a scalar x, and a gradient of the wrong shape.
+  CHECK(message_of<xg::ShapeError>([&] { return xg::take(x, bad, 2); }).find("Take") != std::string::npos);
+  CHECK(message_of<xg::ShapeError>([] {
+          return xg::take(xg::scalar<float>(1), xg::tensor<std::int32_t>({0}));
+        }).find("scalar") != std::string::npos);
+  CHECK(message_of<xg::ShapeError>([&] {
+          return xg::take_backward(xg::ones<float>({2, 3}), bad, x.shape(), 0);
+        }).find("TakeGrad: the gradient Float32[2, 3] must have the shape") != std::string::npos);
+}
+
+TEST_CASE("op errors: cumsum, split, tril, triu and masked_fill name the op and the shapes") {
+  const auto x = xg::ones<float>({2, 3});
+  CHECK(message_of<xg::ShapeError>([] { return xg::cumsum(xg::scalar<float>(1), 0); }).find("CumSum") !=
+        std::string::npos);
+  CHECK(message_of<xg::ShapeError>([&] { return xg::cumsum(x, 2); }).find("CumSum") != std::string::npos);
+  auto msg = message_of<xg::ShapeError>([&] { return xg::split(x, {1, 1}, 1); });
+  CHECK(msg.find("Split: sizes [1, 1] must be non-negative and add up to 3") != std::string::npos);
+  CHECK(message_of<xg::ShapeError>([&] { return xg::split(x, {4, -1}, 1); }).find("Split") != std::string::npos);
+  CHECK(message_of<xg::ShapeError>([&] { return xg::split(x, {-1, 4}, 1); }).find("Split") != std::string::npos);
+  CHECK(message_of<xg::ShapeError>([&] {
+          return xg::split(x, {2, std::numeric_limits<std::int64_t>::max() - 1}, 1);
+        }).find("Split") != std::string::npos);
+  CHECK(message_of<xg::ShapeError>([] { return xg::tril(xg::ones<float>({3})); }).find("Tril") != std::string::npos);
+  CHECK(message_of<xg::ShapeError>([] { return xg::triu(xg::ones<float>({3})); }).find("Triu") != std::string::npos);
+  const auto mask = xg::tensor<bool>({true, false}, {2, 1, 1});
+  int line = __LINE__ + 1;
+  msg = message_of<xg::ShapeError>([&] { return xg::masked_fill(x, mask, 0.0f); });
+  CHECK(msg.find("MaskedFill") != std::string::npos);
+  CHECK(msg.find("[2, 1, 1]") != std::string::npos);
+  CHECK(msg.find(here(line)) != std::string::npos);
 }

@@ -47,6 +47,15 @@ template <class T, class F> void tabulate(Device device, T* dst, std::int64_t n,
   });
 }
 
+/// f(i) for i < n, in parallel (on the cpu in chunks of at least `grain`); f is a host-and-device
+/// functor (XGRAD_HD) whose calls write disjoint data.
+template <class F> void for_each_index(Device device, std::int64_t n, std::int64_t grain, F f) {
+  XGRAD_ON_THRUST(device, for_each_index(n, f));
+  cpu::parallel_for(0, n, grain, [&](std::int64_t lo, std::int64_t hi) {
+    for (std::int64_t i = lo; i < hi; ++i) f(i);
+  });
+}
+
 template <class T> void fill(Device device, T* dst, std::int64_t n, T value) {
   XGRAD_ON_THRUST(device, fill(dst, n, value));
   std::fill_n(dst, n, value);

@@ -93,6 +93,23 @@ XGRAD_API Tensor<float> Dropout::forward(Tensor<float> x) {
   return where(keep, x * (1.0f / (1.0f - m_p)), 0.0f);
 }
 
+XGRAD_API Embedding::Embedding(std::int64_t num_embeddings, std::int64_t embedding_dim, EmbeddingOptions options,
+                               SourceLoc loc) {
+  detail::check_size("Embedding", "num_embeddings", num_embeddings, loc);
+  detail::check_size("Embedding", "embedding_dim", embedding_dim, loc);
+  xgrad::detail::checked_mul("Embedding", loc, "the table's size num_embeddings * embedding_dim", num_embeddings,
+                             embedding_dim);
+  weight =
+      Parameter<float>(options.weight_init({num_embeddings, embedding_dim}, {embedding_dim, num_embeddings}), "weight");
+  register_parameter("weight", weight);
+}
+
+XGRAD_API Tensor<float> Embedding::operator()(const Tensor<std::int32_t>& ids, SourceLoc loc) {
+  xgrad::detail::OpScope scope("Embedding", loc, {ids});
+  tracing::NameScope name_scope(name());
+  return take(weight, ids, 0, loc);
+}
+
 XGRAD_API LayerNorm::LayerNorm(std::int64_t normalized_size, LayerNormOptions options, SourceLoc loc)
     : m_size(normalized_size), m_options(options) {
   detail::check_size("LayerNorm", "normalized_size", normalized_size, loc);

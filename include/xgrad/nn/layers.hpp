@@ -1,5 +1,5 @@
-// Layers: Dense, Conv2d, MaxPool2d, AvgPool2d, ReLU, GELU, Flatten, Dropout, BatchNorm2d, LayerNorm,
-// Sequential. Defaults follow MindSpore 2's (Conv2d: pad_mode same, no bias; weights and biases
+// Layers: Dense, Conv2d, MaxPool2d, AvgPool2d, ReLU, GELU, Flatten, Dropout, BatchNorm2d, Embedding,
+// LayerNorm, Sequential. Defaults follow MindSpore 2's (Conv2d: pad_mode same, no bias; weights and biases
 // U(-b, b) with b = 1/sqrt(fan_in), as in PyTorch). Each forward is written with xgrad ops, so it
 // runs eagerly and traces alike.
 #pragma once
@@ -182,6 +182,24 @@ class BatchNorm2d : public Module {
  private:
   std::int64_t m_channels;
   BatchNormOptions m_options;
+};
+
+struct EmbeddingOptions {
+  init::Initializer weight_init = init::normal(1.0);  // N(0, 1), as PyTorch's
+};
+
+/// A table of num_embeddings vectors of embedding_dim: ids [...] (int32, each in
+/// [0, num_embeddings)) give [..., embedding_dim] (xgrad::take along axis 0; the gradient adds
+/// into the rows the ids picked). Called with int32 ids, it runs as ops: eagerly, or traced into
+/// the graph of the function or module that calls it.
+class Embedding : public Module {
+ public:
+  XGRAD_API Embedding(std::int64_t num_embeddings, std::int64_t embedding_dim, EmbeddingOptions options = {},
+                      SourceLoc loc = SourceLoc::current());
+
+  XGRAD_API Tensor<float> operator()(const Tensor<std::int32_t>& ids, SourceLoc loc = SourceLoc::current());
+
+  Parameter<float> weight;  // [num_embeddings, embedding_dim]
 };
 
 struct LayerNormOptions {

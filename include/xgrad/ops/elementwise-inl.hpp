@@ -403,6 +403,14 @@ template <FloatingPoint T> Tensor<T> fma(const Tensor<T>& a, const Tensor<T>& b,
 }
 
 template <Element T>
+Tensor<T> masked_fill(const Tensor<T>& x, const Tensor<bool>& mask, std::type_identity_t<T> value, SourceLoc loc) {
+  detail::OpScope scope("MaskedFill", loc, {x, mask});
+  if (detail::broadcast_or_throw("MaskedFill", x, mask, loc) != x.shape())
+    throw_shape_error("MaskedFill", loc, "the mask ", mask.shape(), " must broadcast to x's shape ", x.shape());
+  return where(mask, value, x, loc);
+}
+
+template <Element T>
 Tensor<T> where(const Tensor<bool>& cond, const Tensor<T>& a, std::type_identity_t<T> b, SourceLoc loc) {
   return where(cond, a, scalar_like(a, b), loc);
 }

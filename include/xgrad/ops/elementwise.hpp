@@ -23,17 +23,18 @@ template <class T> using bool_result = bool;
 // The ops as lists, which drive the declarations here, the definitions (ops/elementwise-inl.hpp)
 // and the instances below: fn, Op (its struct, op::Op), the concept of the types it takes, and
 // for a binary op the element type of its result.
-#define XGRAD_UNARY_FUNCTIONS(M, ...)                                                                               \
-  M(neg, Neg, Numeric, __VA_ARGS__)                                                                                 \
-  M(exp, Exp, FloatingPoint, __VA_ARGS__)                                                                           \
-  M(log, Log, FloatingPoint, __VA_ARGS__)                                                                           \
-  M(sqrt, Sqrt, FloatingPoint, __VA_ARGS__)                                                                         \
-  M(rsqrt, Rsqrt, FloatingPoint, __VA_ARGS__)                                                                       \
-  M(tanh, Tanh, FloatingPoint, __VA_ARGS__)                                                                         \
-  M(sigmoid, Sigmoid, FloatingPoint, __VA_ARGS__)                                                                   \
-  M(relu, Relu, Numeric, __VA_ARGS__)                                                                               \
-  M(sign, Sign, Numeric, __VA_ARGS__)                                                                               \
-  M(abs, Abs, Numeric, __VA_ARGS__) M(square, Square, Numeric, __VA_ARGS__) M(sin, Sin, FloatingPoint, __VA_ARGS__) \
+#define XGRAD_UNARY_FUNCTIONS(M, ...)                                             \
+  M(neg, Neg, Numeric, __VA_ARGS__)                                               \
+  M(exp, Exp, FloatingPoint, __VA_ARGS__)                                         \
+  M(log, Log, FloatingPoint, __VA_ARGS__)                                         \
+  M(sqrt, Sqrt, FloatingPoint, __VA_ARGS__)                                       \
+  M(rsqrt, Rsqrt, FloatingPoint, __VA_ARGS__)                                     \
+  M(tanh, Tanh, FloatingPoint, __VA_ARGS__)                                       \
+  M(sigmoid, Sigmoid, FloatingPoint, __VA_ARGS__)                                 \
+  M(relu, Relu, Numeric, __VA_ARGS__)                                             \
+  M(sign, Sign, Numeric, __VA_ARGS__)                                             \
+  M(abs, Abs, Numeric, __VA_ARGS__)                                               \
+  M(square, Square, Numeric, __VA_ARGS__) M(sin, Sin, FloatingPoint, __VA_ARGS__) \
       M(cos, Cos, FloatingPoint, __VA_ARGS__) M(erf, Erf, FloatingPoint, __VA_ARGS__)
 #define XGRAD_BINARY_FUNCTIONS(M, ...)                   \
   M(add, Add, Numeric, same_result, __VA_ARGS__)         \
@@ -72,6 +73,11 @@ template <Element T> Tensor<T> where(const Tensor<bool>& cond, const Tensor<T>& 
 template <Element T> Tensor<T> where(const Tensor<bool>& cond, std::type_identity_t<T> a, const Tensor<T>& b,
                                      SourceLoc loc = SourceLoc::current());
 
+/// x with `value` where mask is true (PyTorch's masked_fill): where(mask, value, x). The mask
+/// broadcasts to x's shape; the result has x's shape.
+template <Element T> Tensor<T> masked_fill(const Tensor<T>& x, const Tensor<bool>& mask, std::type_identity_t<T> value,
+                                           SourceLoc loc = SourceLoc::current());
+
 /// a * b + c with one rounding (a fused multiply-add), broadcasting over all three. Outside
 /// strict mode the jit's simplify pass turns a multiply that only feeds an add into this.
 template <FloatingPoint T>
@@ -93,7 +99,8 @@ template <Numeric T> Tensor<T> clip(const Tensor<T>& x, std::type_identity_t<T> 
 #define XGRAD_WHERE_INSTANCE(T, X)                                                          \
   X Tensor<T> where<T>(const Tensor<bool>&, const Tensor<T>&, const Tensor<T>&, SourceLoc); \
   X Tensor<T> where<T>(const Tensor<bool>&, const Tensor<T>&, T, SourceLoc);                \
-  X Tensor<T> where<T>(const Tensor<bool>&, T, const Tensor<T>&, SourceLoc);
+  X Tensor<T> where<T>(const Tensor<bool>&, T, const Tensor<T>&, SourceLoc);                \
+  X Tensor<T> masked_fill<T>(const Tensor<T>&, const Tensor<bool>&, T, SourceLoc);
 #define XGRAD_FMA_INSTANCE(T, X) X Tensor<T> fma<T>(const Tensor<T>&, const Tensor<T>&, const Tensor<T>&, SourceLoc);
 #define XGRAD_CLIP_INSTANCE(T, X) X Tensor<T> clip<T>(const Tensor<T>&, T, T, SourceLoc);
 #define XGRAD_ELEMENTWISE_INSTANCES(X)                                                                \

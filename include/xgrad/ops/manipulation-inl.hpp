@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <functional>
+#include <limits>
 #include <numeric>
 #include <span>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -14,10 +16,78 @@
 #include "xgrad/backend/kernels.hpp"
 #include "xgrad/core/factory.hpp"
 #include "xgrad/ops/dispatch.hpp"
+#include "xgrad/ops/elementwise.hpp"
 #include "xgrad/ops/manipulation.hpp"
 #include "xgrad/ops/reduce.hpp"
 
 namespace xgrad {
+
+namespace detail {
+
+/// One row of a take: out's row (o, i) is x's row (o, indices[i]), `inner` elements each.
+template <class T> struct TakeRows {
+  const T* x;
+  const std::int32_t* indices;
+  T* out;
+  std::int64_t count, extent, inner;
+  XGRAD_HD void operator()(std::int64_t row) const {
+    const std::int64_t o = row / count, i = row % count;
+    const T* src = x + (o * extent + indices[i]) * inner;
+    T* dst = out + row * inner;
+    for (std::int64_t r = 0; r < inner; ++r) dst[r] = src[r];
+  }
+};
+
+/// Take's adjoint on one block of `block` columns of one outer index: g's rows added into out's
+/// rows at their indices, in index order, so each sum is formed the same way on every device and
+/// thread count. Blocks are disjoint: no two calls write one element.
+template <class T> struct ScatterAddColumns {
+  const T* g;
+  const std::int32_t* indices;
+  T* out;
+  std::int64_t count, extent, inner, block;
+  XGRAD_HD void operator()(std::int64_t task) const {
+    const std::int64_t blocks = (inner + block - 1) / block;
+    const std::int64_t o = task / blocks, lo = task % blocks * block;
+    const std::int64_t hi = lo + block < inner ? lo + block : inner;
+    for (std::int64_t i = 0; i < count; ++i) {
+      const T* src = g + (o * count + i) * inner;
+      T* dst = out + (o * extent + indices[i]) * inner;
+      for (std::int64_t r = lo; r < hi; ++r) dst[r] = math::add(dst[r], src[r]);  // integers wrap
+    }
+  }
+};
+
+/// Refuses an index outside [0, extent), naming the first one and where it is.
+inline void check_take_indices(std::string_view op, const TensorBase& indices, std::int64_t extent, std::int64_t axis,
+                               SourceLoc loc) {
+  std::vector<std::int32_t> host;  // device indices are read through a copy
+  if (indices.device() != Device::cpu) host = Tensor<std::int32_t>(indices).to_vector();
+  const std::int32_t* v = host.empty() ? Tensor<std::int32_t>(indices).data() : host.data();
+  for (std::int64_t k = 0; k < indices.numel(); ++k)
+    if (v[k] < 0 || v[k] >= extent)
+      throw_value_error(op, loc, "index ", v[k], " at position ", k, " of indices ", indices.shape(),
+                        " is outside [0, ", extent, "), the extent of axis ", axis);
+}
+
+/// A take's result shape: x's with `axis` replaced by the indices' shape.
+inline Shape take_shape(const Shape& x, const Shape& indices, int axis) {
+  std::vector<std::int64_t> out(x.begin(), x.begin() + axis);
+  out.insert(out.end(), indices.begin(), indices.end());
+  out.insert(out.end(), x.begin() + axis + 1, x.end());
+  return Shape(out);
+}
+
+/// x's shape [outer..., extent, inner...] at `axis` as three extents (axis normalized).
+struct TakeGeometry {
+  std::int64_t outer = 1, extent = 0, inner = 1;
+  TakeGeometry(const Shape& x, int axis) : extent(x[axis]) {
+    for (int d = 0; d < axis; ++d) outer *= x[d];
+    for (int d = axis + 1; d < x.ndim(); ++d) inner *= x[d];
+  }
+};
+
+}  // namespace detail
 
 namespace op {
 
@@ -114,6 +184,7 @@ struct Slice {
     return out;
   }
   template <class T> void run(Device d, const Tensor<T>& x, Tensor<T>& out) const {
+    if (out.numel() == 0) return;  // an empty axis's neighbours may hold offsets past the data
     const auto strides = from.strides();
     std::int64_t offset = 0;
     for (std::size_t i = 0; i < begin.size(); ++i) offset += begin[i] * strides[i];
@@ -140,10 +211,11 @@ struct SliceGrad {
   }
   Shape output_shape() const { return shape; }
   template <class T> void run(Device d, const Tensor<T>& g, Tensor<T>& out) const {
+    kernels::fill(d, out.data(), out.numel(), T(0));
+    if (g.numel() == 0) return;  // nothing to place, and begin may lie past an empty axis's data
     const auto strides = shape.strides();
     std::int64_t offset = 0;
     for (std::size_t i = 0; i < begin.size(); ++i) offset += begin[i] * strides[i];
-    kernels::fill(d, out.data(), out.numel(), T(0));
     kernels::strided_copy(d, g.shape(), g.data(), g.shape().strides(), out.data() + offset, strides);
   }
   static constexpr Needs<1> differentiable{true}, saved{false};
@@ -178,6 +250,76 @@ struct Concat {
       begin[axis] += s[axis];
     }
     return grads;
+  }
+};
+
+/// x's slices along `axis` picked by int32 indices: x [outer, extent, inner] (the axes before,
+/// at and after it) gives [outer, count, inner], count the number of indices.
+struct Take {
+  static constexpr std::string_view name = "Take";
+  int axis = 0;
+  Shape from, out;  // x's shape and the result's
+  std::int64_t count = 0;
+  std::vector<ir::Attr> attrs() const { return {{"axis", std::to_string(axis)}}; }
+  bool operator==(const Take&) const = default;
+  Shape output_shape() const { return out; }
+  /// Batched x: a take one axis further in. Batched indices: a loop (counted, said).
+  template <class R, class T> Tensor<R> batch(std::span<const bool> batched, SourceLoc loc, const Tensor<T>& x,
+                                              const Tensor<std::int32_t>& indices) const {
+    if (batched[1]) return detail::batch_by_loop<R>(*this, batched, loc, x, indices);
+    return take(x, indices, axis + 1, loc);
+  }
+  void check(std::span<const TensorBase> in, SourceLoc loc) const {
+    detail::check_take_indices(name, in[1], from[axis], axis, loc);
+  }
+  template <class T> void run(Device d, const Tensor<T>& x, const Tensor<std::int32_t>& indices, Tensor<T>& y) const {
+    if (y.numel() == 0) return;  // the other axes' product may be huge then
+    const detail::TakeGeometry geo(from, axis);
+    kernels::for_each_index(d, geo.outer * count,
+                            std::max<std::int64_t>(1, (1 << 13) / std::max<std::int64_t>(geo.inner, 1)),
+                            detail::TakeRows<T>{x.data(), indices.data(), y.data(), count, geo.extent, geo.inner});
+  }
+  static constexpr Needs<2> differentiable{true, false}, saved{false, true};
+  static constexpr bool multilinear = true;
+  template <class T> autograd::Grads grad(const Tensor<T>& g, Needs<2>, SourceLoc loc, const Tensor<T>&,
+                                          const Tensor<std::int32_t>& indices) const {
+    return {take_backward(g, indices, from, axis, loc), TensorBase()};
+  }
+};
+
+/// Take's adjoint: zeros of x's shape with g's slices added at their indices (an index taken
+/// twice gets both).
+struct TakeGrad {
+  static constexpr std::string_view name = "TakeGrad";
+  int axis = 0;
+  Shape shape;  // x's shape, this op's output
+  std::int64_t count = 0;
+  std::vector<ir::Attr> attrs() const { return {{"axis", std::to_string(axis)}}; }
+  bool operator==(const TakeGrad&) const = default;
+  Shape output_shape() const { return shape; }
+  template <class R, class T> Tensor<R> batch(std::span<const bool> batched, SourceLoc loc, const Tensor<T>& g,
+                                              const Tensor<std::int32_t>& indices) const {
+    if (batched[1]) return detail::batch_by_loop<R>(*this, batched, loc, g, indices);
+    return take_backward(g, indices, detail::with_batch(g.shape()[0], shape), axis + 1, loc);
+  }
+  void check(std::span<const TensorBase> in, SourceLoc loc) const {
+    detail::check_take_indices(name, in[1], shape[axis], axis, loc);
+  }
+  template <class T> void run(Device d, const Tensor<T>& g, const Tensor<std::int32_t>& indices, Tensor<T>& out) const {
+    if (out.numel() == 0) return;  // the other axes' product may be huge then
+    const detail::TakeGeometry geo(shape, axis);
+    kernels::fill(d, out.data(), out.numel(), T(0));
+    // On the cpu a task adds whole cache lines of each row; on a device one column a thread.
+    const std::int64_t block = d == Device::cpu ? 64 : 1;
+    kernels::for_each_index(
+        d, geo.outer * ((geo.inner + block - 1) / block), 1,
+        detail::ScatterAddColumns<T>{g.data(), indices.data(), out.data(), count, geo.extent, geo.inner, block});
+  }
+  static constexpr Needs<2> differentiable{true, false}, saved{false, true};
+  static constexpr bool multilinear = true;
+  template <class T> autograd::Grads grad(const Tensor<T>& u, Needs<2>, SourceLoc loc, const Tensor<T>&,
+                                          const Tensor<std::int32_t>& indices) const {
+    return {take(u, indices, axis, loc), TensorBase()};
   }
 };
 
@@ -349,6 +491,85 @@ template <Numeric T> Tensor<T> slice_backward(const Tensor<T>& g, const Shape& i
                       Shape(begin), " must lie inside the input shape ", in_shape, " (one begin per axis)");
   detail::checked_numel(op::SliceGrad::name, loc, in_shape);  // before its strides are computed
   return detail::apply<T>(op::SliceGrad{begin, in_shape, g.shape()}, loc, g);
+}
+
+template <Element T>
+Tensor<T> take(const Tensor<T>& x, const Tensor<std::int32_t>& indices, std::int64_t axis, SourceLoc loc) {
+  detail::OpScope scope(op::Take::name, loc, {x, indices});
+  if (x.ndim() == 0)
+    throw_shape_error(op::Take::name, loc, "x must have an axis to take along, got a scalar ", dtype_name(x.dtype()),
+                      x.shape());
+  const int a = normalize_axis(axis, x.ndim(), op::Take::name, loc);
+  return detail::apply<T>(op::Take{a, x.shape(), detail::take_shape(x.shape(), indices.shape(), a), indices.numel()},
+                          loc, x, indices);
+}
+
+template <Numeric T> Tensor<T> take_backward(const Tensor<T>& g, const Tensor<std::int32_t>& indices,
+                                             const Shape& x_shape, std::int64_t axis, SourceLoc loc) {
+  detail::OpScope scope(op::TakeGrad::name, loc, {g, indices});
+  const int rank = x_shape.ndim();
+  const int a = rank > 0 ? normalize_axis(axis, rank, op::TakeGrad::name, loc) : 0;
+  const Shape want = rank > 0 ? detail::take_shape(x_shape, indices.shape(), a) : Shape();
+  if (rank == 0 || g.shape() != want)
+    throw_shape_error(op::TakeGrad::name, loc, "the gradient ", dtype_name(g.dtype()), g.shape(),
+                      " must have the shape of a take from ", x_shape, " along axis ", axis, " with indices ",
+                      indices.shape(), ": ", want);
+  detail::checked_numel(op::TakeGrad::name, loc, x_shape);
+  return detail::apply<T>(op::TakeGrad{a, x_shape, indices.numel()}, loc, g, indices);
+}
+
+template <Element T> std::vector<Tensor<T>> split(const Tensor<T>& x, const std::vector<std::int64_t>& sizes,
+                                                  std::int64_t axis, SourceLoc loc) {
+  detail::OpScope scope("Split", loc, {x});
+  if (x.ndim() == 0)
+    throw_shape_error("Split", loc, "x must have an axis to split, got a scalar ", dtype_name(x.dtype()), x.shape());
+  const int a = normalize_axis(axis, x.ndim(), "Split", loc);
+  const std::int64_t extent = x.shape()[a];
+  std::int64_t total = 0;
+  bool fits = !sizes.empty();
+  for (std::int64_t n : sizes) {
+    fits = fits && n >= 0 && n <= extent - total;  // never past the extent: no overflow
+    if (fits) total += n;
+  }
+  if (!fits || total != extent)
+    throw_shape_error("Split", loc, "sizes ", Shape(sizes), " must be non-negative and add up to ", extent,
+                      ", the extent of axis ", axis, " of x ", dtype_name(x.dtype()), x.shape());
+  std::vector<Tensor<T>> pieces;
+  std::vector<std::int64_t> begin(static_cast<std::size_t>(x.ndim()), 0), size(static_cast<std::size_t>(x.ndim()), -1);
+  for (std::int64_t n : sizes) {
+    size[static_cast<std::size_t>(a)] = n;
+    pieces.push_back(slice(x, begin, size, loc));
+    begin[static_cast<std::size_t>(a)] += n;
+  }
+  return pieces;
+}
+
+namespace detail {
+/// x where column j - row i of its last two axes is at most k (`upper` false: the lower triangle)
+/// or at least k (`upper`: the upper one), 0 elsewhere.
+template <Element T>
+Tensor<T> triangle(std::string_view op, const Tensor<T>& x, std::int64_t k, bool upper, SourceLoc loc) {
+  OpScope scope(op, loc, {x});
+  if (x.ndim() < 2)
+    throw_shape_error(op, loc, "x must have at least two axes (a matrix's rows and columns), got ",
+                      dtype_name(x.dtype()), x.shape());
+  const std::int64_t rows = x.shape()[x.ndim() - 2], cols = x.shape()[x.ndim() - 1];
+  // j - i for each element, made from constants: a compiled graph folds the mask.
+  const auto offset =
+      sub(arange<std::int64_t>(cols, loc), reshape(arange<std::int64_t>(rows, loc), {rows, 1}, loc), loc);
+  // k at the int64 limits (no diagonal that far) keeps everything or nothing, without overflow.
+  const auto keep = upper ? greater(offset, k == std::numeric_limits<std::int64_t>::min() ? k : k - 1, loc)
+                          : less(offset, k == std::numeric_limits<std::int64_t>::max() ? k : k + 1, loc);
+  return where(keep, x, T(0), loc);
+}
+}  // namespace detail
+
+template <Element T> Tensor<T> tril(const Tensor<T>& x, std::int64_t k, SourceLoc loc) {
+  return detail::triangle("Tril", x, k, false, loc);
+}
+
+template <Element T> Tensor<T> triu(const Tensor<T>& x, std::int64_t k, SourceLoc loc) {
+  return detail::triangle("Triu", x, k, true, loc);
 }
 
 template <Element T> Tensor<T> concat(const std::vector<Tensor<T>>& xs, std::int64_t axis, SourceLoc loc) {

@@ -20,6 +20,25 @@
 
 namespace xgrad {
 
+namespace detail {
+/// One column (o, r) of a running sum along the middle extent of [outer, extent, inner].
+template <class T> struct CumSumColumn {
+  const T* x;
+  T* out;
+  std::int64_t extent, inner;
+  bool reverse;
+  XGRAD_HD void operator()(std::int64_t column) const {
+    const std::int64_t base = column / inner * extent * inner + column % inner;
+    T acc = T(0);
+    for (std::int64_t k = 0; k < extent; ++k) {
+      const std::int64_t at = base + (reverse ? extent - 1 - k : k) * inner;
+      acc = math::add(acc, x[at]);  // integers wrap
+      out[at] = acc;
+    }
+  }
+};
+}  // namespace detail
+
 namespace op {
 
 struct SumReducer {
@@ -170,6 +189,36 @@ struct ReduceMin : Extremum<MinReducer> {
   }
 };
 
+/// Running sums along `axis`, from its start (or with `reverse` from its end). Linear: its
+/// gradient is the running sum of g the other way.
+struct CumSum {
+  static constexpr std::string_view name = "CumSum";
+  int axis = 0;
+  bool reverse = false;
+  std::vector<ir::Attr> attrs() const {
+    return {{"axis", std::to_string(axis)}, {"reverse", reverse ? "true" : "false"}};
+  }
+  bool operator==(const CumSum&) const = default;
+  template <class R, class T> Tensor<R> batch(std::span<const bool>, SourceLoc loc, const Tensor<T>& x) const {
+    return detail::apply<R>(CumSum{axis + 1, reverse}, loc, x);
+  }
+  Shape output_shape(const Shape& x) const { return x; }
+  template <class T> void run(Device d, const Tensor<T>& x, Tensor<T>& out) const {
+    if (out.numel() == 0) return;  // the other axes' product may be huge then
+    std::int64_t outer = 1, inner = 1;
+    for (int i = 0; i < axis; ++i) outer *= x.shape()[i];
+    for (int i = axis + 1; i < x.ndim(); ++i) inner *= x.shape()[i];
+    const std::int64_t extent = x.shape()[axis];
+    kernels::for_each_index(d, outer * inner, std::max<std::int64_t>(1, (1 << 13) / std::max<std::int64_t>(extent, 1)),
+                            detail::CumSumColumn<T>{x.data(), out.data(), extent, inner, reverse});
+  }
+  static constexpr Needs<1> differentiable{true}, saved{false};
+  static constexpr bool multilinear = true;
+  template <class T> autograd::Grads grad(const Tensor<T>& g, Needs<1>, SourceLoc loc, const Tensor<T>&) const {
+    return {detail::apply<T>(CumSum{axis, !reverse}, loc, g)};
+  }
+};
+
 /// The index of the first largest element along `axis`, as int32. An index: no gradient.
 struct Argmax {
   static constexpr std::string_view name = "Argmax";
@@ -273,6 +322,14 @@ Tensor<T> max(const Tensor<T>& x, const std::vector<std::int64_t>& axes, bool ke
 template <Numeric T>
 Tensor<T> min(const Tensor<T>& x, const std::vector<std::int64_t>& axes, bool keepdims, SourceLoc loc) {
   return detail::extremum<op::ReduceMin>(x, axes, keepdims, loc);
+}
+
+template <Numeric T> Tensor<T> cumsum(const Tensor<T>& x, std::int64_t axis, bool reverse, SourceLoc loc) {
+  detail::OpScope scope(op::CumSum::name, loc, {x});
+  if (x.ndim() == 0)
+    throw_shape_error(op::CumSum::name, loc, "x must have an axis to sum along, got a scalar ", dtype_name(x.dtype()),
+                      x.shape());
+  return detail::apply<T>(op::CumSum{normalize_axis(axis, x.ndim(), op::CumSum::name, loc), reverse}, loc, x);
 }
 
 template <Numeric T> Tensor<std::int32_t> argmax(const Tensor<T>& x, std::int64_t axis, bool keepdims, SourceLoc loc) {

@@ -1,4 +1,5 @@
-// Reductions: sum, mean, max, min over any axes (keepdims or not), argmax, and sum_to.
+// Reductions: sum, mean, max, min over any axes (keepdims or not), argmax, sum_to, and the running
+// sum cumsum.
 // Declarations only: the ops' structs and the functions' definitions are in ops/reduce-inl.hpp.
 #pragma once
 
@@ -35,13 +36,19 @@ template <Numeric T> Tensor<T> min(const Tensor<T>& x, const std::vector<std::in
 template <Numeric T> Tensor<std::int32_t> argmax(const Tensor<T>& x, std::int64_t axis = -1, bool keepdims = false,
                                                  SourceLoc loc = SourceLoc::current());
 
+/// Running sum along `axis`: out[..., k, ...] = x[..., 0, ...] + ... + x[..., k, ...] (NumPy's
+/// cumsum along an axis); with `reverse`, x[..., k, ...] + ... + x[..., n - 1, ...].
+template <Numeric T>
+Tensor<T> cumsum(const Tensor<T>& x, std::int64_t axis, bool reverse = false, SourceLoc loc = SourceLoc::current());
+
 // The instances xgrad::compiled holds (core/config.hpp).
 #define XGRAD_REDUCE_NUMERIC_INSTANCE(T, X)                                                \
   X Tensor<T> sum_to<T>(const Tensor<T>&, const Shape&, SourceLoc);                        \
   X Tensor<T> sum<T>(const Tensor<T>&, const std::vector<std::int64_t>&, bool, SourceLoc); \
   X Tensor<T> max<T>(const Tensor<T>&, const std::vector<std::int64_t>&, bool, SourceLoc); \
   X Tensor<T> min<T>(const Tensor<T>&, const std::vector<std::int64_t>&, bool, SourceLoc); \
-  X Tensor<std::int32_t> argmax<T>(const Tensor<T>&, std::int64_t, bool, SourceLoc);
+  X Tensor<std::int32_t> argmax<T>(const Tensor<T>&, std::int64_t, bool, SourceLoc);       \
+  X Tensor<T> cumsum<T>(const Tensor<T>&, std::int64_t, bool, SourceLoc);
 #define XGRAD_REDUCE_FLOAT_INSTANCE(T, X) \
   X Tensor<T> mean<T>(const Tensor<T>&, const std::vector<std::int64_t>&, bool, SourceLoc);
 #define XGRAD_REDUCE_INSTANCES(X) \

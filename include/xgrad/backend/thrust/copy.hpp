@@ -103,6 +103,11 @@ template <class T> void strided_copy(const Shape& shape, const T* src, const cpu
                    detail::StridedCopyFn<T>{shape, src, src_strides, dst, dst_strides});
 }
 
+/// f(i) for i < n, in parallel; f is a host-and-device functor (XGRAD_HD).
+template <class F> void for_each_index(std::int64_t n, F f) {
+  thrust::for_each(thrust::device, detail::indices(), detail::indices(n), f);
+}
+
 /// dst[i] = f(i) for i < n; f is a host-and-device functor (XGRAD_HD).
 template <class T, class F> void tabulate(T* dst, std::int64_t n, F f) {
   thrust::tabulate(thrust::device, thrust::device_ptr<T>(dst), thrust::device_ptr<T>(dst) + n, f);
