@@ -596,6 +596,52 @@ struct LossRecorder : xg::callbacks::Callback {
 
 }  // namespace
 
+TEST_CASE("optim: clip_by_global_norm scales every gradient by min(1, max_norm / norm), eagerly and compiled") {
+  // Gradients [3] and [4] together: norm 5.
+  const std::vector<Tensor<float>> grads{xg::tensor<float>({3}), xg::tensor<float>({0, 4})};
+  auto clipped = xg::optim::clip_by_global_norm(grads, 1.0f);
+  CHECK(clipped.global_norm.item() == doctest::Approx(5.0f));
+  check_values(clipped.grads[0], {0.6f}, 1e-5);
+  check_values(clipped.grads[1], {0.0f, 0.8f}, 1e-5);
+  // Within the bound, or all zero: unchanged.
+  clipped = xg::optim::clip_by_global_norm(grads, 10.0f);
+  CHECK(values(clipped.grads[1]) == values(grads[1]));
+  clipped = xg::optim::clip_by_global_norm({xg::zeros<float>({3})}, 1.0f);
+  CHECK(clipped.global_norm.item() == 0.0f);
+  CHECK(values(clipped.grads[0]) == std::vector<float>(3, 0.0f));
+  // Traced into a compiled function: the same numbers.
+  auto f = xg::jit([](const Tensor<float>& a, const Tensor<float>& b) {
+    auto c = xg::optim::clip_by_global_norm({a, b}, 2.0f);
+    return c.grads[1] * c.global_norm;
+  });
+  check_values(f(grads[0], grads[1]), {0.0f, float(4 * 2 / (5 + 1e-6) * 5)}, 1e-5);
+  CHECK_THROWS_AS(xg::optim::clip_by_global_norm(grads, 0.0f), xg::ValueError);
+  CHECK_THROWS_AS(xg::optim::clip_by_global_norm({Tensor<float>()}, 1.0f), xg::ValueError);
+}
+
+TEST_CASE("optim: warmup_cosine and step_decay give the rates of their formulas; set_learning_rate takes them") {
+  const auto cosine = xg::optim::warmup_cosine(1.0f, 10, 110, 0.1f);
+  CHECK(cosine(0) == doctest::Approx(0.1f));
+  CHECK(cosine(4) == doctest::Approx(0.5f));
+  CHECK(cosine(9) == doctest::Approx(1.0f));
+  CHECK(cosine(10) == doctest::Approx(1.0f));
+  CHECK(cosine(60) == doctest::Approx(0.55f));  // halfway down the cosine
+  CHECK(cosine(110) == doctest::Approx(0.1f));
+  CHECK(cosine(1000) == doctest::Approx(0.1f));
+  const auto decay = xg::optim::step_decay(0.5f, 3, 0.1f);
+  CHECK(decay(2) == doctest::Approx(0.5f));
+  CHECK(decay(3) == doctest::Approx(0.05f));
+  CHECK(decay(7) == doctest::Approx(0.005f));
+  xg::nn::Dense layer(2, 1);
+  xg::optim::SGD sgd(layer.parameters(), 0.3f);
+  sgd.set_learning_rate(cosine(60));
+  CHECK(sgd.learning_rate() == doctest::Approx(0.55f));
+  CHECK_THROWS_AS(xg::optim::warmup_cosine(1.0f, 10, 10), xg::ValueError);
+  CHECK_THROWS_AS(xg::optim::warmup_cosine(0.1f, 0, 10, 0.5f), xg::ValueError);
+  CHECK_THROWS_AS(xg::optim::step_decay(0.1f, 0, 0.5f), xg::ValueError);
+  CHECK_THROWS_AS(xg::optim::step_decay(0.1f, 5, 1.5f), xg::ValueError);
+}
+
 TEST_CASE("Model: train gives the same per-step losses eagerly and as one compiled step") {
   ModeGuard mode;
   const auto data = quadrant_batches(10, 8, 40);

@@ -2,6 +2,9 @@
 // (src/nn.cpp) otherwise.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
+
 #include "xgrad/core/factory.hpp"
 #include "xgrad/nn/optim.hpp"
 
@@ -123,6 +126,51 @@ XGRAD_API void Adam::update(std::size_t i, const Tensor<float>& g) {
   v.assign(v * b2 + g * g * (1.0f - b2));
   const Tensor<float> m_hat = m / (1.0f - m_beta1_power), v_hat = v / (1.0f - m_beta2_power);
   param(i) -= lr() * m_hat / (sqrt(v_hat) + eps);
+}
+
+XGRAD_API LearningRateSchedule warmup_cosine(float base_lr, std::int64_t warmup_steps, std::int64_t total_steps,
+                                             float min_lr, SourceLoc loc) {
+  if (!(base_lr > 0.0f) || !std::isfinite(base_lr) || !(min_lr >= 0.0f) || min_lr > base_lr)
+    throw_value_error("warmup_cosine", loc,
+                      "need 0 <= min_lr <= base_lr with base_lr positive and finite, got base_lr ", base_lr,
+                      " and min_lr ", min_lr);
+  if (warmup_steps < 0 || total_steps <= warmup_steps)
+    throw_value_error("warmup_cosine", loc, "need 0 <= warmup_steps < total_steps, got ", warmup_steps, " and ",
+                      total_steps);
+  return [=](std::int64_t step) {
+    step = std::max<std::int64_t>(step, 0);
+    if (step < warmup_steps) return base_lr * static_cast<float>(step + 1) / static_cast<float>(warmup_steps);
+    if (step >= total_steps) return min_lr;
+    const double done = static_cast<double>(step - warmup_steps) / static_cast<double>(total_steps - warmup_steps);
+    return static_cast<float>(min_lr + 0.5 * (base_lr - min_lr) * (1.0 + std::cos(3.14159265358979323846 * done)));
+  };
+}
+
+XGRAD_API LearningRateSchedule step_decay(float base_lr, std::int64_t step_size, float gamma, SourceLoc loc) {
+  if (!(base_lr > 0.0f) || !std::isfinite(base_lr) || step_size <= 0 || !(gamma > 0.0f) || !(gamma <= 1.0f))
+    throw_value_error("step_decay", loc, "need base_lr > 0, step_size > 0 and 0 < gamma <= 1, got base_lr ", base_lr,
+                      ", step_size ", step_size, " and gamma ", gamma);
+  return [=](std::int64_t step) {
+    const auto decays = static_cast<double>(std::max<std::int64_t>(step, 0) / step_size);
+    return base_lr * static_cast<float>(std::pow(static_cast<double>(gamma), decays));
+  };
+}
+
+XGRAD_API ClippedGrads clip_by_global_norm(const std::vector<Tensor<float>>& grads, float max_norm, SourceLoc loc) {
+  if (!(max_norm > 0.0f) || !std::isfinite(max_norm))
+    throw_value_error("clip_by_global_norm", loc, "max_norm must be a positive finite number, got ", max_norm);
+  Tensor<float> squares = zeros<float>({});
+  for (std::size_t i = 0; i < grads.size(); ++i) {
+    if (!grads[i].defined())
+      throw_value_error("clip_by_global_norm", loc, "gradient ", i, " of ", grads.size(), " is undefined");
+    squares = add(squares, sum(square(grads[i], loc), {}, false, loc), loc);
+  }
+  const Tensor<float> norm = sqrt(squares, loc);
+  // 1 while the norm is within bounds; the small term keeps a zero norm from dividing by zero.
+  const Tensor<float> scale = minimum(div(max_norm, add(norm, 1e-6f, loc), loc), 1.0f, loc);
+  ClippedGrads out{{}, norm};
+  for (const auto& g : grads) out.grads.push_back(mul(g, scale, loc));
+  return out;
 }
 
 }  // namespace xgrad::optim

@@ -1,4 +1,5 @@
-// Optimizers: SGD, Momentum (with Nesterov), Adam, AdamW. Each keeps its state (learning rate,
+// Optimizers: SGD, Momentum (with Nesterov), Adam, AdamW; clip_by_global_norm; learning-rate
+// schedules. Each keeps its state (learning rate,
 // moments, powers of beta) in tensors it updates in place, so the same step() runs op by op in
 // eager mode and is traced into a compiled train step in graph mode, and a checkpoint can save
 // the state and resume exactly.
@@ -6,6 +7,8 @@
 
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -15,6 +18,7 @@
 #include "xgrad/core/tensor.hpp"
 #include "xgrad/ops/elementwise.hpp"
 #include "xgrad/ops/inplace.hpp"
+#include "xgrad/ops/reduce.hpp"
 
 namespace xgrad::optim {
 
@@ -156,6 +160,30 @@ class AdamW : public Adam {
  private:
   bool decoupled_weight_decay() const override { return true; }
 };
+
+/// A learning rate for each step (0, 1, ...): give it to any optimizer's set_learning_rate
+/// before the step; the rate lives in a tensor, so a compiled train step is not traced again.
+using LearningRateSchedule = std::function<float(std::int64_t step)>;
+
+/// Linear warmup, step s < warmup_steps getting base_lr (s + 1) / warmup_steps; then a cosine
+/// from base_lr at step warmup_steps down to min_lr at total_steps; min_lr after that.
+XGRAD_API LearningRateSchedule warmup_cosine(float base_lr, std::int64_t warmup_steps, std::int64_t total_steps,
+                                             float min_lr = 0.0f, SourceLoc loc = SourceLoc::current());
+
+/// base_lr times gamma for every step_size steps done (PyTorch's StepLR).
+XGRAD_API LearningRateSchedule step_decay(float base_lr, std::int64_t step_size, float gamma,
+                                          SourceLoc loc = SourceLoc::current());
+
+/// Gradients scaled so that their global norm (the 2-norm of all of them together) is at most
+/// max_norm, as optax's clip_by_global_norm and PyTorch's clip_grad_norm_: each gradient times
+/// min(1, max_norm / norm). Returns the clipped gradients and the norm before clipping. Written
+/// with ops, so it is traced into a compiled train step like the rest of it.
+struct ClippedGrads {
+  std::vector<Tensor<float>> grads;
+  Tensor<float> global_norm;
+};
+XGRAD_API ClippedGrads clip_by_global_norm(const std::vector<Tensor<float>>& grads, float max_norm,
+                                           SourceLoc loc = SourceLoc::current());
 
 }  // namespace xgrad::optim
 
