@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numbers>
 
 #include "xgrad/core/factory.hpp"
 #include "xgrad/nn/optim.hpp"
@@ -142,7 +143,7 @@ XGRAD_API LearningRateSchedule warmup_cosine(float base_lr, std::int64_t warmup_
     if (step < warmup_steps) return base_lr * static_cast<float>(step + 1) / static_cast<float>(warmup_steps);
     if (step >= total_steps) return min_lr;
     const double done = static_cast<double>(step - warmup_steps) / static_cast<double>(total_steps - warmup_steps);
-    return static_cast<float>(min_lr + 0.5 * (base_lr - min_lr) * (1.0 + std::cos(3.14159265358979323846 * done)));
+    return static_cast<float>(min_lr + 0.5 * (base_lr - min_lr) * (1.0 + std::cos(std::numbers::pi * done)));
   };
 }
 
