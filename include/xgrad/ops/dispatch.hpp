@@ -34,6 +34,31 @@ template <std::size_t N> using Needs = std::array<bool, N>;
 
 namespace detail {
 
+/// A shape seen around one of its axes: the product of the extents before it, its extent, and the
+/// product of those after it (a kernel over [outer, extent, inner]).
+struct AroundAxis {
+  std::int64_t outer = 1, extent = 1, inner = 1;
+  AroundAxis(const Shape& shape, int axis) : extent(shape[axis]) {
+    for (int d = 0; d < axis; ++d) outer *= shape[d];
+    for (int d = axis + 1; d < shape.ndim(); ++d) inner *= shape[d];
+  }
+};
+
+/// The first of int32 `values` (labels, indices) outside [0, extent): its position, or -1, and
+/// its value. Values on a device are read through a copy.
+struct OutOfRange {
+  std::int64_t position = -1;
+  std::int32_t value = 0;
+};
+inline OutOfRange first_outside(const TensorBase& values, std::int64_t extent) {
+  std::vector<std::int32_t> host;
+  if (values.device() != Device::cpu) host = Tensor<std::int32_t>(values).to_vector();
+  const std::int32_t* v = host.empty() ? Tensor<std::int32_t>(values).data() : host.data();
+  for (std::int64_t k = 0; k < values.numel(); ++k)
+    if (v[k] < 0 || v[k] >= extent) return {k, v[k]};
+  return {};
+}
+
 /// The tensor a kernel writes its result into: `dest` when the graph executor planned a
 /// buffer for it (of the result's dtype and shape), else a new one on `device`.
 template <class T> Tensor<T> output(const TensorBase& dest, const Shape& shape, Device device = Device::cpu) {

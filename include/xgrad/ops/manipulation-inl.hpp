@@ -61,13 +61,9 @@ template <class T> struct ScatterAddColumns {
 /// Refuses an index outside [0, extent), naming the first one and where it is.
 inline void check_take_indices(std::string_view op, const TensorBase& indices, std::int64_t extent, std::int64_t axis,
                                SourceLoc loc) {
-  std::vector<std::int32_t> host;  // device indices are read through a copy
-  if (indices.device() != Device::cpu) host = Tensor<std::int32_t>(indices).to_vector();
-  const std::int32_t* v = host.empty() ? Tensor<std::int32_t>(indices).data() : host.data();
-  for (std::int64_t k = 0; k < indices.numel(); ++k)
-    if (v[k] < 0 || v[k] >= extent)
-      throw_value_error(op, loc, "index ", v[k], " at position ", k, " of indices ", indices.shape(),
-                        " is outside [0, ", extent, "), the extent of axis ", axis);
+  if (const OutOfRange bad = first_outside(indices, extent); bad.position >= 0)
+    throw_value_error(op, loc, "index ", bad.value, " at position ", bad.position, " of indices ", indices.shape(),
+                      " is outside [0, ", extent, "), the extent of axis ", axis);
 }
 
 /// A take's result shape: x's with `axis` replaced by the indices' shape.
@@ -77,15 +73,6 @@ inline Shape take_shape(const Shape& x, const Shape& indices, int axis) {
   out.insert(out.end(), x.begin() + axis + 1, x.end());
   return Shape(out);
 }
-
-/// x's shape [outer..., extent, inner...] at `axis` as three extents (axis normalized).
-struct TakeGeometry {
-  std::int64_t outer = 1, extent = 0, inner = 1;
-  TakeGeometry(const Shape& x, int axis) : extent(x[axis]) {
-    for (int d = 0; d < axis; ++d) outer *= x[d];
-    for (int d = axis + 1; d < x.ndim(); ++d) inner *= x[d];
-  }
-};
 
 }  // namespace detail
 
@@ -274,7 +261,7 @@ struct Take {
   }
   template <class T> void run(Device d, const Tensor<T>& x, const Tensor<std::int32_t>& indices, Tensor<T>& y) const {
     if (y.numel() == 0) return;  // the other axes' product may be huge then
-    const detail::TakeGeometry geo(from, axis);
+    const detail::AroundAxis geo(from, axis);
     kernels::for_each_index(d, geo.outer * count,
                             std::max<std::int64_t>(1, (1 << 13) / std::max<std::int64_t>(geo.inner, 1)),
                             detail::TakeRows<T>{x.data(), indices.data(), y.data(), count, geo.extent, geo.inner});
@@ -307,7 +294,7 @@ struct TakeGrad {
   }
   template <class T> void run(Device d, const Tensor<T>& g, const Tensor<std::int32_t>& indices, Tensor<T>& out) const {
     if (out.numel() == 0) return;  // the other axes' product may be huge then
-    const detail::TakeGeometry geo(shape, axis);
+    const detail::AroundAxis geo(shape, axis);
     kernels::fill(d, out.data(), out.numel(), T(0));
     // On the cpu a task adds whole cache lines of each row; on a device one column a thread.
     const std::int64_t block = d == Device::cpu ? 64 : 1;

@@ -37,11 +37,8 @@ struct ResizeGeometry {
 namespace detail {
 
 inline void check_labels(std::string_view op, const TensorBase& labels, std::int64_t classes, SourceLoc loc) {
-  std::vector<std::int32_t> host;  // device labels are read through a copy
-  if (labels.device() != Device::cpu) host = Tensor<std::int32_t>(labels).to_vector();
-  const std::int32_t* l = host.empty() ? Tensor<std::int32_t>(labels).data() : host.data();
-  if (std::int64_t i = cpu::first_bad_label(l, labels.numel(), classes); i >= 0)
-    throw_value_error(op, loc, "label ", l[i], " at index ", i, " is outside [0, ", classes, ")");
+  if (const OutOfRange bad = first_outside(labels, classes); bad.position >= 0)
+    throw_value_error(op, loc, "label ", bad.value, " at index ", bad.position, " is outside [0, ", classes, ")");
 }
 
 /// Element k of a one-hot tensor: 1 where its class is its row's label.

@@ -205,12 +205,10 @@ struct CumSum {
   Shape output_shape(const Shape& x) const { return x; }
   template <class T> void run(Device d, const Tensor<T>& x, Tensor<T>& out) const {
     if (out.numel() == 0) return;  // the other axes' product may be huge then
-    std::int64_t outer = 1, inner = 1;
-    for (int i = 0; i < axis; ++i) outer *= x.shape()[i];
-    for (int i = axis + 1; i < x.ndim(); ++i) inner *= x.shape()[i];
-    const std::int64_t extent = x.shape()[axis];
-    kernels::for_each_index(d, outer * inner, std::max<std::int64_t>(1, (1 << 13) / std::max<std::int64_t>(extent, 1)),
-                            detail::CumSumColumn<T>{x.data(), out.data(), extent, inner, reverse});
+    const detail::AroundAxis geo(x.shape(), axis);
+    kernels::for_each_index(d, geo.outer * geo.inner,
+                            std::max<std::int64_t>(1, (1 << 13) / std::max<std::int64_t>(geo.extent, 1)),
+                            detail::CumSumColumn<T>{x.data(), out.data(), geo.extent, geo.inner, reverse});
   }
   static constexpr Needs<1> differentiable{true}, saved{false};
   static constexpr bool multilinear = true;
@@ -236,10 +234,8 @@ struct Argmax {
     return out;
   }
   template <class T> void run(Device d, const Tensor<T>& x, Tensor<std::int32_t>& out) const {
-    std::int64_t outer = 1, inner = 1;
-    for (int i = 0; i < axis; ++i) outer *= x.shape()[i];
-    for (int i = axis + 1; i < x.ndim(); ++i) inner *= x.shape()[i];
-    kernels::argmax(d, x.data(), out.data(), outer, x.shape()[axis], inner);
+    const detail::AroundAxis geo(x.shape(), axis);
+    kernels::argmax(d, x.data(), out.data(), geo.outer, geo.extent, geo.inner);
   }
 };
 

@@ -23,18 +23,11 @@ template <class T> SoftmaxRow<T> softmax_row(const T* x, std::int64_t classes) {
   return {shift, sum};
 }
 
-/// The index of the first label outside [0, classes), or -1.
-inline std::int64_t first_bad_label(const std::int32_t* labels, std::int64_t rows, std::int64_t classes) {
-  for (std::int64_t i = 0; i < rows; ++i)
-    if (labels[i] < 0 || labels[i] >= classes) return i;
-  return -1;
-}
-
 // Rows per task below which threading does not pay.
 inline constexpr std::int64_t k_softmax_xent_grain = 256;
 
 /// loss[i] = log(sum_c exp(x[i, c])) - x[i, labels[i]], computed from the row's maximum so it
-/// neither overflows nor underflows. Labels must be in range (first_bad_label).
+/// neither overflows nor underflows. Labels must be in range (the op checks them first).
 template <class T> void softmax_xent_forward(const T* logits, const std::int32_t* labels, std::int64_t rows,
                                              std::int64_t classes, T* loss) {
   parallel_for(0, rows, k_softmax_xent_grain, [&](std::int64_t lo, std::int64_t hi) {
