@@ -182,6 +182,38 @@ Ref layer_norm_ref(const Ref& x, const Ref* gamma = nullptr, const Ref* beta = n
   return y;
 }
 
+/// softmax(q k^T * scale) v over the last two axes, scale 1 / sqrt(D) unless given; under
+/// `causal` query i sees keys j <= i + Tk - Tq only, and a query that sees none gets zeros.
+Ref attention_ref(const Ref& q, const Ref& k, const Ref& v, bool causal, double scale = 0) {
+  const std::size_t rank = q.shape.size();
+  const std::int64_t tq = q.shape[rank - 2], d = q.shape[rank - 1], tk = k.shape[rank - 2], dv = v.shape[rank - 1];
+  const std::int64_t batch = q.numel() / (tq * d);
+  if (scale == 0) scale = 1 / std::sqrt(static_cast<double>(d));
+  std::vector<std::int64_t> shape = q.shape;
+  shape.back() = dv;
+  Ref out = Ref::zeros(shape);
+  auto at = [](const Ref& r, std::int64_t i) { return r.data[static_cast<std::size_t>(i)]; };
+  for (std::int64_t b = 0; b < batch; ++b)
+    for (std::int64_t i = 0; i < tq; ++i) {
+      const std::int64_t end = causal ? std::clamp<std::int64_t>(i + tk - tq + 1, 0, tk) : tk;
+      if (end == 0) continue;
+      std::vector<double> p(static_cast<std::size_t>(end));
+      for (std::int64_t j = 0; j < end; ++j) {
+        double dot = 0;
+        for (std::int64_t c = 0; c < d; ++c) dot += at(q, (b * tq + i) * d + c) * at(k, (b * tk + j) * d + c);
+        p[static_cast<std::size_t>(j)] = dot * scale;
+      }
+      const double m = *std::max_element(p.begin(), p.end());
+      double total = 0;
+      for (auto& e : p) total += e = std::exp(e - m);
+      for (std::int64_t j = 0; j < end; ++j)
+        for (std::int64_t c = 0; c < dv; ++c)
+          out.data[static_cast<std::size_t>((b * tq + i) * dv + c)] +=
+              p[static_cast<std::size_t>(j)] / total * at(v, (b * tk + j) * dv + c);
+    }
+  return out;
+}
+
 Ref copy_block(const Ref& x, std::vector<std::int64_t> begin, std::vector<std::int64_t> size) {
   Ref y = Ref::zeros(size);
   for (std::int64_t flat = 0; flat < y.numel(); ++flat) {
@@ -723,6 +755,26 @@ std::vector<OpCase> build_table() {
   t.push_back(make_case(
       "layer_norm/one_feature", Shapes{{3, 1}}, [](const auto& in) { return layer_norm(in[0]); },
       [](const std::vector<Ref>& r) { return layer_norm_ref(r[0]); }));
+  // Attention: queries and keys of different counts and widths; causal with as many queries as
+  // keys, fewer (a cache of past keys), more (the first see no key); and past one 64 x 64 block
+  // of the cpu kernel in both directions.
+  auto attention_case = [&](std::string name, Shapes shapes, bool causal, double scale = 0) {
+    t.push_back(make_case(
+        std::move(name), std::move(shapes),
+        [causal, scale](const auto& in) {
+          AttentionOptions options{.causal = causal};
+          if (scale != 0) options.scale = scale;
+          return scaled_dot_product_attention(in[0], in[1], in[2], options);
+        },
+        [causal, scale](const std::vector<Ref>& r) { return attention_ref(r[0], r[1], r[2], causal, scale); }));
+  };
+  attention_case("attention", Shapes{{2, 5, 4}, {2, 6, 4}, {2, 6, 3}}, false);
+  attention_case("attention/causal", Shapes{{2, 6, 4}, {2, 6, 4}, {2, 6, 4}}, true);
+  attention_case("attention/causal_cached_keys", Shapes{{1, 3, 4}, {1, 7, 4}, {1, 7, 2}}, true);
+  attention_case("attention/causal_more_queries", Shapes{{5, 2}, {3, 2}, {3, 3}}, true);
+  attention_case("attention/heads_scaled", Shapes{{2, 2, 3, 4}, {2, 2, 5, 4}, {2, 2, 5, 4}}, false, 0.7);
+  attention_case("attention/long_causal", Shapes{{1, 67, 3}, {1, 131, 3}, {1, 131, 2}}, true);
+  attention_case("attention/one_key", Shapes{{3, 2}, {1, 2}, {1, 4}}, false);
   t.push_back(make_case(
       "softmax/axis_0", Shapes{{4, 3}}, [](const auto& in) { return softmax(in[0], 0); },
       [](const std::vector<Ref>& r) {

@@ -153,3 +153,32 @@ TEST_CASE("op errors: cumsum, split, tril, triu and masked_fill name the op and 
   CHECK(msg.find("[2, 1, 1]") != std::string::npos);
   CHECK(msg.find(here(line)) != std::string::npos);
 }
+
+TEST_CASE("op errors: scaled_dot_product_attention names the op, what it expected and the shapes") {
+  const auto q = xg::ones<float>({2, 3, 4}), k = xg::ones<float>({2, 5, 4}), v = xg::ones<float>({2, 5, 6});
+  CHECK(xg::scaled_dot_product_attention(q, k, v).shape() == xg::Shape{2, 3, 6});
+  const auto narrow = xg::ones<float>({2, 5, 3});
+  int line = __LINE__ + 1;
+  auto msg = message_of<xg::ShapeError>([&] { return xg::scaled_dot_product_attention(q, narrow, v); });
+  CHECK(msg.find("ScaledDotProductAttention: k's last axis must equal q's (4)") != std::string::npos);
+  CHECK(msg.find("k: Float32[2, 5, 3]") != std::string::npos);
+  CHECK(msg.find(here(line)) != std::string::npos);
+  CHECK(message_of<xg::ShapeError>([&] {
+          return xg::scaled_dot_product_attention(q, k, xg::ones<float>({2, 4, 6}));
+        }).find("v must have one row per key") != std::string::npos);
+  CHECK(message_of<xg::ShapeError>([&] {
+          return xg::scaled_dot_product_attention(q, xg::ones<float>({3, 5, 4}), v);
+        }).find("same leading (batch) axes; axis 0 differs") != std::string::npos);
+  CHECK(message_of<xg::ShapeError>([&] {
+          return xg::scaled_dot_product_attention(xg::ones<float>({4}), k, v);
+        }).find("at least 2") != std::string::npos);
+  CHECK(message_of<xg::ValueError>([&] {
+          return xg::scaled_dot_product_attention(q, k, v, {.scale = std::numeric_limits<double>::infinity()});
+        }).find("scale must be finite, got inf") != std::string::npos);
+  // A shape error while tracing names the op in the trace's report too.
+  auto f = xg::jit(
+      [](const xg::Tensor<float>& a, const xg::Tensor<float>& b) { return xg::scaled_dot_product_attention(a, b, b); });
+  CHECK(message_of<xg::ShapeError>([&] {
+          return f(q, xg::ones<float>({2, 5, 3}));
+        }).find("ScaledDotProductAttention") != std::string::npos);
+}

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "xgrad/backend/cpu/attention.hpp"
 #include "xgrad/backend/cpu/conv.hpp"
 #include "xgrad/backend/cpu/conv_pooled.hpp"
 #include "xgrad/backend/cpu/copy.hpp"
@@ -16,6 +17,7 @@
 #include "xgrad/backend/math.hpp"
 #include "xgrad/core/device.hpp"
 #if defined(XGRAD_WITH_THRUST)
+#include "xgrad/backend/thrust/attention.hpp"
 #include "xgrad/backend/thrust/conv_pool.hpp"
 #include "xgrad/backend/thrust/copy.hpp"
 #include "xgrad/backend/thrust/gemm.hpp"
@@ -171,6 +173,18 @@ template <class T> void resize_bilinear_backward(Device device, std::int64_t n, 
   cpu::resize_bilinear_backward(n, c, h, w, out_h, out_w, align_corners, gy, gx);
 }
 
+/// See cpu::attention_forward.
+template <class T>
+void attention_forward(Device device, const cpu::AttentionGeometry& g, const T* q, const T* k, const T* v, T* out) {
+  XGRAD_ON_THRUST(device, attention_forward(g, q, k, v, out));
+  cpu::attention_forward(g, q, k, v, out);
+}
+/// See cpu::attention_backward.
+template <class T> void attention_backward(Device device, const cpu::AttentionGeometry& g, const T* q, const T* k,
+                                           const T* v, const T* out, const T* gy, T* grads) {
+  XGRAD_ON_THRUST(device, attention_backward(g, q, k, v, out, gy, grads));
+  cpu::attention_backward(g, q, k, v, out, gy, grads);
+}
 /// See cpu::softmax_xent_forward.
 template <class T> void softmax_xent_forward(Device device, const T* logits, const std::int32_t* labels,
                                              std::int64_t rows, std::int64_t classes, T* loss) {

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <numbers>
@@ -13,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "xgrad/backend/attention_geometry.hpp"
 #include "xgrad/backend/cpu/conv.hpp"
 #include "xgrad/backend/cpu/pool.hpp"
 #include "xgrad/backend/cpu/resize.hpp"
@@ -434,6 +436,71 @@ template <class T> autograd::Grads SoftmaxCrossEntropy::grad(const Tensor<T>& g,
   return {detail::apply<T>(SoftmaxCrossEntropyGrad{rows, classes}, loc, logits, labels, g), TensorBase()};
 }
 
+/// softmax(q k^T * scale) v over [batch, t, d] operands, masked as its geometry says
+/// (backend/attention_geometry.hpp): one op, on the cpu FlashAttention's blocked online softmax
+/// (backend/cpu/attention.hpp), so no [tq, tk] score matrix is made. Its gradient is one op too,
+/// AttentionGrad; the gradient's own derivatives and forward-mode tangents come from the
+/// composite that does make the scores (detail::attention_probabilities).
+struct Attention {
+  static constexpr std::string_view name = "ScaledDotProductAttention";
+  static constexpr Needs<3> differentiable{true, true, true}, saved{true, true, true};
+  static constexpr bool reads_output = true;
+  cpu::AttentionGeometry geometry;
+  std::vector<ir::Attr> attrs() const {
+    return {{"causal", geometry.causal ? "true" : "false"}, {"scale", detail::concat(geometry.scale)}};
+  }
+  bool operator==(const Attention&) const = default;
+  Shape output_shape() const { return {geometry.batch, geometry.tq, geometry.dv}; }
+  /// The vmap batch as more batch items.
+  template <class R, class T> Tensor<R> batch(std::span<const bool> batched, SourceLoc loc, const Tensor<T>& q,
+                                              const Tensor<T>& k, const Tensor<T>& v) const {
+    const std::int64_t size = detail::batch_size(batched, q, k, v);
+    cpu::AttentionGeometry folded = geometry;
+    folded.batch *= size;
+    const auto out =
+        detail::apply<R>(Attention{folded}, loc, detail::fold_batch(q, batched[0], size, loc),
+                         detail::fold_batch(k, batched[1], size, loc), detail::fold_batch(v, batched[2], size, loc));
+    return reshape(out, {size, geometry.batch, geometry.tq, geometry.dv}, loc);
+  }
+  template <class T>
+  void run(Device d, const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v, Tensor<T>& out) const {
+    kernels::attention_forward(d, geometry, q.data(), k.data(), v.data(), out.data());
+  }
+  template <class T> autograd::Grads grad(const Tensor<T>& g, const Tensor<T>& out, Needs<3>, SourceLoc loc,
+                                          const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v) const;
+  template <class T> Tensor<T> jvp(std::span<const TensorBase> t, SourceLoc loc, const Tensor<T>& out,
+                                   const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v) const;
+};
+
+/// Attention's gradients for its output's gradient g, from q, k, v and that output: per batch
+/// item dq, dk and dv flattened one after the other (AttentionGeometry::grads_size), all three
+/// from one kernel. Made by Attention's gradient only where that is not differentiated again
+/// (which the composite serves), so it has no derivative rules.
+struct AttentionGrad {
+  static constexpr std::string_view name = "ScaledDotProductAttentionGrad";
+  cpu::AttentionGeometry geometry;
+  std::vector<ir::Attr> attrs() const { return Attention{geometry}.attrs(); }
+  bool operator==(const AttentionGrad&) const = default;
+  Shape output_shape() const { return {geometry.batch, geometry.grads_size()}; }
+  template <class R, class T> Tensor<R> batch(std::span<const bool> batched, SourceLoc loc, const Tensor<T>& q,
+                                              const Tensor<T>& k, const Tensor<T>& v, const Tensor<T>& out,
+                                              const Tensor<T>& g) const {
+    const std::int64_t size = detail::batch_size(batched, q, k, v, out, g);
+    cpu::AttentionGeometry folded = geometry;
+    folded.batch *= size;
+    const auto grads =
+        detail::apply<R>(AttentionGrad{folded}, loc, detail::fold_batch(q, batched[0], size, loc),
+                         detail::fold_batch(k, batched[1], size, loc), detail::fold_batch(v, batched[2], size, loc),
+                         detail::fold_batch(out, batched[3], size, loc), detail::fold_batch(g, batched[4], size, loc));
+    return reshape(grads, {size, geometry.batch, geometry.grads_size()}, loc);
+  }
+  template <class T> void run(Device d, const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v,
+                              const Tensor<T>& out, const Tensor<T>& g, Tensor<T>& grads) const {
+    if (grads.numel() == 0) return;
+    kernels::attention_backward(d, geometry, q.data(), k.data(), v.data(), out.data(), g.data(), grads.data());
+  }
+};
+
 }  // namespace op
 
 template <FloatingPoint T> Tensor<T> bias_add(const Tensor<T>& x, const Tensor<T>& b, SourceLoc loc) {
@@ -649,6 +716,112 @@ Tensor<T> layer_norm(const Tensor<T>& x, const Tensor<T>& gamma, const Tensor<T>
     throw_shape_error("LayerNorm", loc, "gamma and beta must be ", features, ", x's last axis (inputs ",
                       detail::describe_inputs({{"x", &x}, {"gamma", &gamma}, {"beta", &beta}}), ")");
   return fma(layer_norm(x, eps, loc), gamma, beta, loc);
+}
+
+namespace detail {
+
+/// [tq, tk], true where query i sees key j under a causal mask (AttentionGeometry::key_end),
+/// made from constants: a compiled graph folds it.
+inline Tensor<bool> causal_keep(std::int64_t tq, std::int64_t tk, SourceLoc loc) {
+  const auto offset = sub(arange<std::int64_t>(tk, loc), reshape(arange<std::int64_t>(tq, loc), {tq, 1}, loc), loc);
+  return less(offset, tk - tq + 1, loc);
+}
+
+/// Attention's probabilities [batch, tq, tk] as a composite of ops, zero where a query does
+/// not see a key (and on the whole row of a query that sees none): what its derivatives past
+/// the first are made of.
+template <class T> Tensor<T> attention_probabilities(const cpu::AttentionGeometry& g, const Tensor<T>& q,
+                                                     const Tensor<T>& k, SourceLoc loc) {
+  const auto scores = mul(matmul(q, k, false, true, loc), static_cast<T>(g.scale), loc);
+  if (!g.causal) return softmax(scores, -1, loc);
+  const auto keep = causal_keep(g.tq, g.tk, loc);
+  // The lowest finite score weighs exactly 0 beside any score the query sees; a query that
+  // sees none gets a uniform row, zeroed by the outer where.
+  return where(keep, softmax(where(keep, scores, std::numeric_limits<T>::lowest(), loc), -1, loc), T(0), loc);
+}
+
+/// Whether a gradient rule's result will be differentiated again: recorded by a backward pass
+/// that records itself, or carrying a forward-mode tangent.
+inline bool differentiated_again(TensorRefs values) {
+  if (is_grad_enabled())
+    for (const TensorBase& t : values)
+      if (t.impl()->requires_grad()) return true;
+  return carries_tangents(values.begin(), values.end());
+}
+
+}  // namespace detail
+
+template <class T> autograd::Grads op::Attention::grad(const Tensor<T>& g, const Tensor<T>& out, Needs<3>,
+                                                       SourceLoc loc, const Tensor<T>& q, const Tensor<T>& k,
+                                                       const Tensor<T>& v) const {
+  const cpu::AttentionGeometry& s = geometry;
+  if (s.tq == 0 || s.tk == 0) return {zeros_like(q), zeros_like(k), zeros_like(v)};
+  if (detail::differentiated_again({g, q, k, v})) {
+    const auto p = detail::attention_probabilities(s, q, k, loc);
+    const auto dp = matmul(g, v, false, true, loc);
+    const auto ds = mul(mul(p, sub(dp, sum(mul(p, dp, loc), {2}, true, loc), loc), loc), static_cast<T>(s.scale), loc);
+    return {matmul(ds, k, loc), matmul(ds, q, true, false, loc), matmul(p, g, true, false, loc)};
+  }
+  const auto grads = detail::apply<T>(AttentionGrad{s}, loc, q, k, v, out, g);
+  auto part = [&](std::int64_t begin, std::int64_t rows, std::int64_t width) {
+    return reshape(slice(grads, {0, begin}, {s.batch, rows * width}, loc), {s.batch, rows, width}, loc);
+  };
+  return {part(0, s.tq, s.d), part(s.tq * s.d, s.tk, s.d), part((s.tq + s.tk) * s.d, s.tk, s.dv)};
+}
+
+// With p the probabilities and t_s the scores' tangent, softmax's Jacobian gives p's tangent
+// p * (t_s - sum(p * t_s)); the output's is that times v, plus p times v's tangent.
+template <class T> Tensor<T> op::Attention::jvp(std::span<const TensorBase> t, SourceLoc loc, const Tensor<T>& out,
+                                                const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v) const {
+  if (geometry.tq == 0 || geometry.tk == 0) return zeros_like(out);
+  const auto p = detail::attention_probabilities(geometry, q, k, loc);
+  Tensor<T> scores, result;
+  auto add_to = [&](Tensor<T>& sum, const Tensor<T>& part) { sum = sum.defined() ? add(sum, part, loc) : part; };
+  if (t[0].defined()) add_to(scores, matmul(Tensor<T>(t[0]), k, false, true, loc));
+  if (t[1].defined()) add_to(scores, matmul(q, Tensor<T>(t[1]), false, true, loc));
+  if (scores.defined()) {
+    scores = mul(scores, static_cast<T>(geometry.scale), loc);
+    add_to(result, matmul(mul(p, sub(scores, sum(mul(p, scores, loc), {2}, true, loc), loc), loc), v, loc));
+  }
+  if (t[2].defined()) add_to(result, matmul(p, Tensor<T>(t[2]), loc));
+  return result;
+}
+
+template <FloatingPoint T> Tensor<T> scaled_dot_product_attention(const Tensor<T>& q, const Tensor<T>& k,
+                                                                  const Tensor<T>& v, AttentionOptions options,
+                                                                  SourceLoc loc) {
+  constexpr std::string_view op = op::Attention::name;
+  detail::OpScope scope(op, loc, {q, k, v});
+  auto inputs = [&] { return detail::describe_inputs({{"q", &q}, {"k", &k}, {"v", &v}}); };
+  const int rank = q.ndim();
+  if (rank < 2 || k.ndim() != rank || v.ndim() != rank)
+    throw_shape_error(op, loc, "q, k and v must be [..., T, D] with the same number of axes, at least 2 (inputs ",
+                      inputs(), ")");
+  const Shape &qs = q.shape(), &ks = k.shape(), &vs = v.shape();
+  std::int64_t batch = 1;
+  for (int a = 0; a < rank - 2; ++a) {
+    if (ks[a] != qs[a] || vs[a] != qs[a])
+      throw_shape_error(op, loc, "q, k and v must have the same leading (batch) axes; axis ", a, " differs (inputs ",
+                        inputs(), ")");
+    batch *= qs[a];
+  }
+  const std::int64_t tq = qs[rank - 2], d = qs[rank - 1], tk = ks[rank - 2], dv = vs[rank - 1];
+  if (ks[rank - 1] != d)
+    throw_shape_error(op, loc, "k's last axis must equal q's (", d,
+                      "), the length of each query-key dot product (inputs ", inputs(), ")");
+  if (vs[rank - 2] != tk)
+    throw_shape_error(op, loc, "v must have one row per key: its axis -2 must equal k's (", tk, ") (inputs ", inputs(),
+                      ")");
+  const double scale = options.scale.value_or(d > 0 ? 1 / std::sqrt(static_cast<double>(d)) : 1.0);
+  if (!std::isfinite(scale)) throw_value_error(op, loc, "scale must be finite, got ", scale);
+  detail::checked_work(op, loc, "the query-key products it computes",
+                       {batch, tq, tk, std::max({d, dv, std::int64_t{1}})});
+  const cpu::AttentionGeometry geometry{batch, tq, tk, d, dv, scale, options.causal};
+  const auto out = detail::apply<T>(op::Attention{geometry}, loc, reshape(q, {batch, tq, d}, loc),
+                                    reshape(k, {batch, tk, d}, loc), reshape(v, {batch, tk, dv}, loc));
+  std::vector<std::int64_t> dims(qs.begin(), qs.end());
+  dims.back() = dv;
+  return reshape(out, dims, loc);
 }
 
 template <FloatingPoint T>

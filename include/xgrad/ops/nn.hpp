@@ -1,9 +1,11 @@
 // Neural-network ops: bias_add, conv2d, pooling, resize_bilinear, softmax, log_softmax, gelu,
-// layer_norm, one_hot and softmax_cross_entropy. Declarations only, with the options their signatures
-// take: the ops' structs and the functions' definitions are in ops/nn-inl.hpp.
+// layer_norm, scaled_dot_product_attention, one_hot and softmax_cross_entropy. Declarations
+// only, with the options their signatures take: the ops' structs and the functions' definitions
+// are in ops/nn-inl.hpp.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 
 #include "xgrad/backend/pool_geometry.hpp"
 #include "xgrad/core/dtype.hpp"
@@ -83,6 +85,22 @@ template <FloatingPoint T> Tensor<T> layer_norm(const Tensor<T>& x, const Tensor
 template <FloatingPoint T>
 Tensor<T> layer_norm(const Tensor<T>& x, double eps = 1e-5, SourceLoc loc = SourceLoc::current());
 
+/// scaled_dot_product_attention's options. `causal`: query i sees key j only when j <= i +
+/// Tk - Tq, the queries being the newest Tq positions of the keys' sequence (for Tq = Tk the
+/// lower triangle; with a cache of past keys the newest query sees them all); a query that sees
+/// no key gets zeros. `scale` multiplies q k^T (default 1 / sqrt(D)).
+struct AttentionOptions {
+  bool causal = false;
+  std::optional<double> scale;
+};
+
+/// softmax(q k^T * scale) v for q [..., Tq, D], k [..., Tk, D] and v [..., Tk, Dv] with the same
+/// leading axes: [..., Tq, Dv]. One op: on the CPU a blocked kernel with an online softmax
+/// (FlashAttention's) that never makes the [Tq, Tk] score matrix, and its gradient one op too.
+template <FloatingPoint T> Tensor<T> scaled_dot_product_attention(const Tensor<T>& q, const Tensor<T>& k,
+                                                                  const Tensor<T>& v, AttentionOptions options = {},
+                                                                  SourceLoc loc = SourceLoc::current());
+
 /// [labels..., num_classes] with 1 at each label; labels outside [0, num_classes) throw.
 template <FloatingPoint T>
 Tensor<T> one_hot(const Tensor<std::int32_t>& labels, std::int64_t num_classes, SourceLoc loc = SourceLoc::current());
@@ -108,26 +126,28 @@ template <FloatingPoint T> Tensor<T> reduce_losses(const Tensor<T>& losses, Redu
 }  // namespace detail
 
 // The instances xgrad::compiled holds (core/config.hpp).
-#define XGRAD_NN_INSTANCE(T, X)                                                                                   \
-  X Tensor<T> bias_add<T>(const Tensor<T>&, const Tensor<T>&, SourceLoc);                                         \
-  X Tensor<T> conv2d<T>(const Tensor<T>&, const Tensor<T>&, Conv2dOptions, SourceLoc);                            \
-  X Tensor<T> max_pool2d<T>(const Tensor<T>&, std::int64_t, std::int64_t, PadMode, SourceLoc);                    \
-  X Tensor<T> max_pool2d<T>(const Tensor<T>&, std::int64_t, SourceLoc);                                           \
-  X Tensor<T> avg_pool2d<T>(const Tensor<T>&, std::int64_t, std::int64_t, PadMode, SourceLoc);                    \
-  X Tensor<T> avg_pool2d<T>(const Tensor<T>&, std::int64_t, SourceLoc);                                           \
-  X Tensor<T> resize_bilinear<T>(const Tensor<T>&, std::int64_t, std::int64_t, bool, SourceLoc);                  \
-  X Tensor<T> log_softmax<T>(const Tensor<T>&, std::int64_t, SourceLoc);                                          \
-  X Tensor<T> softmax<T>(const Tensor<T>&, std::int64_t, SourceLoc);                                              \
-  X Tensor<T> gelu<T>(const Tensor<T>&, GeluApproximation, SourceLoc);                                            \
-  X Tensor<T> layer_norm<T>(const Tensor<T>&, const Tensor<T>&, const Tensor<T>&, double, SourceLoc);             \
-  X Tensor<T> layer_norm<T>(const Tensor<T>&, double, SourceLoc);                                                 \
-  X Tensor<T> one_hot<T>(const Tensor<std::int32_t>&, std::int64_t, SourceLoc);                                   \
-  X Tensor<T> softmax_cross_entropy<T>(const Tensor<T>&, const Tensor<std::int32_t>&, Reduction, SourceLoc);      \
-  X Tensor<std::int32_t> detail::max_pool_argmax<T>(const Tensor<T>&, const cpu::Pool2dGeometry&, SourceLoc);     \
-  X Tensor<T> detail::max_pool_take<T>(const Tensor<T>&, const Tensor<std::int32_t>&, const cpu::Pool2dGeometry&, \
-                                       SourceLoc);                                                                \
-  X Tensor<T> detail::max_pool_put<T>(const Tensor<std::int32_t>&, const Tensor<T>&, const cpu::Pool2dGeometry&,  \
-                                      SourceLoc);                                                                 \
+#define XGRAD_NN_INSTANCE(T, X)                                                                                       \
+  X Tensor<T> bias_add<T>(const Tensor<T>&, const Tensor<T>&, SourceLoc);                                             \
+  X Tensor<T> conv2d<T>(const Tensor<T>&, const Tensor<T>&, Conv2dOptions, SourceLoc);                                \
+  X Tensor<T> max_pool2d<T>(const Tensor<T>&, std::int64_t, std::int64_t, PadMode, SourceLoc);                        \
+  X Tensor<T> max_pool2d<T>(const Tensor<T>&, std::int64_t, SourceLoc);                                               \
+  X Tensor<T> avg_pool2d<T>(const Tensor<T>&, std::int64_t, std::int64_t, PadMode, SourceLoc);                        \
+  X Tensor<T> avg_pool2d<T>(const Tensor<T>&, std::int64_t, SourceLoc);                                               \
+  X Tensor<T> resize_bilinear<T>(const Tensor<T>&, std::int64_t, std::int64_t, bool, SourceLoc);                      \
+  X Tensor<T> log_softmax<T>(const Tensor<T>&, std::int64_t, SourceLoc);                                              \
+  X Tensor<T> softmax<T>(const Tensor<T>&, std::int64_t, SourceLoc);                                                  \
+  X Tensor<T> gelu<T>(const Tensor<T>&, GeluApproximation, SourceLoc);                                                \
+  X Tensor<T> layer_norm<T>(const Tensor<T>&, const Tensor<T>&, const Tensor<T>&, double, SourceLoc);                 \
+  X Tensor<T> layer_norm<T>(const Tensor<T>&, double, SourceLoc);                                                     \
+  X Tensor<T> scaled_dot_product_attention<T>(const Tensor<T>&, const Tensor<T>&, const Tensor<T>&, AttentionOptions, \
+                                              SourceLoc);                                                             \
+  X Tensor<T> one_hot<T>(const Tensor<std::int32_t>&, std::int64_t, SourceLoc);                                       \
+  X Tensor<T> softmax_cross_entropy<T>(const Tensor<T>&, const Tensor<std::int32_t>&, Reduction, SourceLoc);          \
+  X Tensor<std::int32_t> detail::max_pool_argmax<T>(const Tensor<T>&, const cpu::Pool2dGeometry&, SourceLoc);         \
+  X Tensor<T> detail::max_pool_take<T>(const Tensor<T>&, const Tensor<std::int32_t>&, const cpu::Pool2dGeometry&,     \
+                                       SourceLoc);                                                                    \
+  X Tensor<T> detail::max_pool_put<T>(const Tensor<std::int32_t>&, const Tensor<T>&, const cpu::Pool2dGeometry&,      \
+                                      SourceLoc);                                                                     \
   X Tensor<T> detail::reduce_losses<T>(const Tensor<T>&, Reduction, SourceLoc);
 #define XGRAD_NN_INSTANCES(X) XGRAD_FOR_EACH_FloatingPoint(XGRAD_NN_INSTANCE, X)
 #if defined(XGRAD_COMPILED) && !defined(XGRAD_INSTANTIATE_NN)

@@ -64,22 +64,6 @@ template <class T> PooledScratch<T>& pooled_scratch() {
   return scratch;
 }
 
-/// Whether every one of src[0, n) is finite: x - x is 0 for a number and NaN for an infinity or
-/// a NaN, and a NaN stays in the running sum.
-template <class T> bool all_finite(const T* src, int64_t n) {
-  using V = xsimd::batch<T>;
-  constexpr int64_t L = static_cast<int64_t>(V::size);
-  V acc(T(0));
-  int64_t i = 0;
-  for (; i + L <= n; i += L) {
-    const V v = V::load_unaligned(src + i);
-    acc += v - v;
-  }
-  bool finite = xsimd::all(acc == V(T(0)));
-  for (; i < n; ++i) finite &= std::isfinite(src[i]);
-  return finite;
-}
-
 /// dst [count][plane][c] from src [count][c][plane] (dst holds a vector more: the transposes
 /// write whole vectors); false when an element is not finite.
 template <class T> bool channels_last(const T* src, int64_t count, int64_t c, int64_t plane, T* dst) {

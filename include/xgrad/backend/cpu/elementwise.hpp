@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <tuple>
@@ -387,6 +388,22 @@ void merged_run(const void* const* in, const std::int64_t* stride, T* out, std::
     batch(operands, [&](std::size_t k) { return V::load_aligned(lanes[k]); }).store_aligned(lanes[0]);
     std::copy(lanes[0], lanes[0] + (n - i), out + i);
   }
+}
+
+/// Whether every one of src[0, n) is finite: x - x is 0 for a number and NaN for an infinity or
+/// a NaN, and a NaN stays in the running sum.
+template <class T> bool all_finite(const T* src, int64_t n) {
+  using V = xsimd::batch<T>;
+  constexpr int64_t L = static_cast<int64_t>(V::size);
+  V acc(T(0));
+  int64_t i = 0;
+  for (; i + L <= n; i += L) {
+    const V v = V::load_unaligned(src + i);
+    acc += v - v;
+  }
+  bool finite = xsimd::all(acc == V(T(0)));
+  for (; i < n; ++i) finite &= std::isfinite(src[i]);
+  return finite;
 }
 
 }  // namespace detail

@@ -1,0 +1,210 @@
+// xgrad CPU backend: scaled dot-product attention and its gradient, blocked as FlashAttention
+// is: a block of queries meets a block of keys at a time under an online softmax, so no
+// [tq, tk] score matrix is ever made; the block products run on the packed GEMM.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include <xsimd/xsimd.hpp>
+
+#include "xgrad/backend/attention_geometry.hpp"
+#include "xgrad/backend/cpu/gemm.hpp"
+#include "xgrad/backend/cpu/thread_pool.hpp"
+#include "xgrad/backend/math.hpp"
+
+namespace xgrad::cpu {
+namespace detail {
+
+/// Queries and keys per block: a 64 x 64 block of scores (16 KiB of float) stays in L1 beside
+/// the rows of the operands it multiplies.
+inline constexpr std::int64_t k_attention_block = 64;
+
+/// Multiply-adds per parallel task below which a task is not worth a thread.
+inline constexpr std::int64_t k_attention_task_work = std::int64_t{1} << 15;
+
+template <class T> struct AttentionWorkspace { ScratchBuffer<T> scores, scores_grad, shift, total, lse, dot; };
+
+template <class T> AttentionWorkspace<T>& attention_workspace() {
+  static thread_local AttentionWorkspace<T> ws;
+  return ws;
+}
+
+/// x[i] = exp(x[i] - shift) for i < n; returns their sum.
+template <class T> T exp_shifted(T* x, std::int64_t n, T shift) {
+  using B = xsimd::batch<T>;
+  constexpr auto L = static_cast<std::int64_t>(B::size);
+  const B s(shift);
+  B acc(T(0));
+  std::int64_t i = 0;
+  for (; i + L <= n; i += L) {
+    const B e = math::exp(B::load_unaligned(x + i) - s);
+    e.store_unaligned(x + i);
+    acc += e;
+  }
+  T sum = xsimd::hadd(acc);
+  for (; i < n; ++i) sum += x[i] = std::exp(x[i] - shift);
+  return sum;
+}
+
+/// The largest of x[0..n), n > 0; a NaN first stays (and one later reaches the sums anyway).
+template <class T> T row_max(const T* x, std::int64_t n) {
+  T m = x[0];
+  for (std::int64_t i = 1; i < n; ++i) m = x[i] > m ? x[i] : m;
+  return m;
+}
+
+template <class T> void scale_row(T* x, std::int64_t n, T factor) {
+  for (std::int64_t i = 0; i < n; ++i) x[i] *= factor;
+}
+
+/// Queries [i0, i0 + rows) of one batch item (q points at query i0, k and v at the item's
+/// first key): out = their attention [rows, dv] when out is given, lse = the log of each
+/// one's softmax denominator (with the maximum it was computed from added back) when lse is.
+template <class T> void attention_rows(const AttentionGeometry& g, const T* q, const T* k, const T* v, std::int64_t i0,
+                                       std::int64_t rows, T* out, T* lse) {
+  constexpr std::int64_t BK = k_attention_block;
+  auto& ws = attention_workspace<T>();
+  T* s = ws.scores.get(rows * BK);
+  T* shift = ws.shift.get(rows);
+  T* total = ws.total.get(rows);
+  constexpr T none = -std::numeric_limits<T>::infinity();  // no key seen yet
+  std::fill_n(shift, rows, none);
+  std::fill_n(total, rows, T(0));
+  if (out) std::fill_n(out, rows * g.dv, T(0));
+  const T scale = static_cast<T>(g.scale);
+  const std::int64_t end = g.key_end(i0 + rows - 1);  // the last query sees the most keys
+  for (std::int64_t j0 = 0; j0 < end; j0 += BK) {
+    const std::int64_t n = std::min(BK, end - j0);
+    gemm<T>(rows, n, g.d, scale, q, g.d, 1, k + j0 * g.d, 1, g.d, T(0), s, BK);
+    for (std::int64_t r = 0; r < rows; ++r) {
+      T* row = s + r * BK;
+      const std::int64_t seen = std::clamp<std::int64_t>(g.key_end(i0 + r) - j0, 0, n);
+      std::fill(row + seen, row + n, T(0));  // keys this query does not see weigh nothing
+      if (seen == 0) continue;
+      T m = row_max(row, seen);  // a NaN here stays, and makes the row NaN
+      if (shift[r] > m) m = shift[r];
+      if (m == none) {  // -inf scores only, so far: they weigh 0 beside any finite one to come
+        std::fill(row, row + seen, T(0));
+        continue;
+      }
+      const T rescale = shift[r] == none ? T(0) : std::exp(shift[r] - m);
+      total[r] = total[r] * rescale + exp_shifted(row, seen, m);
+      shift[r] = m;
+      if (out && rescale != T(1)) scale_row(out + r * g.dv, g.dv, rescale);
+    }
+    if (!out) continue;
+    // The keys past the first query's last are hidden from some queries, and a hidden key must
+    // not reach them even as 0 * inf: when one of those holds a non-finite value, row by row.
+    const std::int64_t shared = std::clamp<std::int64_t>(g.key_end(i0) - j0, 0, n);
+    if (all_finite(v + (j0 + shared) * g.dv, (n - shared) * g.dv)) {
+      gemm<T>(rows, g.dv, n, T(1), s, BK, 1, v + j0 * g.dv, g.dv, 1, T(1), out, g.dv);
+      continue;
+    }
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const std::int64_t seen = std::clamp<std::int64_t>(g.key_end(i0 + r) - j0, 0, n);
+      for (std::int64_t j = 0; j < seen; ++j)
+        for (std::int64_t c = 0; c < g.dv; ++c) out[r * g.dv + c] += s[r * BK + j] * v[(j0 + j) * g.dv + c];
+    }
+  }
+  for (std::int64_t r = 0; r < rows; ++r) {
+    // A query that sees no key gets zeros, as FlashAttention gives; one whose scores are all
+    // -inf gets NaN, as softmax does.
+    const bool sees_none = g.key_end(i0 + r) == 0;
+    if (out && total[r] == T(0))
+      std::fill_n(out + r * g.dv, g.dv, sees_none ? T(0) : std::numeric_limits<T>::quiet_NaN());
+    else if (out)
+      scale_row(out + r * g.dv, g.dv, T(1) / total[r]);
+    if (lse) lse[r] = sees_none ? T(0) : shift[r] + std::log(total[r]);
+  }
+}
+
+/// One batch item's gradients, packed as AttentionGeometry::grads_size says: FlashAttention 2's
+/// backward, a block of keys at a time against the queries that see them, the probabilities
+/// recomputed from each query's log-denominator.
+template <class T> void attention_backward_item(const AttentionGeometry& g, const T* q, const T* k, const T* v,
+                                                const T* out, const T* gy, T* grads) {
+  constexpr std::int64_t BK = k_attention_block;
+  T* dq = grads;
+  T* dk = dq + g.tq * g.d;
+  T* dv = dk + g.tk * g.d;
+  std::fill_n(grads, g.grads_size(), T(0));
+  auto& ws = attention_workspace<T>();
+  T* lse = ws.lse.get(g.tq);
+  T* dot = ws.dot.get(g.tq);  // dot[i] = gy_i . out_i = sum_j p_ij (gy_i . v_j)
+  for (std::int64_t i0 = 0; i0 < g.tq; i0 += BK)
+    attention_rows<T>(g, q + i0 * g.d, k, nullptr, i0, std::min(BK, g.tq - i0), nullptr, lse + i0);
+  for (std::int64_t i = 0; i < g.tq; ++i) {
+    T sum = 0;
+    for (std::int64_t c = 0; c < g.dv; ++c) sum += gy[i * g.dv + c] * out[i * g.dv + c];
+    dot[i] = sum;
+  }
+  T* p = ws.scores.get(BK * BK);
+  T* ds = ws.scores_grad.get(BK * BK);
+  const T scale = static_cast<T>(g.scale);
+  for (std::int64_t j0 = 0; j0 < g.tk; j0 += BK) {
+    const std::int64_t n = std::min(BK, g.tk - j0);
+    for (std::int64_t i0 = g.query_begin(j0); i0 < g.tq; i0 += BK) {
+      const std::int64_t rows = std::min(BK, g.tq - i0);
+      gemm<T>(rows, n, g.d, scale, q + i0 * g.d, g.d, 1, k + j0 * g.d, 1, g.d, T(0), p, BK);
+      for (std::int64_t r = 0; r < rows; ++r) {
+        const std::int64_t seen = std::clamp<std::int64_t>(g.key_end(i0 + r) - j0, 0, n);
+        exp_shifted(p + r * BK, seen, lse[i0 + r]);
+        std::fill(p + r * BK + seen, p + r * BK + n, T(0));
+      }
+      // dv += p^T gy; d(scores) = p * (gy v^T - dot); dq += scale ds k; dk += scale ds^T q.
+      gemm<T>(n, g.dv, rows, T(1), p, 1, BK, gy + i0 * g.dv, g.dv, 1, T(1), dv + j0 * g.dv, g.dv);
+      gemm<T>(rows, n, g.dv, T(1), gy + i0 * g.dv, g.dv, 1, v + j0 * g.dv, 1, g.dv, T(0), ds, BK);
+      for (std::int64_t r = 0; r < rows; ++r) {
+        const std::int64_t seen = std::clamp<std::int64_t>(g.key_end(i0 + r) - j0, 0, n);
+        T* row = ds + r * BK;
+        const T* prob = p + r * BK;
+        for (std::int64_t c = 0; c < seen; ++c) row[c] = prob[c] * (row[c] - dot[i0 + r]);
+        std::fill(row + seen, row + n, T(0));
+      }
+      gemm<T>(rows, g.d, n, scale, ds, BK, 1, k + j0 * g.d, g.d, 1, T(1), dq + i0 * g.d, g.d);
+      gemm<T>(n, g.d, rows, scale, ds, 1, BK, q + i0 * g.d, g.d, 1, T(1), dk + j0 * g.d, g.d);
+    }
+  }
+}
+
+/// Tasks per parallel chunk so that a chunk is worth a thread: each does `work` multiply-adds.
+inline std::int64_t attention_grain(std::int64_t work) {
+  return std::max<std::int64_t>(1, k_attention_task_work / std::max<std::int64_t>(work, 1));
+}
+
+}  // namespace detail
+
+/// out = softmax(q k^T * scale) v for each batch item, masked as g says (attention_geometry.hpp);
+/// blocks of queries run in parallel.
+template <class T> void attention_forward(const AttentionGeometry& g, const T* q, const T* k, const T* v, T* out) {
+  constexpr std::int64_t BK = detail::k_attention_block;
+  if (g.batch == 0 || g.tq == 0 || g.dv == 0) return;
+  const std::int64_t blocks = (g.tq + BK - 1) / BK;
+  parallel_for(0, g.batch * blocks, detail::attention_grain(std::min(BK, g.tq) * g.tk * (g.d + g.dv)),
+               [&](std::int64_t lo, std::int64_t hi) {
+                 for (std::int64_t t = lo; t < hi; ++t) {
+                   const std::int64_t b = t / blocks, i0 = t % blocks * BK;
+                   detail::attention_rows<T>(g, q + (b * g.tq + i0) * g.d, k + b * g.tk * g.d, v + b * g.tk * g.dv, i0,
+                                             std::min(BK, g.tq - i0), out + (b * g.tq + i0) * g.dv, nullptr);
+                 }
+               });
+}
+
+/// attention_forward's gradients for the output's gradient gy, given its output out: per batch
+/// item dq [tq, d], dk [tk, d] and dv [tk, dv], one after the other in `grads`. Batch items run
+/// in parallel.
+template <class T> void attention_backward(const AttentionGeometry& g, const T* q, const T* k, const T* v, const T* out,
+                                           const T* gy, T* grads) {
+  if (g.batch == 0 || g.grads_size() == 0) return;
+  parallel_for(
+      0, g.batch, detail::attention_grain(3 * g.tq * g.tk * (g.d + g.dv)), [&](std::int64_t lo, std::int64_t hi) {
+        for (std::int64_t b = lo; b < hi; ++b)
+          detail::attention_backward_item<T>(g, q + b * g.tq * g.d, k + b * g.tk * g.d, v + b * g.tk * g.dv,
+                                             out + b * g.tq * g.dv, gy + b * g.tq * g.dv, grads + b * g.grads_size());
+      });
+}
+
+}  // namespace xgrad::cpu

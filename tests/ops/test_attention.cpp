@@ -1,0 +1,178 @@
+// scaled_dot_product_attention beyond the op table: values a reader can check by hand, the
+// blocked kernel against the naive softmax(q k^T / sqrt(d)) v at double for short and long
+// sequences with and without the causal mask, and its gradients against autodiff through that
+// naive composite.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include <xgrad/xgrad.hpp>
+
+namespace xg = xgrad;
+
+namespace {
+
+/// The naive form, made of matmul, softmax and where: the [tq, tk] scores in full.
+xg::Tensor<double> naive_attention(const xg::Tensor<double>& q, const xg::Tensor<double>& k,
+                                   const xg::Tensor<double>& v, bool causal) {
+  const std::int64_t tq = q.shape()[q.ndim() - 2], tk = k.shape()[k.ndim() - 2];
+  auto scores = xg::matmul(q, k, false, true) * (1 / std::sqrt(static_cast<double>(q.shape()[q.ndim() - 1])));
+  if (!causal) return xg::matmul(xg::softmax(scores, -1), v);
+  // Query i sees key j when j <= i + tk - tq.
+  const auto offset = xg::arange<std::int64_t>(tk) - xg::reshape(xg::arange<std::int64_t>(tq), {tq, 1});
+  const auto keep = xg::less(offset, tk - tq + 1);
+  const auto p = xg::where(keep, xg::softmax(xg::where(keep, scores, -1e300), -1), 0.0);
+  return xg::matmul(p, v);
+}
+
+double max_difference(const xg::Tensor<double>& a, const xg::Tensor<double>& b) {
+  REQUIRE(a.shape() == b.shape());
+  const auto x = a.to_vector(), y = b.to_vector();
+  double worst = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) worst = std::max(worst, std::abs(x[i] - y[i]));
+  return worst;
+}
+
+struct Case {
+  std::int64_t batch, tq, tk, d, dv;
+};
+
+// Around the cpu kernel's 64 x 64 blocks, and well past them.
+const std::array<Case, 7> k_cases{{{2, 1, 1, 4, 4},
+                                   {1, 63, 64, 8, 8},
+                                   {2, 65, 65, 16, 8},
+                                   {1, 1, 200, 8, 8},
+                                   {1, 200, 130, 4, 12},
+                                   {1, 257, 257, 32, 32},
+                                   {1, 517, 517, 8, 8}}};
+
+}  // namespace
+
+TEST_CASE("attention: values a reader can check") {
+  const auto v = xg::tensor<double>({1, 2, 3, 4, 5, 6}, {3, 2});
+  SUBCASE("queries orthogonal to every key weigh the keys alike: the mean of v") {
+    const auto q = xg::zeros<double>({4, 2});
+    const auto k = xg::tensor<double>({1, 0, 0, 1, 1, 1}, {3, 2});
+    const auto out = xg::scaled_dot_product_attention(q, k, v).to_vector();
+    for (std::int64_t i = 0; i < 4; ++i) {
+      CHECK(out[static_cast<std::size_t>(2 * i)] == doctest::Approx(3.0));
+      CHECK(out[static_cast<std::size_t>(2 * i + 1)] == doctest::Approx(4.0));
+    }
+  }
+  SUBCASE("causal: the first query sees the first key only, the last sees all") {
+    const auto q = xg::zeros<double>({3, 2});
+    const auto out = xg::scaled_dot_product_attention(q, xg::zeros<double>({3, 2}), v, {.causal = true}).to_vector();
+    CHECK(out == std::vector<double>{1, 2, 2, 3, 3, 4});
+  }
+  SUBCASE("causal with more queries than keys: the first queries see none and get zeros") {
+    const auto q = xg::ones<double>({5, 2});
+    const auto out = xg::scaled_dot_product_attention(q, xg::zeros<double>({3, 2}), v, {.causal = true}).to_vector();
+    CHECK(out == std::vector<double>{0, 0, 0, 0, 1, 2, 2, 3, 3, 4});
+  }
+  SUBCASE("two keys: the weights are a logistic function of the score difference") {
+    // q . k0 = 0, q . k1 = 2 * scale: weight of key 1 = 1 / (1 + exp(-2 * scale)).
+    const auto q = xg::tensor<double>({1, 1}, {1, 2});
+    const auto k = xg::tensor<double>({1, -1, 1, 1}, {2, 2});
+    const auto vv = xg::tensor<double>({0, 10}, {2, 1});
+    const double scale = 0.5;
+    const double w1 = 1 / (1 + std::exp(-2 * scale));
+    CHECK(xg::scaled_dot_product_attention(q, k, vv, {.scale = scale}).item() == doctest::Approx(10 * w1));
+  }
+}
+
+TEST_CASE("attention: the blocked kernel equals the naive form at double, short and long, with and without the mask") {
+  for (const Case& c : k_cases)
+    for (bool causal : {false, true}) {
+      CAPTURE(c.batch);
+      CAPTURE(c.tq);
+      CAPTURE(c.tk);
+      CAPTURE(causal);
+      const auto seed = static_cast<std::uint64_t>(c.tq * 1000 + c.tk);
+      const auto q = xg::randn<double>({c.batch, c.tq, c.d}, seed),
+                 k = xg::randn<double>({c.batch, c.tk, c.d}, seed + 1);
+      const auto v = xg::randn<double>({c.batch, c.tk, c.dv}, seed + 2);
+      CHECK(max_difference(xg::scaled_dot_product_attention(q, k, v, {.causal = causal}),
+                           naive_attention(q, k, v, causal)) < 1e-12);
+    }
+}
+
+TEST_CASE("attention: gradients equal autodiff through the naive form at double") {
+  for (const Case& c : k_cases)
+    for (bool causal : {false, true}) {
+      CAPTURE(c.tq);
+      CAPTURE(c.tk);
+      CAPTURE(causal);
+      const auto seed = static_cast<std::uint64_t>(c.tq * 7 + c.tk);
+      std::vector<xg::Tensor<double>> in{xg::randn<double>({c.batch, c.tq, c.d}, seed).set_requires_grad(true),
+                                         xg::randn<double>({c.batch, c.tk, c.d}, seed + 1).set_requires_grad(true),
+                                         xg::randn<double>({c.batch, c.tk, c.dv}, seed + 2).set_requires_grad(true)};
+      const auto w = xg::randn<double>({c.batch, c.tq, c.dv}, seed + 3);
+      const auto fused = xg::value_and_grad(
+          [&] { return xg::sum(xg::scaled_dot_product_attention(in[0], in[1], in[2], {.causal = causal}) * w); }, in)();
+      const auto naive =
+          xg::value_and_grad([&] { return xg::sum(naive_attention(in[0], in[1], in[2], causal) * w); }, in)();
+      CHECK(std::abs(fused.first.item() - naive.first.item()) < 1e-10);
+      for (std::size_t i = 0; i < 3; ++i) {
+        CAPTURE(i);
+        CHECK(max_difference(fused.second[i], naive.second[i]) < 1e-11);
+      }
+    }
+}
+
+TEST_CASE("attention: the fused gradient is one op, and the second derivative comes from the composite") {
+  auto q = xg::randn<double>({2, 5, 4}, 1).set_requires_grad(true);
+  const auto k = xg::randn<double>({2, 6, 4}, 2), v = xg::randn<double>({2, 6, 3}, 3);
+  auto loss = [&](const xg::Tensor<double>& x) {
+    return xg::sum(xg::square(xg::scaled_dot_product_attention(x, k, v)));
+  };
+  auto naive_loss = [&](const xg::Tensor<double>& x) { return xg::sum(xg::square(naive_attention(x, k, v, false))); };
+  auto second = [](auto f) {
+    return [f](const xg::Tensor<double>& x) { return xg::sum(xg::grad(f)(x) * xg::grad(f)(x)); };
+  };
+  CHECK(max_difference(xg::grad(second(loss))(q), xg::grad(second(naive_loss))(q)) < 1e-10);
+  // A first gradient under jit: the graph holds the fused gradient op, no softmax.
+  const auto lowered = xg::jit(xg::grad(loss)).lower(q);
+  const auto& graph = lowered.graph();
+  bool fused = false, softmax_parts = false;
+  for (const auto& node : graph.nodes) {
+    fused = fused || node->op() == "ScaledDotProductAttentionGrad";
+    softmax_parts = softmax_parts || node->op() == "Exp";
+  }
+  CHECK(fused);
+  CHECK_FALSE(softmax_parts);
+}
+
+TEST_CASE("attention: special scores and values, in the cpu kernel's blocks") {
+  // 70 keys whose scores are -inf (a whole 64-key block of them first), then 30 finite ones.
+  const std::int64_t tk = 100;
+  std::vector<double> keys(static_cast<std::size_t>(tk), 1.0);
+  std::fill_n(keys.begin(), 70, -std::numeric_limits<double>::infinity());
+  const auto q = xg::ones<double>({2, 1});
+  const auto k = xg::tensor<double>(keys, {tk, 1});
+  const auto v = xg::arange<double>(tk) * 1.0;
+  const auto vv = xg::reshape(v, {tk, 1});
+  SUBCASE("-inf scores weigh nothing, even a whole block of them") {
+    // The finite keys tie: the mean of values 70..99.
+    const auto out = xg::scaled_dot_product_attention(q, k, vv).to_vector();
+    CHECK(out[0] == doctest::Approx(84.5));
+    CHECK(out[1] == doctest::Approx(84.5));
+  }
+  SUBCASE("a query whose every score is -inf gets NaN, as softmax gives") {
+    const auto out = xg::scaled_dot_product_attention(q, xg::slice(k, {0, 0}, {70, 1}), xg::slice(vv, {0, 0}, {70, 1}));
+    CHECK(std::isnan(out.to_vector()[0]));
+  }
+  SUBCASE("a key hidden by the causal mask does not reach a query, even holding inf") {
+    auto values = v.to_vector();
+    values[1] = std::numeric_limits<double>::infinity();
+    const auto out = xg::scaled_dot_product_attention(xg::zeros<double>({tk, 1}), xg::zeros<double>({tk, 1}),
+                                                      xg::tensor<double>(values, {tk, 1}), {.causal = true})
+                         .to_vector();
+    CHECK(out[0] == 0.0);  // sees key 0 only
+    CHECK(std::isinf(out[1]));
+    CHECK(std::isinf(out[tk - 1]));
+  }
+}
