@@ -209,6 +209,103 @@ TEST_CASE("nn: Embedding looks rows up, adds the gradient into the rows it used,
   CHECK_THROWS_AS(xg::nn::Embedding(0, 3), xg::ValueError);
 }
 
+namespace {
+/// MultiheadAttention written out: per-head projections and a naive softmax attention.
+Tensor<float> attention_by_hand(const xg::nn::MultiheadAttention& mha, const Tensor<float>& x, const Tensor<float>& m,
+                                std::int64_t heads, bool causal) {
+  const std::int64_t e = x.shape()[2], hd = e / heads, n = x.shape()[0], t = x.shape()[1], s = m.shape()[1];
+  auto rows = [&](const Tensor<float>& p, std::int64_t first) {
+    return p.ndim() == 2 ? xg::slice(p, {first * e, 0}, {e, e}) : xg::slice(p, {first * e}, {e});
+  };
+  auto project = [&](const Tensor<float>& in, std::int64_t which) {
+    return xg::matmul(in, rows(mha.in_proj_weight, which), false, true) + rows(mha.in_proj_bias, which);
+  };
+  const auto q = project(x, 0), k = project(m, 1), v = project(m, 2);
+  std::vector<Tensor<float>> outs;
+  for (std::int64_t h = 0; h < heads; ++h) {
+    auto head = [&](const Tensor<float>& a, std::int64_t len) { return xg::slice(a, {0, 0, h * hd}, {n, len, hd}); };
+    auto scores = xg::matmul(head(q, t), head(k, s), false, true) * float(1 / std::sqrt(double(hd)));
+    if (causal) scores = scores + xg::triu(xg::full<float>({t, s}, -1e30f), 1);
+    outs.push_back(xg::matmul(xg::softmax(scores, -1), head(v, s)));
+  }
+  return xg::matmul(xg::concat(outs, 2), mha.out_proj_weight, false, true) + mha.out_proj_bias;
+}
+}  // namespace
+
+TEST_CASE("nn: MultiheadAttention equals its heads written out, self and cross, causal, cached, compiled") {
+  xg::nn::MultiheadAttention mha(8, 2);
+  CHECK(mha.named_parameters().size() == 4);
+  CHECK(mha.in_proj_weight.shape() == xg::Shape{24, 8});
+  {
+    xg::no_grad off;  // biases away from their zero start, so a dropped bias shows
+    mha.in_proj_bias.assign(xg::randn<float>({24}, 4) * 0.1f);
+    mha.out_proj_bias.assign(xg::randn<float>({8}, 5) * 0.1f);
+  }
+  const auto x = xg::randn<float>({2, 5, 8}, 1), memory = xg::randn<float>({2, 3, 8}, 2);
+  auto close = [](const Tensor<float>& a, const Tensor<float>& b) {
+    REQUIRE(a.shape() == b.shape());
+    check_values(a, values(b), 1e-4);
+  };
+  close(mha(x), attention_by_hand(mha, x, x, 2, false));
+  close(mha(x, memory), attention_by_hand(mha, x, memory, 2, false));
+  check_gradients(mha, xg::randn<float>({2, 3, 8}, 3));
+
+  xg::nn::MultiheadAttention causal(8, 4, {.causal = true});
+  const auto y = causal(x);
+  close(y, attention_by_hand(causal, x, x, 4, true));
+  // Position t does not depend on later positions: change the last one, the others stay.
+  auto later = x.to_vector();
+  for (std::size_t i = 4 * 8; i < 5 * 8; ++i) later[i] += 1.0f;  // batch 0, position 4
+  const auto moved = causal(xg::tensor<float>(later, {2, 5, 8})).to_vector(), kept = y.to_vector();
+  for (std::size_t i = 0; i < 4 * 8; ++i) CHECK(moved[i] == kept[i]);
+  CHECK(moved[4 * 8] != kept[4 * 8]);
+
+  // A token at a time through the cache: the same outputs as the whole sequence at once.
+  xg::nn::KeyValueCache cache;
+  for (std::int64_t t = 0; t < 5; ++t) {
+    const auto step = causal.forward_cached(xg::slice(x, {0, t, 0}, {2, 1, 8}), cache);
+    close(step, xg::slice(y, {0, t, 0}, {2, 1, 8}));
+  }
+  CHECK(cache.size() == 5);
+  // Two at once after three: causal among the new ones, over all the cached.
+  xg::nn::KeyValueCache part;
+  causal.forward_cached(xg::slice(x, {0, 0, 0}, {2, 3, 8}), part);
+  close(causal.forward_cached(xg::slice(x, {0, 3, 0}, {2, 2, 8}), part), xg::slice(y, {0, 3, 0}, {2, 2, 8}));
+
+  {
+    ModeGuard guard;
+    xg::set_mode(xg::Mode::graph);
+    close(causal(x), y);
+  }
+
+  const auto what = xg::testing::message_of<xg::ShapeError>([&] { mha(xg::ones<float>({2, 5, 6})); });
+  CHECK(xg::testing::contains(what, "MultiheadAttention: x must be [N, T, 8] (batch first), got Float32[2, 5, 6]"));
+  CHECK(xg::testing::contains(xg::testing::message_of<xg::ShapeError>([&] {
+                                mha(x, xg::ones<float>({3, 3, 8}));
+                              }),
+                              "the same batch size"));
+  CHECK(xg::testing::contains(xg::testing::message_of<xg::ValueError>([] { xg::nn::MultiheadAttention(8, 3); }),
+                              "embed_dim (8) must be a multiple of num_heads (3)"));
+  CHECK_THROWS_AS(xg::nn::MultiheadAttention(8, 2, {.dropout = 1.0f}), xg::ValueError);
+  CHECK_THROWS_AS(xg::nn::MultiheadAttention(0, 2), xg::ValueError);
+}
+
+TEST_CASE("nn: MultiheadAttention's dropout drops in training only") {
+  xg::nn::MultiheadAttention mha(4, 2, {.dropout = 0.5f, .seed = 7});
+  const auto x = xg::randn<float>({1, 6, 4}, 9);
+  const auto a = mha(x).to_vector(), b = mha(x).to_vector();
+  CHECK(a != b);  // a new mask each training call
+  mha.set_train(false);
+  CHECK(mha(x).to_vector() == mha(x).to_vector());
+  xg::nn::MultiheadAttention same(4, 2);
+  {
+    xg::no_grad off;
+    same.in_proj_weight.assign(mha.in_proj_weight);
+    same.out_proj_weight.assign(mha.out_proj_weight);
+  }
+  CHECK(mha(x).to_vector() == same(x).to_vector());
+}
+
 TEST_CASE("nn: LayerNorm normalizes each row of the last axis, then scales and shifts; GELU is gelu") {
   xg::nn::LayerNorm ln(4);
   CHECK(ln.named_parameters().size() == 2);

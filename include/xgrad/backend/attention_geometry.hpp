@@ -32,7 +32,7 @@ struct AttentionGeometry {
     return begin < 0 ? 0 : (begin < tq ? begin : tq);
   }
   /// Elements of one batch item's gradients, packed as dq [tq, d], dk [tk, d], dv [tk, dv].
-  std::int64_t grads_size() const { return tq * d + tk * d + tk * dv; }
+  XGRAD_HD std::int64_t grads_size() const { return tq * d + tk * d + tk * dv; }
 };
 
 }  // namespace xgrad::cpu

@@ -129,6 +129,121 @@ XGRAD_API Tensor<float> LayerNorm::forward(Tensor<float> x) {
   return gamma.defined() ? layer_norm(x, gamma, beta, m_options.eps, loc) : layer_norm(x, m_options.eps, loc);
 }
 
+namespace detail {
+/// MultiheadAttention's sizes and options, checked.
+inline MultiheadAttentionOptions checked_attention(std::int64_t embed_dim, std::int64_t num_heads,
+                                                   MultiheadAttentionOptions options, SourceLoc loc) {
+  check_size("MultiheadAttention", "embed_dim", embed_dim, loc);
+  check_size("MultiheadAttention", "num_heads", num_heads, loc);
+  if (embed_dim % num_heads != 0)
+    throw_value_error("MultiheadAttention", loc, "embed_dim (", embed_dim, ") must be a multiple of num_heads (",
+                      num_heads, ")");
+  if (!(options.dropout >= 0.0f && options.dropout < 1.0f))
+    throw_value_error("MultiheadAttention", loc, "dropout must be in [0, 1), got ", options.dropout);
+  return options;
+}
+}  // namespace detail
+
+XGRAD_API MultiheadAttention::MultiheadAttention(std::int64_t embed_dim, std::int64_t num_heads,
+                                                 MultiheadAttentionOptions options, SourceLoc loc)
+    : m_dim(embed_dim),
+      m_heads(num_heads),
+      m_options(detail::checked_attention(embed_dim, num_heads, options, loc)),
+      m_dropout(options.dropout, options.seed, loc) {
+  const std::int64_t rows =
+      xgrad::detail::checked_mul("MultiheadAttention", loc, "in_proj's rows 3 * embed_dim", 3, embed_dim);
+  xgrad::detail::checked_mul("MultiheadAttention", loc, "in_proj's size", rows, embed_dim);
+  // PyTorch's initialization: in_proj Xavier-uniform over the three projections stacked, the
+  // output projection as a Dense layer's weight, biases zero.
+  in_proj_weight = Parameter<float>(init::xavier_uniform()({rows, embed_dim}, {embed_dim, rows}), "in_proj_weight");
+  out_proj_weight = Parameter<float>(init::he_uniform(std::sqrt(5.0))({embed_dim, embed_dim}, {embed_dim, embed_dim}),
+                                     "out_proj_weight");
+  register_parameter("in_proj_weight", in_proj_weight);
+  if (options.has_bias) {
+    in_proj_bias = Parameter<float>(zeros<float>({rows}), "in_proj_bias");
+    register_parameter("in_proj_bias", in_proj_bias);
+  }
+  register_parameter("out_proj_weight", out_proj_weight);
+  if (options.has_bias) {
+    out_proj_bias = Parameter<float>(zeros<float>({embed_dim}), "out_proj_bias");
+    register_parameter("out_proj_bias", out_proj_bias);
+  }
+  register_module("dropout", m_dropout);
+}
+
+XGRAD_API void MultiheadAttention::check_input(const char* what, const Tensor<float>& x, SourceLoc loc) const {
+  if (x.ndim() != 3 || x.shape()[2] != m_dim)
+    throw_shape_error("MultiheadAttention", loc, what, " must be [N, T, ", m_dim, "] (batch first), got ",
+                      dtype_name(x.dtype()), x.shape());
+}
+
+XGRAD_API Tensor<float> MultiheadAttention::split_heads(const Tensor<float>& x) const {
+  const std::int64_t n = x.shape()[0], t = x.shape()[1];
+  return transpose(reshape(x, {n, t, m_heads, m_dim / m_heads}), {0, 2, 1, 3});
+}
+
+XGRAD_API Tensor<float> MultiheadAttention::merge_heads(const Tensor<float>& x) const {
+  const std::int64_t n = x.shape()[0], t = x.shape()[2];
+  return reshape(transpose(x, {0, 2, 1, 3}), {n, t, m_dim});
+}
+
+XGRAD_API Tensor<float> MultiheadAttention::project_in(const Tensor<float>& x, std::int64_t first,
+                                                       std::int64_t count) const {
+  const bool all = first == 0 && count == 3;
+  const Tensor<float> w =
+      all ? Tensor<float>(in_proj_weight) : slice(in_proj_weight, {first * m_dim, 0}, {count * m_dim, m_dim});
+  const Tensor<float> y = matmul(x, w, false, true);
+  if (!in_proj_bias.defined()) return y;
+  return y + (all ? Tensor<float>(in_proj_bias) : slice(in_proj_bias, {first * m_dim}, {count * m_dim}));
+}
+
+XGRAD_API Tensor<float> MultiheadAttention::attend(const Tensor<float>& q, const Tensor<float>& k,
+                                                   const Tensor<float>& v) {
+  const Tensor<float> heads = scaled_dot_product_attention(q, k, v, {.causal = m_options.causal});
+  const Tensor<float> merged = m_dropout(merge_heads(heads));
+  const Tensor<float> y = matmul(merged, out_proj_weight, false, true);
+  return out_proj_bias.defined() ? y + out_proj_bias : y;
+}
+
+XGRAD_API Tensor<float> MultiheadAttention::forward(Tensor<float> x) {
+  const SourceLoc loc = call_site();
+  xgrad::detail::OpScope scope("MultiheadAttention", loc, {x});
+  check_input("x", x, loc);
+  const auto qkv = split(project_in(x, 0, 3), {m_dim, m_dim, m_dim}, 2);
+  return attend(split_heads(qkv[0]), split_heads(qkv[1]), split_heads(qkv[2]));
+}
+
+XGRAD_API Tensor<float> MultiheadAttention::forward(Tensor<float> x, Tensor<float> memory) {
+  const SourceLoc loc = call_site();
+  xgrad::detail::OpScope scope("MultiheadAttention", loc, {x, memory});
+  check_input("x", x, loc);
+  check_input("memory", memory, loc);
+  if (memory.shape()[0] != x.shape()[0])
+    throw_shape_error("MultiheadAttention", loc, "x and memory must have the same batch size, got ", x.shape(), " and ",
+                      memory.shape());
+  const auto kv = split(project_in(memory, 1, 2), {m_dim, m_dim}, 2);
+  return attend(split_heads(project_in(x, 0, 1)), split_heads(kv[0]), split_heads(kv[1]));
+}
+
+XGRAD_API Tensor<float> MultiheadAttention::forward_cached(const Tensor<float>& x, KeyValueCache& cache,
+                                                           SourceLoc loc) {
+  xgrad::detail::OpScope scope("MultiheadAttention", loc, {x});
+  check_input("x", x, loc);
+  if (cache.size() > 0 && cache.keys.shape()[0] != x.shape()[0])
+    throw_shape_error("MultiheadAttention", loc, "x's batch size ", x.shape()[0], " differs from the cache's, ",
+                      cache.keys.shape()[0]);
+  const auto qkv = split(project_in(x, 0, 3), {m_dim, m_dim, m_dim}, 2);
+  Tensor<float> k = split_heads(qkv[1]), v = split_heads(qkv[2]);
+  if (cache.size() > 0) {
+    k = concat(std::vector{cache.keys, k}, 2);
+    v = concat(std::vector{cache.values, v}, 2);
+  }
+  cache.keys = k;
+  cache.values = v;
+  // The new queries are the newest positions: the causal mask lines them up with the keys' end.
+  return attend(split_heads(qkv[0]), k, v);
+}
+
 XGRAD_API BatchNorm2d::BatchNorm2d(std::int64_t num_features, BatchNormOptions options, SourceLoc loc)
     : m_channels(num_features), m_options(options) {
   detail::check_size("BatchNorm2d", "num_features", num_features, loc);

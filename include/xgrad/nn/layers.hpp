@@ -1,7 +1,7 @@
 // Layers: Dense, Conv2d, MaxPool2d, AvgPool2d, ReLU, GELU, Flatten, Dropout, BatchNorm2d, Embedding,
-// LayerNorm, Sequential. Defaults follow MindSpore 2's (Conv2d: pad_mode same, no bias; weights and biases
-// U(-b, b) with b = 1/sqrt(fan_in), as in PyTorch). Each forward is written with xgrad ops, so it
-// runs eagerly and traces alike.
+// LayerNorm, MultiheadAttention, Sequential. Defaults follow MindSpore 2's (Conv2d: pad_mode same, no bias; weights and
+// biases U(-b, b) with b = 1/sqrt(fan_in), as in PyTorch). Each forward is written with xgrad ops, so it runs eagerly
+// and traces alike.
 #pragma once
 
 #include <cmath>
@@ -221,6 +221,58 @@ class LayerNorm : public Module {
  private:
   std::int64_t m_size;
   LayerNormOptions m_options;
+};
+
+struct MultiheadAttentionOptions {
+  bool causal = false;                // each position attends to itself and the positions before it only
+  float dropout = 0.0f;               // in training, on the heads' merged output before the output projection
+  bool has_bias = true;               // in_proj_bias and out_proj_bias
+  std::optional<std::uint64_t> seed;  // the dropout's
+};
+
+/// The keys and values of the positions a MultiheadAttention has seen, per head: [N, heads, S,
+/// head_dim] each, S growing by each call of forward_cached (undefined before the first).
+struct KeyValueCache {
+  Tensor<float> keys, values;
+  /// Positions held.
+  std::int64_t size() const { return keys.defined() ? keys.shape()[2] : 0; }
+};
+
+/// Multi-head attention over batch-first sequences x [N, T, E] (PyTorch's batch_first): queries,
+/// keys and values are projections of the input by in_proj_weight [3E, E] (queries' rows first),
+/// split into `num_heads` heads of E / num_heads features, attended by
+/// xgrad::scaled_dot_product_attention (causal when asked), merged and projected by
+/// out_proj_weight [E, E]. forward(x) is self-attention; forward(x, memory) attends from x's
+/// positions to memory [N, S, E]'s. The fused attention makes no weight matrix, so dropout
+/// applies to the heads' merged output (PyTorch's drops attention weights).
+class MultiheadAttention : public Module {
+ public:
+  XGRAD_API MultiheadAttention(std::int64_t embed_dim, std::int64_t num_heads, MultiheadAttentionOptions options = {},
+                               SourceLoc loc = SourceLoc::current());
+
+  XGRAD_API Tensor<float> forward(Tensor<float> x) override;
+  XGRAD_API Tensor<float> forward(Tensor<float> x, Tensor<float> memory) override;
+
+  /// Self-attention of the newest positions x [N, T, E] over themselves and every position
+  /// `cache` holds, whose keys and values it then holds too: generation a token at a time
+  /// without projecting the past again. Causal over the new positions when the layer is.
+  XGRAD_API Tensor<float> forward_cached(const Tensor<float>& x, KeyValueCache& cache,
+                                         SourceLoc loc = SourceLoc::current());
+
+  Parameter<float> in_proj_weight, in_proj_bias, out_proj_weight, out_proj_bias;  // biases: with has_bias
+
+ private:
+  /// [N, T, E] -> [N, heads, T, head_dim], and back.
+  Tensor<float> split_heads(const Tensor<float>& x) const;
+  Tensor<float> merge_heads(const Tensor<float>& x) const;
+  /// x [N, T, E] (the caller's check) projected by rows [first, first + count * E) of in_proj.
+  Tensor<float> project_in(const Tensor<float>& x, std::int64_t first, std::int64_t count) const;
+  Tensor<float> attend(const Tensor<float>& q, const Tensor<float>& k, const Tensor<float>& v);
+  void check_input(const char* what, const Tensor<float>& x, SourceLoc loc) const;
+
+  std::int64_t m_dim, m_heads;
+  MultiheadAttentionOptions m_options;
+  Dropout m_dropout;
 };
 
 /// Runs its layers in order; they are owned and named "0", "1", ...

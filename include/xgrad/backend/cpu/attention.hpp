@@ -34,17 +34,20 @@ template <class T> AttentionWorkspace<T>& attention_workspace() {
 
 /// x[i] = exp(x[i] - shift) for i < n; returns their sum.
 template <class T> T exp_shifted(T* x, std::int64_t n, T shift) {
-  using B = xsimd::batch<T>;
-  constexpr auto L = static_cast<std::int64_t>(B::size);
-  const B s(shift);
-  B acc(T(0));
+  T sum = 0;
   std::int64_t i = 0;
-  for (; i + L <= n; i += L) {
-    const B e = math::exp(B::load_unaligned(x + i) - s);
-    e.store_unaligned(x + i);
-    acc += e;
+  if constexpr (simd_type<T>) {  // math::exp is a device function too: no batch in nvcc's device pass
+    using B = xsimd::batch<T>;
+    constexpr auto L = static_cast<std::int64_t>(B::size);
+    const B s(shift);
+    B acc(T(0));
+    for (; i + L <= n; i += L) {
+      const B e = math::exp(B::load_unaligned(x + i) - s);
+      e.store_unaligned(x + i);
+      acc += e;
+    }
+    sum = xsimd::hadd(acc);
   }
-  T sum = xsimd::hadd(acc);
   for (; i < n; ++i) sum += x[i] = std::exp(x[i] - shift);
   return sum;
 }
