@@ -306,6 +306,59 @@ TEST_CASE("nn: MultiheadAttention's dropout drops in training only") {
   CHECK(mha(x).to_vector() == same(x).to_vector());
 }
 
+TEST_CASE("nn: TransformerEncoderLayer is attention and a feed-forward part with residuals and norms") {
+  const auto x = xg::randn<float>({2, 4, 8}, 11);
+  auto by_hand = [](xg::nn::TransformerEncoderLayer& layer, const Tensor<float>& in, bool norm_first) {
+    auto ff = [&](const Tensor<float>& h) {
+      const auto rows = xg::reshape(h, {8, 8});
+      return xg::reshape(layer.linear2(xg::gelu(layer.linear1(rows))), {2, 4, 8});
+    };
+    if (norm_first) {
+      const auto h = in + layer.attention(layer.norm1(in));
+      return h + ff(layer.norm2(h));
+    }
+    const auto h = layer.norm1(in + layer.attention(in));
+    return layer.norm2(h + ff(h));
+  };
+  for (bool norm_first : {true, false}) {
+    CAPTURE(norm_first);
+    xg::nn::TransformerEncoderLayer layer(8, 2, {.feedforward = 16, .dropout = 0.0f, .norm_first = norm_first});
+    CHECK(layer.linear1.weight.shape() == xg::Shape{16, 8});
+    check_values(layer(x), values(by_hand(layer, x, norm_first)), 1e-5);
+  }
+  xg::nn::TransformerEncoderLayer block(8, 2, {.dropout = 0.0f, .causal = true});
+  CHECK(block.linear1.weight.shape() == xg::Shape{32, 8});  // feedforward 4 * width
+  CHECK(block.named_parameters().size() == 12);
+  check_gradients(block, xg::randn<float>({1, 3, 8}, 12));
+  // Decoder-only: a token at a time through the cache gives the whole sequence's outputs.
+  const auto whole = block(x);
+  xg::nn::KeyValueCache cache;
+  for (std::int64_t t = 0; t < 4; ++t)
+    check_values(block.forward_cached(xg::slice(x, {0, t, 0}, {2, 1, 8}), cache),
+                 values(xg::slice(whole, {0, t, 0}, {2, 1, 8})), 1e-4);
+  // Dropout in training only.
+  xg::nn::TransformerEncoderLayer dropping(8, 2, {.dropout = 0.5f, .seed = 3});
+  CHECK(dropping(x).to_vector() != dropping(x).to_vector());
+  dropping.set_train(false);
+  CHECK(dropping(x).to_vector() == dropping(x).to_vector());
+  CHECK_THROWS_AS(xg::nn::TransformerEncoderLayer(8, 2, {.dropout = 1.0f}), xg::ValueError);
+  CHECK(xg::testing::contains(
+      xg::testing::message_of<xg::ValueError>([] { xg::nn::TransformerEncoderLayer(8, 2, {.feedforward = -1}); }),
+      "TransformerEncoderLayer: feedforward must be >= 0"));
+}
+
+TEST_CASE("nn: sinusoidal_positions are sines and cosines of the position over powers of 10000") {
+  const auto p = xg::nn::sinusoidal_positions(3, 4).to_vector();
+  REQUIRE(p.size() == 12);
+  CHECK(p[0] == 0.0f);  // position 0: sin 0, cos 0, ...
+  CHECK(p[1] == 1.0f);
+  CHECK(p[4] == doctest::Approx(std::sin(1.0)));
+  CHECK(p[5] == doctest::Approx(std::cos(1.0)));
+  CHECK(p[6] == doctest::Approx(std::sin(1.0 / 100.0)));  // 10000^(2/4)
+  CHECK(p[11] == doctest::Approx(std::cos(2.0 / 100.0)));
+  CHECK_THROWS_AS(xg::nn::sinusoidal_positions(-1, 4), xg::ValueError);
+}
+
 TEST_CASE("nn: LayerNorm normalizes each row of the last axis, then scales and shifts; GELU is gelu") {
   xg::nn::LayerNorm ln(4);
   CHECK(ln.named_parameters().size() == 2);

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
+#include <vector>
 
 #include "xgrad/core/factory.hpp"
 #include "xgrad/nn/layers.hpp"
@@ -242,6 +244,88 @@ XGRAD_API Tensor<float> MultiheadAttention::forward_cached(const Tensor<float>& 
   cache.values = v;
   // The new queries are the newest positions: the causal mask lines them up with the keys' end.
   return attend(split_heads(qkv[0]), k, v);
+}
+
+namespace detail {
+inline TransformerLayerOptions checked_transformer(std::int64_t width, TransformerLayerOptions options, SourceLoc loc) {
+  if (options.feedforward < 0)
+    throw_value_error("TransformerEncoderLayer", loc, "feedforward must be >= 0 (0: 4 * width), got ",
+                      options.feedforward);
+  if (options.feedforward == 0)
+    options.feedforward = xgrad::detail::checked_mul("TransformerEncoderLayer", loc, "4 * width", 4, width);
+  if (!(options.dropout >= 0.0f && options.dropout < 1.0f))
+    throw_value_error("TransformerEncoderLayer", loc, "dropout must be in [0, 1), got ", options.dropout);
+  return options;
+}
+/// A seed for the i-th of a layer's dropouts: distinct masks, reproducible from one seed.
+inline std::optional<std::uint64_t> nth_seed(std::optional<std::uint64_t> seed, std::uint64_t i) {
+  return seed ? std::optional<std::uint64_t>(*seed * 4 + i) : std::nullopt;
+}
+}  // namespace detail
+
+XGRAD_API TransformerEncoderLayer::TransformerEncoderLayer(std::int64_t width, std::int64_t num_heads,
+                                                           TransformerLayerOptions options, SourceLoc loc)
+    : TransformerEncoderLayer(width, num_heads, detail::checked_transformer(width, options, loc), loc, Checked{}) {}
+
+XGRAD_API TransformerEncoderLayer::TransformerEncoderLayer(std::int64_t width, std::int64_t num_heads,
+                                                           TransformerLayerOptions options, SourceLoc loc, Checked)
+    : attention(width, num_heads,
+                {.causal = options.causal, .dropout = 0.0f, .seed = detail::nth_seed(options.seed, 0)}, loc),
+      norm1(width, {.eps = options.eps}, loc),
+      norm2(width, {.eps = options.eps}, loc),
+      linear1(width, options.feedforward, {}, loc),
+      linear2(options.feedforward, width, {}, loc),
+      m_options(options),
+      m_dropout_attention(options.dropout, detail::nth_seed(options.seed, 1), loc),
+      m_dropout_hidden(options.dropout, detail::nth_seed(options.seed, 2), loc),
+      m_dropout_output(options.dropout, detail::nth_seed(options.seed, 3), loc) {
+  register_modules({{"attention", &attention},
+                    {"norm1", &norm1},
+                    {"norm2", &norm2},
+                    {"linear1", &linear1},
+                    {"linear2", &linear2},
+                    {"dropout1", &m_dropout_attention},
+                    {"dropout2", &m_dropout_hidden},
+                    {"dropout3", &m_dropout_output}});
+}
+
+XGRAD_API Tensor<float> TransformerEncoderLayer::feed_forward(const Tensor<float>& x) {
+  // Dense takes rows: the positions of every sequence as one batch of rows.
+  const Shape& s = x.shape();
+  const Tensor<float> rows = reshape(x, {s[0] * s[1], s[2]});
+  const Tensor<float> hidden = m_dropout_hidden(gelu(linear1(rows), m_options.activation));
+  return m_dropout_output(reshape(linear2(hidden), {s[0], s[1], s[2]}));
+}
+
+template <class Attend> Tensor<float> TransformerEncoderLayer::apply(const Tensor<float>& x, Attend attend) {
+  if (m_options.norm_first) {
+    const Tensor<float> h = x + m_dropout_attention(attend(norm1(x)));
+    return h + feed_forward(norm2(h));
+  }
+  const Tensor<float> h = norm1(x + m_dropout_attention(attend(x)));
+  return norm2(h + feed_forward(h));
+}
+
+XGRAD_API Tensor<float> TransformerEncoderLayer::forward(Tensor<float> x) {
+  return apply(x, [this](const Tensor<float>& in) { return attention(in); });
+}
+
+XGRAD_API Tensor<float> TransformerEncoderLayer::forward_cached(const Tensor<float>& x, KeyValueCache& cache,
+                                                                SourceLoc loc) {
+  return apply(x, [&](const Tensor<float>& in) { return attention.forward_cached(in, cache, loc); });
+}
+
+XGRAD_API Tensor<float> sinusoidal_positions(std::int64_t length, std::int64_t dim, SourceLoc loc) {
+  if (length < 0 || dim < 0)
+    throw_value_error("sinusoidal_positions", loc, "length and dim must be >= 0, got ", length, " and ", dim);
+  xgrad::detail::checked_mul("sinusoidal_positions", loc, "length * dim", length, dim);
+  std::vector<float> table(static_cast<std::size_t>(length * dim));
+  for (std::int64_t p = 0; p < length; ++p)
+    for (std::int64_t c = 0; c < dim; ++c) {
+      const double angle = static_cast<double>(p) / std::pow(10000.0, static_cast<double>(c / 2 * 2) / dim);
+      table[static_cast<std::size_t>(p * dim + c)] = static_cast<float>(c % 2 == 0 ? std::sin(angle) : std::cos(angle));
+    }
+  return tensor<float>(table, {length, dim});
 }
 
 XGRAD_API BatchNorm2d::BatchNorm2d(std::int64_t num_features, BatchNormOptions options, SourceLoc loc)

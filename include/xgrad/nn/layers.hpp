@@ -1,7 +1,7 @@
 // Layers: Dense, Conv2d, MaxPool2d, AvgPool2d, ReLU, GELU, Flatten, Dropout, BatchNorm2d, Embedding,
-// LayerNorm, MultiheadAttention, Sequential. Defaults follow MindSpore 2's (Conv2d: pad_mode same, no bias; weights and
-// biases U(-b, b) with b = 1/sqrt(fan_in), as in PyTorch). Each forward is written with xgrad ops, so it runs eagerly
-// and traces alike.
+// LayerNorm, MultiheadAttention, TransformerEncoderLayer, Sequential. Defaults follow MindSpore 2's (Conv2d: pad_mode
+// same, no bias; weights and biases U(-b, b) with b = 1/sqrt(fan_in), as in PyTorch). Each forward is written with
+// xgrad ops, so it runs eagerly and traces alike.
 #pragma once
 
 #include <cmath>
@@ -274,6 +274,53 @@ class MultiheadAttention : public Module {
   MultiheadAttentionOptions m_options;
   Dropout m_dropout;
 };
+
+struct TransformerLayerOptions {
+  std::int64_t feedforward = 0;  // the hidden width of the feed-forward part; 0: 4 * width
+  float dropout = 0.1f;          // after attention, inside and after the feed-forward part, in training
+  bool causal = false;           // each position attends to itself and the ones before it only
+  bool norm_first = true;        // pre-norm (GPT-2's); false: post-norm (the original, PyTorch's default)
+  GeluApproximation activation = GeluApproximation::none;  // the feed-forward part's GELU
+  float eps = 1e-5f;                                       // the layer norms'
+  std::optional<std::uint64_t> seed;                       // the dropouts'
+};
+
+/// A transformer layer over batch-first x [N, T, width]: self-attention (MultiheadAttention)
+/// and a feed-forward part (Dense, GELU, Dense applied at each position), each with a residual
+/// connection and a LayerNorm, before it (norm_first) or after. PyTorch's
+/// TransformerEncoderLayer with batch_first; with `causal` it is a decoder-only (GPT) block.
+class TransformerEncoderLayer : public Module {
+ public:
+  XGRAD_API TransformerEncoderLayer(std::int64_t width, std::int64_t num_heads, TransformerLayerOptions options = {},
+                                    SourceLoc loc = SourceLoc::current());
+
+  XGRAD_API Tensor<float> forward(Tensor<float> x) override;
+
+  /// forward over the newest positions x [N, T, width], attending over the cached ones as
+  /// MultiheadAttention::forward_cached does: generation a token at a time.
+  XGRAD_API Tensor<float> forward_cached(const Tensor<float>& x, KeyValueCache& cache,
+                                         SourceLoc loc = SourceLoc::current());
+
+  MultiheadAttention attention;
+  LayerNorm norm1, norm2;  // before (norm_first) or after attention, and the feed-forward part
+  Dense linear1, linear2;  // width -> feedforward -> width
+
+ private:
+  struct Checked {};  // options that checked_transformer has checked and completed
+  XGRAD_API TransformerEncoderLayer(std::int64_t width, std::int64_t num_heads, TransformerLayerOptions options,
+                                    SourceLoc loc, Checked);
+  /// The layer with `attend` as its attention part.
+  template <class Attend> Tensor<float> apply(const Tensor<float>& x, Attend attend);
+  Tensor<float> feed_forward(const Tensor<float>& x);
+
+  TransformerLayerOptions m_options;
+  Dropout m_dropout_attention, m_dropout_hidden, m_dropout_output;
+};
+
+/// The sinusoidal position encodings of "Attention Is All You Need": [length, dim] with
+/// sin(p / 10000^(2i / dim)) at column 2i of row p and the cosine at column 2i + 1.
+XGRAD_API Tensor<float> sinusoidal_positions(std::int64_t length, std::int64_t dim,
+                                             SourceLoc loc = SourceLoc::current());
 
 /// Runs its layers in order; they are owned and named "0", "1", ...
 class Sequential : public Module {
