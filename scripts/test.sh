@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/ensure_packages.sh g++ clang libclang-rt-14-dev cmake ninja-build ccache xtensor-dev libxsimd-dev doctest-dev \
-  zlib1g-dev dataset-fashion-mnist libbenchmark-dev libopenblas-dev libopenmpi-dev openmpi-bin python3
+  zlib1g-dev dataset-fashion-mnist fortunes libbenchmark-dev libopenblas-dev libopenmpi-dev openmpi-bin python3
 jobs="$(nproc)"
 step() { printf '== test.sh %d:%02d %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*"; }
 

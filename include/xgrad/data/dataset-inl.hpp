@@ -38,13 +38,15 @@ XGRAD_API std::int64_t Pipeline::size() const {
   return take_batches < 0 ? n : std::min(n, take_batches);
 }
 
+XGRAD_API void shuffle(std::vector<std::int64_t>& values, std::uint64_t seed) {
+  std::mt19937_64 gen(seed);
+  for (std::size_t i = values.size(); i > 1; --i) std::swap(values[i - 1], values[gen() % i]);
+}
+
 XGRAD_API std::vector<std::int64_t> Pipeline::order(std::int64_t epoch) const {
   std::vector<std::int64_t> idx(static_cast<std::size_t>(source->count()));
   std::iota(idx.begin(), idx.end(), std::int64_t{0});
-  if (seed) {
-    std::mt19937_64 gen(*seed + static_cast<std::uint64_t>(epoch));
-    for (std::size_t i = idx.size(); i > 1; --i) std::swap(idx[i - 1], idx[gen() % i]);
-  }
+  if (seed) shuffle(idx, *seed + static_cast<std::uint64_t>(epoch));
   if (shard_count == 1) return idx;
   std::vector<std::int64_t> part;
   for (auto i = static_cast<std::size_t>(shard_index); i < idx.size(); i += static_cast<std::size_t>(shard_count))

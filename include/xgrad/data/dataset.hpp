@@ -19,6 +19,9 @@
 
 namespace xgrad::data {
 
+/// Which part of a data set: the training samples or the test (held-out) samples.
+enum class Split { train, test };
+
 /// One element of a dataset: after batch(n), images [N, ...image] and labels [N]; before,
 /// one sample: its image (no batch axis) and a rank-0 label.
 struct Batch {
@@ -56,14 +59,17 @@ struct Pipeline {
   XGRAD_API std::int64_t samples() const;
   XGRAD_API std::int64_t size() const;
 
-  /// The sample order of one epoch: 0..count-1, shuffled by a generator seeded with
-  /// seed + epoch (Fisher-Yates over mt19937_64, whose output the standard fixes, so the
-  /// order is the same on every platform), then this shard's part of it.
+  /// The sample order of one epoch: 0..count-1, shuffled (detail::shuffle) with seed + epoch,
+  /// then this shard's part of it.
   XGRAD_API std::vector<std::int64_t> order(std::int64_t epoch) const;
 
   /// Element k of an epoch whose sample order is `order`.
   XGRAD_API Batch element(const std::vector<std::int64_t>& order, std::int64_t k) const;
 };
+
+/// Fisher-Yates over mt19937_64 seeded with `seed`, whose output the standard fixes: the same
+/// order on every platform.
+XGRAD_API void shuffle(std::vector<std::int64_t>& values, std::uint64_t seed);
 
 /// One epoch being produced (dataset-inl.hpp).
 class EpochState;

@@ -10,9 +10,6 @@
 
 namespace xgrad::data {
 
-/// Which half of a data set: the training samples or the test samples.
-enum class Split { train, test };
-
 /// The samples of an MNIST-format data set (MNIST, Fashion-MNIST: Debian's dataset-fashion-mnist
 /// installs it in /usr/share/datasets/fashion-mnist): train-images-idx3-ubyte and
 /// train-labels-idx1-ubyte for Split::train, t10k-* for Split::test, each plain or with a .gz
