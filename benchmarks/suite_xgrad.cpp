@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -374,6 +375,35 @@ void register_transforms() {
   });
 }
 
+// ---- attention: causal scaled dot-product attention, forward and gradient -------------------------
+
+struct AttentionCase {
+  std::int64_t batch, heads, length, dim;  // q, k, v [batch, heads, length, dim]
+  int threads;
+};
+// workloads.py, ATTENTION: the longest on 2 threads too, as gemm's largest.
+constexpr std::array kAttention{AttentionCase{8, 4, 128, 32, 1}, AttentionCase{2, 4, 512, 32, 1},
+                                AttentionCase{1, 4, 2048, 32, 1}, AttentionCase{1, 4, 2048, 32, 2}};
+
+void register_attention() {
+  const auto attention = [](const xg::Tensor<float>& q, const xg::Tensor<float>& k, const xg::Tensor<float>& v) {
+    return xg::scaled_dot_product_attention(q, k, v, {.causal = true, .scale = std::nullopt});  // 1 / sqrt(D)
+  };
+  // w weighs every output, so the gradient flowing back is not the same for all of them.
+  const auto loss = [attention](const xg::Tensor<float>& q, const xg::Tensor<float>& k, const xg::Tensor<float>& v,
+                                const xg::Tensor<float>& w) { return xg::sum(attention(q, k, v) * w); };
+  for (const AttentionCase& c : kAttention) {
+    const std::string name = "seq" + std::to_string(c.length), suffix = c.threads > 1 ? "_t2" : "";
+    const auto input = [c](std::uint64_t seed) { return xg::randn<float>({c.batch, c.heads, c.length, c.dim}, seed); };
+    register_xgrad("attention", name + "_fwd" + suffix, c.threads, kEagerAndJit,
+                   [=](Impl impl) { return tensor_call(impl, "attention", attention, input(1), input(2), input(3)); });
+    register_xgrad("attention", name + "_grad" + suffix, c.threads, kEagerAndJit, [=](Impl impl) {
+      return tensor_call(impl, "attention_grad", xg::grad(loss, xg::argnums<0, 1, 2>), input(1), input(2), input(3),
+                         input(4));
+    });
+  }
+}
+
 }  // namespace
 
 const xgrad::bench::LeNetBatch& xgrad::bench::lenet_batch() {
@@ -399,6 +429,7 @@ const bool kSuiteRegistered = [] {
   register_conv();
   register_training();
   register_transforms();
+  register_attention();
   return true;
 }();
 

@@ -49,6 +49,8 @@ SUITES = {
                 "(bandwidth), at 1 and 2 threads",
     "transforms": "function transforms: per-example gradients (vmap of grad), a Hessian, a Jacobian-vector product "
                   "(jvp), each against the plain way of computing the same (a loop of gradients, forward calls)",
+    "attention": "causal scaled dot-product attention, q, k, v f32[B, H, T, D] (scale 1 / sqrt(D)): the forward, and "
+                 "the gradients of sum(attention(q, k, v) * w) with respect to q, k and v",
 }
 
 def mlp_step_flops(widths, batch):
@@ -66,6 +68,34 @@ CONV2_FLOPS = 2 * 32 * 16 * 10 * 10 * (6 * 5 * 5)  # conv2: [32, 16, 10, 10] out
 # activations aside): about 72 MFLOP.
 LENET5_DENSE_FLOPS = 2 * 32 * (400 * 120 + 120 * 84 + 84 * 10)
 LENET5_STEP_FLOPS = 2 * CONV1_FLOPS + 3 * CONV2_FLOPS + 3 * LENET5_DENSE_FLOPS
+# The attention rows' [B, H, T, D] by sequence length, B chosen so one forward call takes milliseconds.
+ATTENTION = {"seq128": (8, 4, 128, 32), "seq512": (2, 4, 512, 32), "seq2048": (1, 4, 2048, 32)}
+
+
+def attention_flops(shape, backward):
+    """Causal attention's matmul FLOPs: q k^T and p v over the T (T + 1) / 2 query-key pairs the mask
+    keeps, 4 D per pair and head; with the backward (FlashAttention 2's count: q k^T again, dO v^T,
+    p^T dO, dS k and dS^T q) 2.5 times the forward more."""
+    batch, heads, length, dim = shape
+    forward = 4 * batch * heads * length * (length + 1) // 2 * dim
+    return forward * 3.5 if backward else forward
+
+
+def attention_workloads():
+    """Forward and gradient at each length on 1 thread, and the longest on 2 threads too (as gemm does)."""
+    rows = []
+    for seq, shape in ATTENTION.items():
+        for threads in (1, 2) if seq == "seq2048" else (1,):
+            suffix, on = ("_t2", ", 2 threads") if threads == 2 else ("", "")
+            dims = f"q, k, v f32[{', '.join(map(str, shape))}]"
+            rows += [Workload("attention", f"{seq}_fwd{suffix}", f"causal attention, {dims}{on}", threads=threads,
+                              flops=attention_flops(shape, False)),
+                     Workload("attention", f"{seq}_grad{suffix}",
+                              f"d/dq, d/dk, d/dv sum(attention(q, k, v) * w), {dims}{on}", threads=threads,
+                              flops=attention_flops(shape, True))]
+    return rows
+
+
 FMA_FLOPS_PER_THREAD = 2**25  # include/xgrad/backend/cpu/peak.hpp, kFmaChainFlops
 TRIAD_BYTES = 3 * 4 * 2**24  # STREAM's count: b and c read, a written
 
@@ -120,6 +150,7 @@ WORKLOADS = [
              "jvp of the MLP 784-256-256-10's logits for a batch of 64 (f32[64, 784]) along a direction of the input; "
              "references: one forward call, and a finite difference (f(x + h t) - f(x)) / h",
              references=("forward", "fd_pair")),
+    *attention_workloads(),
 ]
 
 BY_KEY = {w.key: w for w in WORKLOADS}

@@ -32,7 +32,8 @@ import time
 import traceback
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from workloads import BY_KEY, CONV, TRANSFORMS_BATCH, TRANSFORMS_MLP  # noqa: E402  (the table lives one directory up)
+from workloads import (  # noqa: E402  (the table lives one directory up)
+    ATTENTION, BY_KEY, CONV, TRANSFORMS_BATCH, TRANSFORMS_MLP)
 
 
 class Unsupported(Exception):
@@ -48,9 +49,11 @@ def function_and_inputs(workload, fw):
         inputs[argnums] (f returns a scalar),
       fw.recorded(x): x requiring grad, so ops on it are recorded for backward (raises
         Unsupported where the framework has no tape);
-    and for the transforms suite (transform_and_inputs) fw.relu, fw.sin, fw.cross_entropy(logits,
+    for the transforms suite (transform_and_inputs) fw.relu, fw.sin, fw.cross_entropy(logits,
     labels) (sparse labels, mean) and the function transforms fw.grad_of(f) (f's gradient in its
-    first argument), fw.vmap(f, in_axes), fw.hessian(f), fw.jvp(f, x, t) -> (f(x), J t).
+    first argument), fw.vmap(f, in_axes), fw.hessian(f), fw.jvp(f, x, t) -> (f(x), J t);
+    and for the attention suite fw.attention(q, k, v) (causal, scale 1 / sqrt(D)) and
+    fw.heads(numpy array [B, H, T, D]): that array as the op's input, in the op's own layout.
     Inputs come from numpy's generator: the same numbers for every peer. The functions are defs,
     not lambdas, because mindspore.jit parses their source."""
     import numpy as np
@@ -100,6 +103,17 @@ def function_and_inputs(workload, fw):
             return fw.sum(fw.conv2d(x, w))
 
         return fw.grad(conv_sum, (0, 1) if input_grad else (1,), inputs), inputs
+    if suite == "attention":
+        seq, kind = name.split("_")[:2]
+        inputs = tuple(fw.heads(np.random.default_rng(seed).standard_normal(ATTENTION[seq]).astype(np.float32))
+                       for seed in range(1, 5))  # q, k, v, and w weighing the outputs in the gradient's loss
+        if kind == "fwd":
+            return fw.attention, inputs[:3]
+
+        def attention_loss(q, k, v, w):
+            return fw.sum(fw.attention(q, k, v) * w)
+
+        return fw.grad(attention_loss, (0, 1, 2), inputs), inputs
     if suite == "transforms":
         return transform_and_inputs(workload, fw)
     raise Unsupported(f"no implementation of {workload.key}")

@@ -63,10 +63,17 @@ def primitives():
     def jvp(f, x, t):
         return jax.jvp(f, (x,), (t,))
 
+    def attention(q, k, v):
+        return jax.nn.dot_product_attention(q, k, v, is_causal=True)
+
+    def heads(array):  # [B, H, T, D] -> jax.nn.dot_product_attention's [B, T, H, D], made before the timing
+        return jnp.asarray(array.swapaxes(1, 2))
+
     return types.SimpleNamespace(
         tensor=jnp.asarray, add=jnp.add, exp=jnp.exp, tanh=jnp.tanh, sigmoid=jax.nn.sigmoid, matmul=jnp.matmul,
         conv2d=conv2d, softmax=softmax, sum=total, grad=grad, recorded=recorded, relu=jax.nn.relu, sin=jnp.sin,
-        cross_entropy=cross_entropy, grad_of=jax.grad, vmap=vmap, hessian=jax.hessian, jvp=jvp)
+        cross_entropy=cross_entropy, grad_of=jax.grad, vmap=vmap, hessian=jax.hessian, jvp=jvp, attention=attention,
+        heads=heads)
 
 
 def dense_init(key, fan_in, fan_out):

@@ -52,12 +52,15 @@ def primitives():
     def jvp(f, x, t):
         return torch.func.jvp(f, (x,), (t,))
 
+    def attention(q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
     return types.SimpleNamespace(
         tensor=torch.from_numpy, add=torch.add, exp=torch.exp, tanh=torch.tanh, sigmoid=torch.sigmoid,
         matmul=torch.matmul, conv2d=torch.nn.functional.conv2d, softmax=softmax, sum=total, grad=grad,
         recorded=lambda x: x.requires_grad_(), relu=torch.relu, sin=torch.sin,
         cross_entropy=torch.nn.functional.cross_entropy, grad_of=torch.func.grad, vmap=vmap,
-        hessian=torch.func.hessian, jvp=jvp)
+        hessian=torch.func.hessian, jvp=jvp, attention=attention, heads=torch.from_numpy)
 
 
 def lenet5(dense_std=None):
