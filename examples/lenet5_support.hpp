@@ -1,15 +1,12 @@
 // What examples/lenet5_fashion_mnist.cpp and benchmarks/lenet5_torch_accuracy.cpp share: the
-// seed notebook's preprocessing of Fashion-MNIST, and a parser of "--flag value" arguments.
+// seed notebook's preprocessing of Fashion-MNIST, and the examples' flag parser (flags.hpp).
 #pragma once
 
-#include <algorithm>
 #include <cstdint>
-#include <cstdlib>
-#include <initializer_list>
-#include <iostream>
 #include <string>
-#include <string_view>
 #include <xgrad/data/mnist.hpp>
+
+#include "flags.hpp"
 
 namespace xgrad::examples {
 
@@ -25,42 +22,5 @@ inline data::Dataset fashion_mnist(const std::string& dir, data::Split split, st
       .map(data::Resize(32), data::Rescale(1.0 / 255.0), data::Normalize(0.1307, 0.3081), data::HWC2CHW())
       .batch(batch, /*drop_remainder=*/true);
 }
-
-/// "--flag value" pairs; a bad one prints the problem and the usage line and exits with 2.
-class Flags {
- public:
-  Flags(std::string program, std::string usage) : m_program(std::move(program)), m_usage(std::move(usage)) {}
-
-  [[noreturn]] void fail(const std::string& problem) const {
-    std::cerr << m_program << ": " << problem << "\nusage: " << m_program << " " << m_usage << "\n";
-    std::exit(2);
-  }
-
-  long positive(const std::string& flag, const std::string& text) const {
-    char* end = nullptr;
-    const long v = std::strtol(text.c_str(), &end, 10);
-    if (text.empty() || *end != '\0' || v <= 0) fail(flag + " takes a positive integer, got '" + text + "'");
-    return v;
-  }
-
-  /// Calls handle(flag, value) for each pair, and handle(flag, "") for a flag of `switches`
-  /// (which takes no value); handle returns false for a flag it does not know.
-  template <class Handle>
-  void parse(int argc, char** argv, Handle handle, std::initializer_list<std::string_view> switches = {}) const {
-    for (int i = 1; i < argc; ++i) {
-      const std::string flag = argv[i];
-      if (std::find(switches.begin(), switches.end(), flag) != switches.end()) {
-        if (!handle(flag, "")) fail("unknown flag " + flag);
-        continue;
-      }
-      if (i + 1 >= argc) fail(flag == "--help" ? "" : "missing the value of " + flag);
-      const std::string value = argv[++i];
-      if (!handle(flag, value)) fail("unknown flag " + flag);
-    }
-  }
-
- private:
-  std::string m_program, m_usage;
-};
 
 }  // namespace xgrad::examples

@@ -12,3 +12,4 @@
 #include "xgrad/nn/model.hpp"
 #include "xgrad/nn/module.hpp"
 #include "xgrad/nn/optim.hpp"
+#include "xgrad/nn/sampling.hpp"

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <random>
 #include <sstream>
 #include <xgrad/models/lenet5.hpp>
 #include <xgrad/nn/layers.hpp>
@@ -982,4 +983,28 @@ TEST_CASE("Model: a run resumed from a checkpoint continues exactly as the unint
     for (const auto& b : data) again.push_back(resumed_model.train_step(b.images, b.labels));
     CHECK(again == after);
   }
+}
+
+TEST_CASE("nn: sample draws tokens by temperature and top-k") {
+  const auto logits = xg::tensor<float>({1, 3, 2, 0, 0, 5, 5, 1}, {2, 4});
+  std::mt19937_64 gen(1);
+  // Temperature 0: the most likely token, the first on ties.
+  CHECK(xg::nn::sample(logits, {.temperature = 0.0f}, gen).to_vector() == std::vector<std::int32_t>{1, 1});
+  // top_k 1 at any temperature: the same.
+  CHECK(xg::nn::sample(logits, {.temperature = 5.0f, .top_k = 1}, gen).to_vector() == std::vector<std::int32_t>{1, 1});
+  // top_k 2: row 0 draws tokens 1 and 2 only, at rates e^1 : e^0 (temperature 1).
+  std::vector<int> counts(4, 0);
+  const auto row = xg::tensor<float>({1, 3, 2, 0}, {1, 4});
+  for (int i = 0; i < 4000; ++i) ++counts[static_cast<std::size_t>(xg::nn::sample(row, {.top_k = 2}, gen).item())];
+  CHECK(counts[0] == 0);
+  CHECK(counts[3] == 0);
+  const double share = counts[1] / 4000.0, expected = std::exp(1.0) / (std::exp(1.0) + 1.0);  // 0.731
+  CHECK(std::abs(share - expected) < 0.03);  // 4.4 standard deviations of 4000 draws
+  // Same seed, same draws.
+  std::mt19937_64 a(7), b(7);
+  CHECK(xg::nn::sample(logits, {}, a).to_vector() == xg::nn::sample(logits, {}, b).to_vector());
+  CHECK_THROWS_AS(xg::nn::sample(logits, {.temperature = -1.0f}, gen), xg::ValueError);
+  CHECK_THROWS_AS(xg::nn::sample(logits, {.top_k = -1}, gen), xg::ValueError);
+  CHECK_THROWS_AS(xg::nn::sample(xg::ones<float>({4}), {}, gen), xg::ValueError);
+  CHECK_THROWS_AS(xg::nn::sample(xg::tensor<float>({1, NAN}, {1, 2}), {}, gen), xg::ValueError);
 }
