@@ -63,8 +63,10 @@ Ref reduce_ref(const Ref& x, std::vector<std::int64_t> axes, bool keepdims, doub
   return acc;
 }
 
-Ref matmul_ref(const Ref& a, const Ref& b) {  // [B, M, K] x [K, N] or [M, K] x [K, N]
+/// [B, M, K] x [K, N], [M, K] x [K, N], or [B, M, K] x [B, K, N] (each matrix its own).
+Ref matmul_ref(const Ref& a, const Ref& b) {
   std::int64_t batch = a.shape.size() == 3 ? a.shape[0] : 1;
+  const std::int64_t b_stride = b.shape.size() == 3 ? b.shape[1] * b.shape[2] : 0;
   std::int64_t m = a.shape[a.shape.size() - 2], k = a.shape.back(), n = b.shape.back();
   auto shape = a.shape;
   shape.back() = n;
@@ -74,7 +76,8 @@ Ref matmul_ref(const Ref& a, const Ref& b) {  // [B, M, K] x [K, N] or [M, K] x 
       for (std::int64_t j = 0; j < n; ++j) {
         double s = 0;
         for (std::int64_t q = 0; q < k; ++q)
-          s += a.data[static_cast<std::size_t>((p * m + i) * k + q)] * b.data[static_cast<std::size_t>(q * n + j)];
+          s += a.data[static_cast<std::size_t>((p * m + i) * k + q)] *
+               b.data[static_cast<std::size_t>(p * b_stride + q * n + j)];
         out.data[static_cast<std::size_t>((p * m + i) * n + j)] = s;
       }
   return out;
@@ -470,6 +473,9 @@ std::vector<OpCase> build_table() {
   t.push_back(make_case(
       "matmul/transpose_b", Shapes{{3, 4}, {5, 4}}, [](const auto& in) { return matmul(in[0], in[1], false, true); },
       [](const std::vector<Ref>& r) { return matmul_ref(r[0], transpose2_ref(r[1])); }));
+  t.push_back(make_case(
+      "matmul/batched_both", Shapes{{2, 3, 4}, {2, 4, 5}}, [](const auto& in) { return matmul(in[0], in[1]); },
+      [](const std::vector<Ref>& r) { return matmul_ref(r[0], r[1]); }));
   t.push_back(make_case(
       "matmul/large_tiles", Shapes{{17, 33}, {33, 19}}, [](const auto& in) { return matmul(in[0], in[1]); },
       [](const std::vector<Ref>& r) { return matmul_ref(r[0], r[1]); }));

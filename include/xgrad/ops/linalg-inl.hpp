@@ -107,6 +107,14 @@ Tensor<T> matmul(const Tensor<T>& a, const Tensor<T>& b, bool transpose_a, bool 
   Shape batch;
   if (!try_broadcast(op::MatMul::batch_of(sa), op::MatMul::batch_of(sb), batch))
     fail("the batch axes cannot be broadcast together");
+  if (sa.ndim() > 2 && sb.ndim() == 2 && !transpose_a && k > 0) {
+    // A batch of matrices times one matrix is one taller product (a dense layer over a
+    // sequence): one GEMM instead of one per matrix, and b's gradient one GEMM, not a sum of them.
+    std::vector<std::int64_t> dims(sa.begin(), sa.end() - 1);
+    const auto out = detail::apply<T>(op::MatMul{false, transpose_b}, loc, reshape(a, {a.numel() / k, k}, loc), b);
+    dims.push_back(out.shape()[1]);
+    return reshape(out, dims, loc);
+  }
   return detail::apply<T>(op::MatMul{transpose_a, transpose_b}, loc, a, b);
 }
 
