@@ -93,13 +93,14 @@ TEST_CASE("op table: every primitive is reached by a row, its gradient or its se
     }
   }
   // Graph structure, with cases of its own: constants, fused groups, control flow
-  // (tests/jit/test_control_flow.cpp), print (tests/jit/test_jit_semantics.cpp) and the
-  // collectives, which need a process group (tests/distributed/test_distributed.cpp).
+  // (tests/jit/test_control_flow.cpp, tests/jit/test_scan.cpp), print
+  // (tests/jit/test_jit_semantics.cpp) and the collectives, which need a process group
+  // (tests/distributed/test_distributed.cpp).
   const std::set<std::string_view> structural{
-      "Const",          "Fused",         "Cond",           "ForiLoop",       "While",
-      "ForiLoopGrad",   "WhileGrad",     "Print",          "AllReduce",      "AllGather",
-      "ReduceScatter",  "Broadcast",     "AllReduceStart", "AllGatherStart", "ReduceScatterStart",
-      "BroadcastStart", "CollectiveWait"};
+      "Const",         "Fused",     "Cond",           "Scan",           "ForiLoop",           "While",
+      "ForiLoopGrad",  "WhileGrad", "ScanGrad",       "Print",          "AllReduce",          "AllGather",
+      "ReduceScatter", "Broadcast", "AllReduceStart", "AllGatherStart", "ReduceScatterStart", "BroadcastStart",
+      "CollectiveWait"};
   std::string missing;
   for (std::string_view name : xg::ir::known_primitives())
     if (!seen.count(name) && !structural.count(name))
