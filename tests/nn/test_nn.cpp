@@ -360,6 +360,88 @@ TEST_CASE("nn: sinusoidal_positions are sines and cosines of the position over p
   CHECK_THROWS_AS(xg::nn::sinusoidal_positions(-1, 4), xg::ValueError);
 }
 
+TEST_CASE("nn: LSTM and GRU follow their equations, step by step, eagerly and compiled") {
+  const auto x = xg::randn<float>({5, 2, 3}, 21);  // [T, N, input]
+  auto rows = [](const Tensor<float>& t, std::int64_t gate, std::int64_t h) {
+    return t.ndim() == 2 ? xg::slice(t, {gate * h, 0}, {h, t.shape()[1]}) : xg::slice(t, {gate * h}, {h});
+  };
+  auto step_of = [&](const xg::nn::Module&, const Tensor<float>& w_ih, const Tensor<float>& w_hh,
+                     const Tensor<float>& b_ih, const Tensor<float>& b_hh, std::int64_t gate, std::int64_t h,
+                     const Tensor<float>& xt, const Tensor<float>& state) {
+    return xg::matmul(xt, rows(w_ih, gate, h), false, true) + rows(b_ih, gate, h) +
+           xg::matmul(state, rows(w_hh, gate, h), false, true) + rows(b_hh, gate, h);
+  };
+  SUBCASE("LSTM") {
+    xg::nn::LSTM lstm(3, 4);
+    CHECK(lstm.named_parameters().size() == 4);
+    CHECK(lstm.weight_ih.shape() == xg::Shape{16, 3});
+    const auto h0 = xg::randn<float>({2, 4}, 22), c0 = xg::randn<float>({2, 4}, 23);
+    Tensor<float> h = h0, c = c0;
+    std::vector<float> expected;
+    for (std::int64_t t = 0; t < 5; ++t) {
+      const auto xt = xg::reshape(xg::slice(x, {t, 0, 0}, {1, 2, 3}), {2, 3});
+      auto gate = [&](std::int64_t g) {
+        return step_of(lstm, lstm.weight_ih, lstm.weight_hh, lstm.bias_ih, lstm.bias_hh, g, 4, xt, h);
+      };
+      const auto i = xg::sigmoid(gate(0)), f = xg::sigmoid(gate(1)), g = xg::tanh(gate(2)), o = xg::sigmoid(gate(3));
+      c = f * c + i * g;
+      h = o * xg::tanh(c);
+      for (float v : h.to_vector()) expected.push_back(v);
+    }
+    const auto out = lstm.run(x, h0, c0);
+    CHECK(out.output.shape() == xg::Shape{5, 2, 4});
+    check_values(out.output, expected, 1e-5);
+    check_values(out.hidden, values(h), 1e-5);
+    check_values(out.cell, values(c), 1e-5);
+    check_gradients(lstm, xg::randn<float>({3, 2, 3}, 24));
+    const auto eager = lstm(x);
+    // Compiled, the steps are one Scan node, not five copies of the step.
+    const auto lowered = xg::jit([&lstm](const Tensor<float>& v) { return lstm(v); }).lower(x);
+    std::int64_t scans = 0, matmuls = 0;
+    for (const auto& node : lowered.graph().nodes) {
+      scans += node->op() == "Scan";
+      matmuls += node->op() == "MatMul";
+    }
+    CHECK(scans == 1);
+    CHECK(matmuls == 1);  // the input projection of every step; the step's own is in the body
+    ModeGuard guard;
+    xg::set_mode(xg::Mode::graph);
+    check_values(lstm(x), values(eager), 1e-6);
+    CHECK(xg::testing::contains(xg::testing::message_of<xg::ShapeError>([&] {
+                                  lstm(xg::ones<float>({5, 2, 4}));
+                                }),
+                                "LSTM: x must be [T, N, 3] (sequence first), got Float32[5, 2, 4]"));
+  }
+  SUBCASE("GRU") {
+    xg::nn::GRU gru(3, 4);
+    CHECK(gru.weight_hh.shape() == xg::Shape{12, 4});
+    Tensor<float> h = xg::zeros<float>({2, 4});
+    std::vector<float> expected;
+    for (std::int64_t t = 0; t < 5; ++t) {
+      const auto xt = xg::reshape(xg::slice(x, {t, 0, 0}, {1, 2, 3}), {2, 3});
+      auto in = [&](std::int64_t g) {
+        return xg::matmul(xt, rows(gru.weight_ih, g, 4), false, true) + rows(gru.bias_ih, g, 4);
+      };
+      auto hid = [&](std::int64_t g) {
+        return xg::matmul(h, rows(gru.weight_hh, g, 4), false, true) + rows(gru.bias_hh, g, 4);
+      };
+      const auto r = xg::sigmoid(in(0) + hid(0)), z = xg::sigmoid(in(1) + hid(1));
+      const auto n = xg::tanh(in(2) + r * hid(2));
+      h = (1.0f - z) * n + z * h;
+      for (float v : h.to_vector()) expected.push_back(v);
+    }
+    check_values(gru(x), expected, 1e-5);
+    check_values(gru.run(x).hidden, values(h), 1e-5);
+    check_gradients(gru, xg::randn<float>({3, 2, 3}, 25));
+    CHECK(xg::testing::contains(xg::testing::message_of<xg::ShapeError>([&] {
+                                  gru.run(x, xg::zeros<float>({3, 4}));
+                                }),
+                                "GRU: h0 must be [2, 4], got [3, 4]"));
+  }
+  CHECK_THROWS_AS(xg::nn::LSTM(0, 4), xg::ValueError);
+  CHECK_THROWS_AS(xg::nn::GRU(3, 0), xg::ValueError);
+}
+
 TEST_CASE("nn: LayerNorm normalizes each row of the last axis, then scales and shifts; GELU is gelu") {
   xg::nn::LayerNorm ln(4);
   CHECK(ln.named_parameters().size() == 2);

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "xgrad/core/factory.hpp"
+#include "xgrad/jit/control_flow.hpp"
 #include "xgrad/nn/layers.hpp"
 #include "xgrad/ops/inplace.hpp"
 #include "xgrad/ops/linalg.hpp"
@@ -314,6 +315,96 @@ XGRAD_API Tensor<float> TransformerEncoderLayer::forward_cached(const Tensor<flo
                                                                 SourceLoc loc) {
   return apply(x, [&](const Tensor<float>& in) { return attention.forward_cached(in, cache, loc); });
 }
+
+namespace detail {
+
+/// A recurrent layer's weights, PyTorch's way: [gates * hidden, input] and [gates * hidden,
+/// hidden], biases [gates * hidden], all U(-1/sqrt(hidden), 1/sqrt(hidden)).
+inline void init_recurrent(Module& layer, const char* name, std::int64_t gates, std::int64_t input, std::int64_t hidden,
+                           Parameter<float>& w_ih, Parameter<float>& w_hh, Parameter<float>& b_ih,
+                           Parameter<float>& b_hh, SourceLoc loc) {
+  check_size(name, "input_size", input, loc);
+  check_size(name, "hidden_size", hidden, loc);
+  const std::int64_t rows = xgrad::detail::checked_mul(name, loc, "the gates' rows", gates, hidden);
+  xgrad::detail::checked_mul(name, loc, "weight_ih's size", rows, input);
+  xgrad::detail::checked_mul(name, loc, "weight_hh's size", rows, hidden);
+  const auto uniform = init::uniform(1.0 / std::sqrt(static_cast<double>(hidden)));
+  const init::Fans fans{hidden, rows};
+  w_ih = Parameter<float>(uniform({rows, input}, fans), "weight_ih");
+  w_hh = Parameter<float>(uniform({rows, hidden}, fans), "weight_hh");
+  b_ih = Parameter<float>(uniform({rows}, fans), "bias_ih");
+  b_hh = Parameter<float>(uniform({rows}, fans), "bias_hh");
+  layer.register_parameter("weight_ih", w_ih);
+  layer.register_parameter("weight_hh", w_hh);
+  layer.register_parameter("bias_ih", b_ih);
+  layer.register_parameter("bias_hh", b_hh);
+}
+
+/// Checks x [T, N, input] and a state [N, hidden] (zeros when undefined, which it returns).
+inline Tensor<float> recurrent_state(const char* name, const Tensor<float>& x, std::int64_t input, std::int64_t hidden,
+                                     const Tensor<float>& state, const char* what, SourceLoc loc) {
+  if (x.ndim() != 3 || x.shape()[2] != input)
+    throw_shape_error(name, loc, "x must be [T, N, ", input, "] (sequence first), got ", dtype_name(x.dtype()),
+                      x.shape());
+  const Shape expected{x.shape()[1], hidden};
+  if (!state.defined()) return zeros<float>(expected);
+  if (state.shape() != expected) throw_shape_error(name, loc, what, " must be ", expected, ", got ", state.shape());
+  return state;
+}
+
+}  // namespace detail
+
+XGRAD_API LSTM::LSTM(std::int64_t input_size, std::int64_t hidden_size, SourceLoc loc)
+    : m_input(input_size), m_hidden(hidden_size) {
+  detail::init_recurrent(*this, "LSTM", 4, input_size, hidden_size, weight_ih, weight_hh, bias_ih, bias_hh, loc);
+}
+
+XGRAD_API RecurrentOutput LSTM::run(const Tensor<float>& x, Tensor<float> h0, Tensor<float> c0, SourceLoc loc) {
+  xgrad::detail::OpScope scope("LSTM", loc, {x});
+  h0 = detail::recurrent_state("LSTM", x, m_input, m_hidden, h0, "h0", loc);
+  c0 = detail::recurrent_state("LSTM", x, m_input, m_hidden, c0, "c0", loc);
+  const Tensor<float> projected = matmul(x, weight_ih, false, true) + bias_ih;  // every step's input part
+  const Tensor<float> w_hh = weight_hh, b_hh = bias_hh;
+  const std::int64_t h = m_hidden;
+  auto [state, output] = scan(
+      [w_hh, b_hh, h](const std::pair<Tensor<float>, Tensor<float>>& hc, const Tensor<float>& in) {
+        const auto gates = split(in + matmul(hc.first, w_hh, false, true) + b_hh, {h, h, h, h}, 1);
+        const auto c = sigmoid(gates[1]) * hc.second + sigmoid(gates[0]) * tanh(gates[2]);
+        const auto next = sigmoid(gates[3]) * tanh(c);
+        return std::pair{std::pair{next, c}, next};
+      },
+      std::pair{h0, c0}, projected, {}, loc);
+  return {output, state.first, state.second};
+}
+
+XGRAD_API Tensor<float> LSTM::forward(Tensor<float> x) { return run(x, {}, {}, call_site()).output; }
+
+XGRAD_API GRU::GRU(std::int64_t input_size, std::int64_t hidden_size, SourceLoc loc)
+    : m_input(input_size), m_hidden(hidden_size) {
+  detail::init_recurrent(*this, "GRU", 3, input_size, hidden_size, weight_ih, weight_hh, bias_ih, bias_hh, loc);
+}
+
+XGRAD_API RecurrentOutput GRU::run(const Tensor<float>& x, Tensor<float> h0, SourceLoc loc) {
+  xgrad::detail::OpScope scope("GRU", loc, {x});
+  h0 = detail::recurrent_state("GRU", x, m_input, m_hidden, h0, "h0", loc);
+  const Tensor<float> projected = matmul(x, weight_ih, false, true) + bias_ih;
+  const Tensor<float> w_hh = weight_hh, b_hh = bias_hh;
+  const std::int64_t h = m_hidden;
+  auto [last, output] = scan(
+      [w_hh, b_hh, h](const Tensor<float>& state, const Tensor<float>& in) {
+        const auto from_input = split(in, {h, h, h}, 1);
+        const auto from_state = split(matmul(state, w_hh, false, true) + b_hh, {h, h, h}, 1);
+        const auto r = sigmoid(from_input[0] + from_state[0]);
+        const auto z = sigmoid(from_input[1] + from_state[1]);
+        const auto n = tanh(from_input[2] + r * from_state[2]);
+        const auto next = n + z * (state - n);  // (1 - z) n + z h
+        return std::pair{next, next};
+      },
+      h0, projected, {}, loc);
+  return {output, last, {}};
+}
+
+XGRAD_API Tensor<float> GRU::forward(Tensor<float> x) { return run(x, {}, call_site()).output; }
 
 XGRAD_API Tensor<float> sinusoidal_positions(std::int64_t length, std::int64_t dim, SourceLoc loc) {
   if (length < 0 || dim < 0)

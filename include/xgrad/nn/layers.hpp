@@ -1,7 +1,7 @@
 // Layers: Dense, Conv2d, MaxPool2d, AvgPool2d, ReLU, GELU, Flatten, Dropout, BatchNorm2d, Embedding,
-// LayerNorm, MultiheadAttention, TransformerEncoderLayer, Sequential. Defaults follow MindSpore 2's (Conv2d: pad_mode
-// same, no bias; weights and biases U(-b, b) with b = 1/sqrt(fan_in), as in PyTorch). Each forward is written with
-// xgrad ops, so it runs eagerly and traces alike.
+// LayerNorm, MultiheadAttention, TransformerEncoderLayer, LSTM, GRU, Sequential. Defaults follow MindSpore 2's (Conv2d:
+// pad_mode same, no bias; weights and biases U(-b, b) with b = 1/sqrt(fan_in), as in PyTorch). Each forward is written
+// with xgrad ops, so it runs eagerly and traces alike.
 #pragma once
 
 #include <cmath>
@@ -315,6 +315,50 @@ class TransformerEncoderLayer : public Module {
 
   TransformerLayerOptions m_options;
   Dropout m_dropout_attention, m_dropout_hidden, m_dropout_output;
+};
+
+/// A recurrent layer's outputs: every step's hidden state [T, N, hidden], and the last hidden
+/// (and, for an LSTM, cell) state [N, hidden].
+struct RecurrentOutput {
+  Tensor<float> output, hidden, cell;  // cell: an LSTM's only
+};
+
+/// One LSTM layer over sequence-first x [T, N, input] (PyTorch's nn.LSTM, one layer, gates
+/// i, f, g, o): i, f, o = sigmoid(.), g = tanh(.) of W_ih x_t + b_ih + W_hh h + b_hh;
+/// c' = f c + i g; h' = o tanh(c'). The input projections of every step are one matrix product
+/// first; the steps run as xgrad::scan (one graph op under jit, its gradient one more).
+/// Weights and biases U(-1/sqrt(hidden), 1/sqrt(hidden)), as PyTorch's.
+class LSTM : public Module {
+ public:
+  XGRAD_API LSTM(std::int64_t input_size, std::int64_t hidden_size, SourceLoc loc = SourceLoc::current());
+
+  /// Every step's hidden state [T, N, hidden], from zero states.
+  XGRAD_API Tensor<float> forward(Tensor<float> x) override;
+  /// From states h0 and c0 [N, hidden] (zeros where undefined), with the last states.
+  XGRAD_API RecurrentOutput run(const Tensor<float>& x, Tensor<float> h0 = {}, Tensor<float> c0 = {},
+                                SourceLoc loc = SourceLoc::current());
+
+  Parameter<float> weight_ih, weight_hh, bias_ih, bias_hh;  // [4 hidden, input], [4 hidden, hidden], [4 hidden] x 2
+
+ private:
+  std::int64_t m_input, m_hidden;
+};
+
+/// One GRU layer over sequence-first x [T, N, input] (PyTorch's nn.GRU, gates r, z, n):
+/// r, z = sigmoid(W_i. x_t + b_i. + W_h. h + b_h.), n = tanh(W_in x_t + b_in + r (W_hn h + b_hn)),
+/// h' = (1 - z) n + z h; on xgrad::scan like LSTM, initialized as PyTorch's.
+class GRU : public Module {
+ public:
+  XGRAD_API GRU(std::int64_t input_size, std::int64_t hidden_size, SourceLoc loc = SourceLoc::current());
+
+  XGRAD_API Tensor<float> forward(Tensor<float> x) override;
+  /// From state h0 [N, hidden] (zeros where undefined), with the last state.
+  XGRAD_API RecurrentOutput run(const Tensor<float>& x, Tensor<float> h0 = {}, SourceLoc loc = SourceLoc::current());
+
+  Parameter<float> weight_ih, weight_hh, bias_ih, bias_hh;  // [3 hidden, input], [3 hidden, hidden], [3 hidden] x 2
+
+ private:
+  std::int64_t m_input, m_hidden;
 };
 
 /// The sinusoidal position encodings of "Attention Is All You Need": [length, dim] with
