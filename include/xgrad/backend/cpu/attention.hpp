@@ -32,7 +32,40 @@ template <class T> AttentionWorkspace<T>& attention_workspace() {
   return ws;
 }
 
-/// x[i] = exp(x[i] - shift) for i < n; returns their sum.
+/// A row of a block of scores, BK wide, of which the first `seen` are a query's: the rest,
+/// up to a whole number of vectors, set to -inf, so the row's maximum and exponentials run on
+/// whole vectors and those entries come out as 0. Returns that whole number.
+template <class T> std::int64_t pad_row(T* x, std::int64_t seen) {
+  constexpr auto L = static_cast<std::int64_t>(simd_type<T> ? xsimd::batch<T>::size : 1);
+  const std::int64_t padded = std::min((seen + L - 1) / L * L, k_attention_block);
+  std::fill(x + seen, x + padded, -std::numeric_limits<T>::infinity());
+  return padded;
+}
+
+/// The largest of x[0..n) (n a pad_row result); NaN when a NaN is among them.
+template <class T> T row_max(const T* x, std::int64_t n) {
+  T m = -std::numeric_limits<T>::infinity();
+  std::int64_t i = 0;
+  if constexpr (simd_type<T>) {  // no batch in nvcc's device pass
+    using B = xsimd::batch<T>;
+    constexpr auto L = static_cast<std::int64_t>(B::size);
+    B acc(m);
+    for (; i + L <= n; i += L) {
+      const B v = B::load_unaligned(x + i);
+      acc = xsimd::select(v > acc, v, acc);
+    }
+    alignas(64) T lanes[L];
+    acc.store_aligned(lanes);
+    for (const T lane : lanes) m = lane > m ? lane : m;
+  }
+  for (; i < n; ++i) m = x[i] > m ? x[i] : m;
+  if (m == -std::numeric_limits<T>::infinity())  // comparisons skip NaN: look for one
+    for (std::int64_t j = 0; j < n; ++j)
+      if (std::isnan(x[j])) return x[j];
+  return m;
+}
+
+/// x[i] = exp(x[i] - shift) for i < n (n a pad_row result); returns their sum.
 template <class T> T exp_shifted(T* x, std::int64_t n, T shift) {
   T sum = 0;
   std::int64_t i = 0;
@@ -50,13 +83,6 @@ template <class T> T exp_shifted(T* x, std::int64_t n, T shift) {
   }
   for (; i < n; ++i) sum += x[i] = std::exp(x[i] - shift);
   return sum;
-}
-
-/// The largest of x[0..n), n > 0; a NaN first stays (and one later reaches the sums anyway).
-template <class T> T row_max(const T* x, std::int64_t n) {
-  T m = x[0];
-  for (std::int64_t i = 1; i < n; ++i) m = x[i] > m ? x[i] : m;
-  return m;
 }
 
 template <class T> void scale_row(T* x, std::int64_t n, T factor) {
@@ -85,16 +111,17 @@ template <class T> void attention_rows(const AttentionGeometry& g, const T* q, c
     for (std::int64_t r = 0; r < rows; ++r) {
       T* row = s + r * BK;
       const std::int64_t seen = std::clamp<std::int64_t>(g.key_end(i0 + r) - j0, 0, n);
-      std::fill(row + seen, row + n, T(0));  // keys this query does not see weigh nothing
+      const std::int64_t padded = pad_row(row, seen);
+      if (padded < n) std::fill(row + padded, row + n, T(0));  // keys this query does not see weigh nothing
       if (seen == 0) continue;
-      T m = row_max(row, seen);  // a NaN here stays, and makes the row NaN
+      T m = row_max(row, padded);  // a NaN stays, and makes the row NaN
       if (shift[r] > m) m = shift[r];
       if (m == none) {  // -inf scores only, so far: they weigh 0 beside any finite one to come
-        std::fill(row, row + seen, T(0));
+        std::fill(row, row + padded, T(0));
         continue;
       }
       const T rescale = shift[r] == none ? T(0) : std::exp(shift[r] - m);
-      total[r] = total[r] * rescale + exp_shifted(row, seen, m);
+      total[r] = total[r] * rescale + exp_shifted(row, padded, m);
       shift[r] = m;
       if (out && rescale != T(1)) scale_row(out + r * g.dv, g.dv, rescale);
     }
@@ -153,9 +180,11 @@ template <class T> void attention_backward_item(const AttentionGeometry& g, cons
       const std::int64_t rows = std::min(BK, g.tq - i0);
       gemm<T>(rows, n, g.d, scale, q + i0 * g.d, g.d, 1, k + j0 * g.d, 1, g.d, T(0), p, BK);
       for (std::int64_t r = 0; r < rows; ++r) {
+        T* row = p + r * BK;
         const std::int64_t seen = std::clamp<std::int64_t>(g.key_end(i0 + r) - j0, 0, n);
-        exp_shifted(p + r * BK, seen, lse[i0 + r]);
-        std::fill(p + r * BK + seen, p + r * BK + n, T(0));
+        const std::int64_t padded = pad_row(row, seen);
+        if (padded < n) std::fill(row + padded, row + n, T(0));
+        if (seen > 0) exp_shifted(row, padded, lse[i0 + r]);
       }
       // dv += p^T gy; d(scores) = p * (gy v^T - dot); dq += scale ds k; dk += scale ds^T q.
       gemm<T>(n, g.dv, rows, T(1), p, 1, BK, gy + i0 * g.dv, g.dv, 1, T(1), dv + j0 * g.dv, g.dv);
