@@ -1,9 +1,9 @@
-// A character-level language model on real English text: a small decoder-only transformer (token
-// and learned position embeddings, causal TransformerEncoderLayers, a final LayerNorm and a
-// linear head) trained on Debian's fortunes, eagerly and then with the whole train step compiled
-// (graph mode) from the same initial weights. Each run prints its step time and its loss and
-// bits per character on held-out text; then the eager / graph step-time ratio and a sample the
-// graph-trained model writes, a character at a time through a cache of past keys and values.
+// A character-level language model on real English text: a small decoder-only transformer
+// (xg::models::CharTransformer: token and learned position embeddings, causal
+// TransformerEncoderLayers, a final LayerNorm and a linear head) trained on Debian's fortunes, eagerly and then with
+// the whole train step compiled (graph mode) from the same initial weights. Each run prints its step time and its loss
+// and bits per character on held-out text; then the eager / graph step-time ratio and a sample the graph-trained model
+// writes, a character at a time through a cache of past keys and values.
 //
 //   char_transformer [--data PATH] [--steps N] [--seconds S] [--layers N] [--heads N] [--width N]
 //                    [--context N] [--batch N] [--lr X] [--mode eager|graph|both] [--sample N]
@@ -13,7 +13,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <memory>
-#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -93,60 +92,15 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
-/// GPT-2's layout at a small size: embeddings N(0, 0.02), pre-norm causal blocks, no dropout
-/// (a short run on a 2.6 MB corpus does not overfit).
-class CharTransformer : public xg::nn::Module {
- public:
-  CharTransformer(std::int64_t vocab, const Options& o)
-      : tokens(vocab, o.width, {.weight_init = xg::init::normal(0.02)}),
-        positions(o.context, o.width, {.weight_init = xg::init::normal(0.02)}),
-        norm(o.width),
-        head(o.width, vocab),
-        m_width(o.width) {
-    register_modules({{"tokens", &tokens}, {"positions", &positions}});
-    for (std::int64_t l = 0; l < o.layers; ++l) {
-      blocks.push_back(std::make_unique<xg::nn::TransformerEncoderLayer>(
-          o.width, o.heads,
-          xg::nn::TransformerLayerOptions{.dropout = 0.0f, .causal = true, .norm_first = true, .seed = std::nullopt}));
-      register_module("block" + std::to_string(l), *blocks.back());
-    }
-    register_modules({{"norm", &norm}, {"head", &head}});
-  }
-
-  /// Logits [N * T, vocab] for ids [N, T] at positions first, first + 1, ...; with `caches`
-  /// (one per block), the blocks attend over the positions cached before too, and cache these.
-  Tensor<float> logits(const Tensor<std::int32_t>& ids, std::int32_t first = 0,
-                       std::vector<xg::nn::KeyValueCache>* caches = nullptr) {
-    const std::int64_t n = ids.shape()[0], t = ids.shape()[1];
-    Tensor<float> x = tokens(ids) + positions(xg::arange<std::int32_t>(first, first + static_cast<std::int32_t>(t)));
-    for (std::size_t l = 0; l < blocks.size(); ++l)
-      x = caches ? blocks[l]->forward_cached(x, (*caches)[l]) : (*blocks[l])(x);
-    return head(xg::reshape(norm(x), {n * t, m_width}));
-  }
-
-  /// Mean cross-entropy of the next characters, in nats.
-  Tensor<float> loss(const Tensor<std::int32_t>& inputs, const Tensor<std::int32_t>& targets) {
-    return xg::softmax_cross_entropy(logits(inputs), xg::reshape(targets, {targets.numel()}));
-  }
-
-  xg::nn::Embedding tokens, positions;
-  std::vector<std::unique_ptr<xg::nn::TransformerEncoderLayer>> blocks;
-  xg::nn::LayerNorm norm;
-  xg::nn::Dense head;
-
- private:
-  std::int64_t m_width;
-};
-
 struct RunResult {
-  std::unique_ptr<CharTransformer> model;
+  std::unique_ptr<xg::models::CharTransformer> model;
   std::int64_t steps = 0;
   double seconds_per_step = 0;  // after the first (compiling) steps
   double held_out_loss = 0;
 };
 
 /// Mean loss over the first `windows` held-out windows, in batches.
-double held_out_loss(CharTransformer& model, const xg::data::TextDataset& text, std::int64_t batch) {
+double held_out_loss(xg::models::CharTransformer& model, const xg::data::TextDataset& text, std::int64_t batch) {
   xg::no_grad off;
   const std::int64_t windows = std::min<std::int64_t>(text.windows(xg::data::Split::test), 8 * batch);
   double total = 0;
@@ -160,8 +114,14 @@ double held_out_loss(CharTransformer& model, const xg::data::TextDataset& text, 
 RunResult train(const Options& o, const xg::data::TextDataset& text, bool graph) {
   RunResult r;
   xg::init::set_seed(o.seed);  // the same initial weights in both modes
-  r.model = std::make_unique<CharTransformer>(text.vocabulary().size(), o);
-  CharTransformer& model = *r.model;
+  r.model = std::make_unique<xg::models::CharTransformer>(
+      xg::models::CharTransformerOptions{.vocab = text.vocabulary().size(),
+                                         .context = o.context,
+                                         .width = o.width,
+                                         .heads = o.heads,
+                                         .layers = o.layers,
+                                         .dropout = 0.0f});
+  xg::models::CharTransformer& model = *r.model;
   const auto params = model.parameters();
   xg::optim::AdamW optimizer(params, o.lr, {.weight_decay = 0.01f});
   const auto schedule = xg::optim::warmup_cosine(o.lr, o.steps / 10, o.steps, o.lr / 10);
@@ -213,7 +173,7 @@ RunResult train(const Options& o, const xg::data::TextDataset& text, bool graph)
 /// `count` characters after `prompt`, a character at a time: each new position attends over
 /// the cached keys and values of the ones before (recomputed from the last half of the context
 /// when it fills up), so a character costs one position's work, not the whole sequence's.
-std::string generate(CharTransformer& model, const xg::data::Vocabulary& vocab, const std::string& prompt,
+std::string generate(xg::models::CharTransformer& model, const xg::data::Vocabulary& vocab, const std::string& prompt,
                      const Options& o) {
   xg::no_grad off;
   model.set_train(false);
@@ -257,7 +217,7 @@ int main(int argc, char** argv) {
     std::printf("graph mode is %.2fx faster a step than eager (%.1f vs %.1f ms); held-out loss %.4f vs %.4f\n",
                 eager.seconds_per_step / graph.seconds_per_step, 1e3 * graph.seconds_per_step,
                 1e3 * eager.seconds_per_step, graph.held_out_loss, eager.held_out_loss);
-  CharTransformer& model = graph.model ? *graph.model : *eager.model;
+  xg::models::CharTransformer& model = graph.model ? *graph.model : *eager.model;
   std::printf("--- a sample (temperature %.2f, top-k %lld) ---\n%s\n", o.temperature, static_cast<long long>(o.top_k),
               generate(model, text.vocabulary(), "\n", o).c_str());
 }

@@ -1,2 +1,3 @@
 // xgrad::compiled: the model zoo (include/xgrad/models), compiled once.
+#include "xgrad/models/char_transformer-inl.hpp"
 #include "xgrad/models/lenet5-inl.hpp"

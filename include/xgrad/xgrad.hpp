@@ -7,5 +7,6 @@
 #include "xgrad/data.hpp"
 #include "xgrad/distributed.hpp"
 #include "xgrad/jit.hpp"
+#include "xgrad/models/char_transformer.hpp"
 #include "xgrad/models/lenet5.hpp"
 #include "xgrad/nn.hpp"

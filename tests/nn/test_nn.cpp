@@ -1090,3 +1090,36 @@ TEST_CASE("nn: sample draws tokens by temperature and top-k") {
   CHECK_THROWS_AS(xg::nn::sample(xg::ones<float>({4}), {}, gen), xg::ValueError);
   CHECK_THROWS_AS(xg::nn::sample(xg::tensor<float>({1, NAN}, {1, 2}), {}, gen), xg::ValueError);
 }
+
+TEST_CASE("models: CharTransformer's logits, loss, cache and errors") {
+  xg::models::CharTransformer model({.vocab = 11, .context = 8, .width = 16, .heads = 2, .layers = 2});
+  CHECK(model.blocks.size() == 2);
+  CHECK(model.named_parameters().size() == 2 + 2 * 12 + 2 + 2);  // embeddings, blocks, norm, head
+  const auto ids = xg::tensor<std::int32_t>({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 0, 1}, {2, 6});
+  const auto logits = model.logits(ids);
+  CHECK(logits.shape() == xg::Shape{12, 11});
+  // The loss is the mean cross-entropy of those logits against the targets.
+  const auto targets = xg::tensor<std::int32_t>({2, 3, 4, 5, 6, 7, 8, 9, 10, 0, 1, 2}, {2, 6});
+  CHECK(model.loss(ids, targets).item() ==
+        doctest::Approx(xg::softmax_cross_entropy(logits, xg::reshape(targets, {12})).item()));
+  // Position by position through the caches: the same logits.
+  std::vector<xg::nn::KeyValueCache> caches(2);
+  for (std::int32_t t = 0; t < 6; ++t) {
+    const auto step = model.logits(xg::slice(ids, {0, t}, {2, 1}), t, &caches);
+    for (std::int64_t row = 0; row < 2; ++row)
+      check_values(xg::slice(step, {row, 0}, {1, 11}), values(xg::slice(logits, {row * 6 + t, 0}, {1, 11})), 1e-4);
+  }
+  // A few steps of Adam lower the loss.
+  auto params = model.parameters();
+  xg::optim::Adam adam(params, 1e-2f);
+  const float first = model.loss(ids, targets).item();
+  for (int s = 0; s < 20; ++s) {
+    auto [loss, grads] = xg::value_and_grad([&] { return model.loss(ids, targets); }, params)();
+    adam.step(grads);
+  }
+  CHECK(model.loss(ids, targets).item() < 0.5f * first);
+  CHECK(xg::testing::contains(xg::testing::message_of<xg::ShapeError>([&] { model.logits(ids, 3); }),
+                              "CharTransformer: ids must be [N, T] at positions first (3) to first + T <= 8"));
+  std::vector<xg::nn::KeyValueCache> wrong(1);
+  CHECK_THROWS_AS(model.logits(ids, 0, &wrong), xg::ValueError);
+}
