@@ -31,6 +31,7 @@ import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+CPU_ONLY_SUITES = ("attention", "seq_step")
 sys.path.insert(0, HERE)
 import report  # noqa: E402
 from workloads import PEER_IMPORT, PEER_MODES, PEER_REFERENCES, SUITES, WORKLOADS  # noqa: E402
@@ -279,8 +280,14 @@ def main():
         for suite in suites:
             log(f"run_suite: round {round_index + 1}/{rounds}, {suite}")
             # data_parallel: alone on the cpu, then as 2 processes under mpirun (when built with MPI).
-            launches = [(d, None) for d in devices] if suite != "data_parallel" else \
-                [("cpu", None)] + ([("cpu", 2)] if has_mpi else [])
+            # The sequence-model suites on the cpu only: Thrust's host systems run attention a
+            # query row per call, seconds per train step, which says nothing about a GPU.
+            if suite == "data_parallel":
+                launches = [("cpu", None)] + ([("cpu", 2)] if has_mpi else [])
+            elif suite in CPU_ONLY_SUITES:
+                launches = [("cpu", None)] if "cpu" in devices else []
+            else:
+                launches = [(d, None) for d in devices]
             for device, processes in launches:
                 answers, found = run_xgrad_bench(args.bench, suite, min_time, device, args.out, processes)
                 problems += [p for p in found if p not in problems]

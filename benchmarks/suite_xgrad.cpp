@@ -404,6 +404,22 @@ void register_attention() {
   }
 }
 
+// ---- seq_step: the character-level transformer's train step ---------------------------------------
+
+void register_seq_step() {
+  // examples/char_transformer.cpp's step (workloads.hpp, CharTransformerStep) on one fixed batch
+  // of random ids: eagerly, and the whole step under xg::jit.
+  register_xgrad("seq_step", "char_transformer_b32", 1, kEagerAndJit, [](Impl impl) -> Call {
+    auto step = std::make_shared<CharTransformerStep>(1);
+    return tensor_call(
+        impl, "char_transformer_step",
+        [step](const xg::Tensor<std::int32_t>& inputs, const xg::Tensor<std::int32_t>& targets) {
+          return (*step)(inputs, targets);
+        },
+        char_ids(1), char_ids(2));
+  });
+}
+
 }  // namespace
 
 const xgrad::bench::LeNetBatch& xgrad::bench::lenet_batch() {
@@ -430,6 +446,7 @@ const bool kSuiteRegistered = [] {
   register_training();
   register_transforms();
   register_attention();
+  register_seq_step();
   return true;
 }();
 

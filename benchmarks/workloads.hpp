@@ -119,4 +119,53 @@ struct MlpBatch {
   }
 };
 
+// ---- the character-level transformer's train step ------------------------------------------------
+
+/// The seq_step suite's model (workloads.py, CHAR_TRANSFORMER): vocabulary 114 (the fortunes' byte
+/// vocabulary in examples/char_transformer.cpp), context 128, width 128, 4 heads, 4 layers, no
+/// dropout; batches of 32 windows of 128 ids.
+inline constexpr models::CharTransformerOptions kCharTransformer{
+    .vocab = 114, .context = 128, .width = 128, .heads = 4, .layers = 4, .dropout = 0.0f};
+inline constexpr std::int64_t kCharBatch = 32;
+
+/// SplitMix64's output function: a well-mixed 64-bit hash of x.
+inline std::uint64_t splitmix64(std::uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+/// A fixed batch of ids [kCharBatch, context] in [0, vocab): id i (row-major) is
+/// splitmix64((seed << 32) + i) mod vocab, as workloads.py's char_ids gives them to the peers.
+inline Tensor<std::int32_t> char_ids(std::uint64_t seed) {
+  const std::int64_t n = kCharBatch * kCharTransformer.context;
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(n));
+  for (std::size_t i = 0; i < ids.size(); ++i)
+    ids[i] =
+        static_cast<std::int32_t>(splitmix64((seed << 32) + i) % static_cast<std::uint64_t>(kCharTransformer.vocab));
+  return tensor<std::int32_t>(ids, {kCharBatch, kCharTransformer.context});
+}
+
+/// The char transformer's train step as examples/char_transformer.cpp's train() runs it, the same
+/// code eagerly and under jit: value_and_grad of the mean cross-entropy over every parameter,
+/// gradients clipped to global norm 1, AdamW (lr 3e-3, weight decay 0.01). Weights from
+/// init::set_seed(seed).
+struct CharTransformerStep {
+  models::CharTransformer model;
+  std::vector<Parameter<float>> params;
+  optim::AdamW optimizer;
+
+  explicit CharTransformerStep(std::uint64_t seed)
+      : model((init::set_seed(seed), kCharTransformer)),
+        params(model.parameters()),
+        optimizer(params, 3e-3f, {.weight_decay = 0.01f}) {}
+
+  Tensor<float> operator()(const Tensor<std::int32_t>& inputs, const Tensor<std::int32_t>& targets) {
+    auto [loss, grads] = value_and_grad([&] { return model.loss(inputs, targets); }, params)();
+    optimizer.step(optim::clip_by_global_norm(grads, 1.0f).grads);
+    return loss;
+  }
+};
+
 }  // namespace xgrad::bench

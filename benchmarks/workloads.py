@@ -51,6 +51,8 @@ SUITES = {
                   "(jvp), each against the plain way of computing the same (a loop of gradients, forward calls)",
     "attention": "causal scaled dot-product attention, q, k, v f32[B, H, T, D] (scale 1 / sqrt(D)): the forward, and "
                  "the gradients of sum(attention(q, k, v) * w) with respect to q, k and v",
+    "seq_step": "a character-level transformer language model's train step (examples/char_transformer.cpp): forward, "
+                "mean cross-entropy, backward, gradients clipped to global norm 1, AdamW (lr 3e-3, weight decay 0.01)",
 }
 
 def mlp_step_flops(widths, batch):
@@ -94,6 +96,40 @@ def attention_workloads():
                               f"d/dq, d/dk, d/dv sum(attention(q, k, v) * w), {dims}{on}", threads=threads,
                               flops=attention_flops(shape, True))]
     return rows
+
+
+# The seq_step suite's char transformer (models::CharTransformer; PyTorch: peers/char_transformer.py) and
+# batch: vocabulary 114 (the fortunes' bytes in examples/char_transformer.cpp), no dropout; 32 windows.
+CHAR_TRANSFORMER = {"vocab": 114, "context": 128, "width": 128, "heads": 4, "layers": 4}
+CHAR_BATCH = 32
+
+
+def char_transformer_step_flops(vocab, context, width, heads, layers, batch):
+    """The char transformer's train step's matmul FLOPs. The forward: per layer and token the
+    projections to q, k, v (width x 3 width), the attention's output projection (width x width)
+    and the feed-forward part's two (width x 4 width each); the head (width x vocab) per token;
+    causal attention over the batch's windows (attention_flops: q k^T and p v over the query-key
+    pairs the mask keeps, heads of width / heads). The backward counted as twice the forward
+    (each product's two gradients): the step is 3 times the forward. Embeddings, norms and
+    elementwise ops aside."""
+    tokens = batch * context
+    per_token = layers * (width * 3 * width + width * width + 2 * width * 4 * width) + width * vocab
+    attention = layers * attention_flops((batch, heads, context, width // heads), False)
+    return 3 * (2 * tokens * per_token + attention)
+
+
+def char_ids(seed):
+    """A fixed batch of CHAR_BATCH windows of context ids in [0, vocab), as a flat row-major list:
+    id i is splitmix64((seed << 32) + i) mod vocab, the same as xgrad_bench's (workloads.hpp,
+    char_ids). Inputs are char_ids(1), targets char_ids(2)."""
+    mask = (1 << 64) - 1
+    ids = []
+    for i in range(CHAR_BATCH * CHAR_TRANSFORMER["context"]):
+        x = (((seed << 32) + i) + 0x9E3779B97F4A7C15) & mask
+        x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & mask
+        x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & mask
+        ids.append((x ^ (x >> 31)) % CHAR_TRANSFORMER["vocab"])
+    return ids
 
 
 FMA_FLOPS_PER_THREAD = 2**25  # include/xgrad/backend/cpu/peak.hpp, kFmaChainFlops
@@ -151,6 +187,9 @@ WORKLOADS = [
              "references: one forward call, and a finite difference (f(x + h t) - f(x)) / h",
              references=("forward", "fd_pair")),
     *attention_workloads(),
+    Workload("seq_step", "char_transformer_b32",
+             "char transformer (vocabulary 114, context 128, width 128, 4 heads, 4 pre-norm causal layers), batch 32 "
+             "windows of 128 ids", flops=char_transformer_step_flops(**CHAR_TRANSFORMER, batch=CHAR_BATCH)),
 ]
 
 BY_KEY = {w.key: w for w in WORKLOADS}

@@ -121,6 +121,8 @@ def make_call(workload, mode, threads):
         return compile_afresh
     if workload.suite == "transforms":
         raise Unsupported("the transforms suite has no MindSpore implementation yet")
+    if workload.suite == "seq_step":
+        raise Unsupported("no MindSpore char transformer yet (peers/char_transformer.py's model is PyTorch's)")
     if workload.suite == "attention":
         raise Unsupported("MindSpore's fused attention (ops.flash_attention_score) runs on Ascend only, not the CPU")
     if workload.suite in ("mlp_step", "lenet5_step"):

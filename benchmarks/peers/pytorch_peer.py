@@ -6,7 +6,7 @@ import types
 
 import harness
 from harness import Unsupported
-from workloads import fashion_mnist_batch, mlp_widths
+from workloads import CHAR_BATCH, CHAR_TRANSFORMER, char_ids, fashion_mnist_batch, mlp_widths
 
 torch = None  # imported in version_of, so a missing PyTorch is reported, not raised at import
 
@@ -111,6 +111,30 @@ def model_step(workload):
     return train_step(mlp(widths), inputs, torch.arange(batch) * 7 % widths[-1])
 
 
+def char_transformer_step():
+    """The seq_step workload: char_transformer.py's CharTransformer (this directory; the model
+    examples/char_transformer.cpp trains) and its recipe's step on one fixed batch of ids (workloads.py,
+    char_ids): mean cross-entropy, backward, gradients clipped to global norm 1, AdamW (lr 3e-3, weight
+    decay 0.01)."""
+    from char_transformer import CharTransformer  # imports torch: only once configure has
+
+    torch.manual_seed(1)
+    model = CharTransformer(**CHAR_TRANSFORMER)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
+    shape = (CHAR_BATCH, CHAR_TRANSFORMER["context"])
+    inputs, targets = (torch.tensor(char_ids(seed), dtype=torch.int64).reshape(shape) for seed in (1, 2))
+
+    def step():
+        loss = torch.nn.functional.cross_entropy(model(inputs).flatten(0, 1), targets.flatten())
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        return loss
+
+    return step
+
+
 def gradient_loop():
     """The per-example gradients' reference: one torch.autograd.grad call per example."""
     loss, params, xs, labels = harness.per_example_problem(primitives())
@@ -140,8 +164,8 @@ def make_call(workload, mode, threads):
             return torch.compile(model_step(workload))()
 
         return compile_afresh
-    if workload.suite in ("mlp_step", "lenet5_step"):
-        step = model_step(workload)
+    if workload.suite in ("mlp_step", "lenet5_step", "seq_step"):
+        step = char_transformer_step() if workload.suite == "seq_step" else model_step(workload)
         return step if mode == "eager" else torch.compile(step)
     f, inputs = harness.function_and_inputs(workload, primitives())
     if mode == "compile":
