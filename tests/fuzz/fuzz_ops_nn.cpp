@@ -1,6 +1,8 @@
-// The third part of fuzz_ops' table (fuzz_ops.cpp has the harness): the layers, losses and
-// optimizers of xgrad::nn, the control-flow ops and jit's configuration, each built from
+// The third part of fuzz_ops' table (fuzz_ops.cpp has the harness): the layers, losses,
+// optimizers and sampling of xgrad::nn, the control-flow ops and jit's configuration, each built from
 // fuzzer-chosen sizes and options and then called. One row per public class or function.
+#include <random>
+
 #include "fuzz_ops.hpp"
 
 namespace xgrad::fuzz::ops {
@@ -34,6 +36,10 @@ I64 loop_bound(In& in) {
 
 xg::Reduction any_reduction(In& in) { return static_cast<xg::Reduction>(in.pick(3)); }
 
+/// Whether a loop over xs's leading axis takes few steps: an empty tensor's leading axis may be
+/// 2^40, and a loop asked to run that often is slow, not wrong (as loop_range says).
+bool few_steps(const xg::TensorBase& xs) { return xs.ndim() == 0 || xs.shape()[0] <= 64; }
+
 }  // namespace
 
 // clang-format off
@@ -44,6 +50,13 @@ const std::vector<Row> kRowsNn = {
     ROW("nn::BatchNorm2d", kF32, I64 c = small_or_any(in); xg::nn::BatchNormOptions o{in.value<float>(), in.value<float>()}; auto layer = std::make_shared<xg::nn::BatchNorm2d>(c, o); layer->set_train(in.flag()); in.run([layer](const Tn<float>& x) { return (*layer)(x); }, in.tensor<float>())),
     ROW("nn::LayerNorm", kF32, I64 n = small_or_any(in); xg::nn::LayerNormOptions o{in.value<float>(), in.flag()}; auto layer = std::make_shared<xg::nn::LayerNorm>(n, o); in.run([layer](const Tn<float>& x) { return (*layer)(x); }, in.tensor<float>())),
     ROW("nn::GELU", kF32, auto layer = std::make_shared<xg::nn::GELU>(in.flag() ? xg::GeluApproximation::tanh : xg::GeluApproximation::none); in.run([layer](const Tn<float>& x) { return (*layer)(x); }, in.tensor<float>())),
+    ROW("nn::MultiheadAttention", kF32, I64 e = small_or_any(in), h = small_or_any(in); xg::nn::MultiheadAttentionOptions o{.causal = in.flag(), .dropout = in.value<float>(), .has_bias = in.flag(), .seed = 1}; auto layer = std::make_shared<xg::nn::MultiheadAttention>(e, h, o); layer->set_train(in.flag()); if (in.flag()) in.run([layer](const Tn<float>& x) { return (*layer)(x); }, in.tensor<float>()); else in.run([layer](const Tn<float>& x, const Tn<float>& m) { return (*layer)(x, m); }, in.tensor<float>(), in.tensor<float>())),
+    ROW("nn::MultiheadAttention(cached)", kF32, I64 e = small_or_any(in), h = small_or_any(in); auto layer = std::make_shared<xg::nn::MultiheadAttention>(e, h, xg::nn::MultiheadAttentionOptions{.causal = in.flag(), .dropout = 0.0f, .has_bias = true, .seed = 1}); auto a = in.tensor<float>(), b = in.tensor<float>(); in.run_eager([layer](const Tn<float>& x, const Tn<float>& y) { xg::nn::KeyValueCache cache; layer->forward_cached(x, cache); return layer->forward_cached(y, cache); }, a, b)),
+    ROW("nn::TransformerEncoderLayer", kF32, I64 e = small_or_any(in), h = small_or_any(in); xg::nn::TransformerLayerOptions o{.feedforward = small_or_any(in), .dropout = in.value<float>(), .causal = in.flag(), .norm_first = in.flag(), .activation = in.flag() ? xg::GeluApproximation::tanh : xg::GeluApproximation::none, .eps = in.value<float>(), .seed = 1}; auto layer = std::make_shared<xg::nn::TransformerEncoderLayer>(e, h, o); in.run([layer](const Tn<float>& x) { return (*layer)(x); }, in.tensor<float>())),
+    ROW("nn::LSTM", kF32, auto layer = std::make_shared<xg::nn::LSTM>(small_or_any(in), small_or_any(in)); auto x = in.tensor<float>(); if (!few_steps(x)) return; in.run([layer](const Tn<float>& x) { return (*layer)(x); }, x)),
+    ROW("nn::GRU", kF32, auto layer = std::make_shared<xg::nn::GRU>(small_or_any(in), small_or_any(in)); auto x = in.tensor<float>(); if (!few_steps(x)) return; auto h0 = in.flag() ? in.tensor<float>() : Tn<float>(); in.run([layer, h0](const Tn<float>& x) { return layer->run(x, h0).output; }, x)),
+    ROW("nn::sinusoidal_positions", kF32, I64 n = small_or_any(in), d = small_or_any(in); in.run_eager([n, d] { return xg::nn::sinusoidal_positions(n, d); })),
+    ROW("nn::sample", kF32, xg::nn::SamplingOptions o{.temperature = in.value<float>(), .top_k = small_or_any(in)}; std::uint64_t seed = in.u8(); in.run_eager([o, seed](const Tn<float>& logits) { std::mt19937_64 gen(seed); return xg::nn::sample(logits, o, gen); }, in.tensor<float>())),
     ROW("nn::Sequential", kF32, auto seq = std::make_shared<xg::nn::Sequential>(); seq->emplace<xg::nn::Dense>(small_or_any(in), small_or_any(in)); seq->emplace<xg::nn::Dense>(small_or_any(in), small_or_any(in)); in.run([seq](const Tn<float>& x) { return (*seq)(x); }, in.tensor<float>())),
 
     // Losses (nn/loss.hpp): labels of any dtype and shape reach them as a TensorBase.
@@ -60,6 +73,7 @@ const std::vector<Row> kRowsNn = {
     // Control flow (jit/control_flow.hpp): eagerly C++ loops, traced single nodes.
     ROW("fori_loop", kFloat, const auto range = loop_range(in); const I64 lo = range.first, hi = range.second; in.run([lo, hi](const Tn<T>& x) { return xg::fori_loop(lo, hi, [](xg::Tensor<I32> i, const Tn<T>& c) { return c * T(0.5) + xg::cast<T>(i); }, x); }, in.tensor<T>())),
     ROW("while_loop", kFloat, I64 bound = loop_bound(in); T limit = in.value<T>(); in.run([bound, limit](const Tn<T>& x) { return xg::while_loop([limit](const Tn<T>& c) { return xg::sum(c) < limit; }, [](const Tn<T>& c) { return c * T(2) + T(1); }, x, {.max_iters = bound}); }, in.tensor<T>())),
+    ROW("scan", kFloat, bool reverse = in.flag(); auto c = in.tensor<T>(); auto xs = in.tensor<T>(); if (!few_steps(xs)) return; in.run([reverse](const Tn<T>& c, const Tn<T>& xs) { auto [last, ys] = xg::scan([](const Tn<T>& carry, const Tn<T>& x) { auto next = xg::tanh(carry + x); return std::pair{next, next * T(2)}; }, c, xs, {.reverse = reverse}); return ys; }, c, xs)),
     ROW("cond", kNum, in.run([](const Tn<bool>& p, const Tn<T>& x, const Tn<T>& y) { return xg::cond(p, [](const Tn<T>& a, const Tn<T>& b) { return a + b; }, [](const Tn<T>& a, const Tn<T>& b) { return a - b; }, x, y); }, in.tensor<bool>(), in.tensor<T>(), in.tensor<T>())),
 
     // jit's configuration (jit/jit.hpp): any level, retrace limit and name.

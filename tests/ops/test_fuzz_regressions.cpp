@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <random>
 #include <vector>
 
 #include <xgrad/xgrad.hpp>
@@ -114,4 +115,17 @@ TEST_CASE("fuzz regression: cumsum, take, slice and its gradient with an empty r
   CHECK(xg::slice(xg::zeros<std::int64_t>({0, far}), {0, far}, {0, 0}).numel() == 0);
   // split's sizes add up without overflowing (UBSan under fuzz_ops).
   CHECK_THROWS_AS(xg::split(xg::ones<float>({3}), {2, std::numeric_limits<std::int64_t>::max() - 1}), xg::ShapeError);
+}
+
+TEST_CASE("fuzz regression: sampling no rows, and position tables of no or wide extent, allocate nothing extra") {
+  // regress-sample-no-rows-huge-vocab: logits [0, 2^40] have no row to draw for.
+  std::mt19937_64 gen(1);
+  CHECK(xg::nn::sample(xg::zeros<float>({0, std::int64_t{1} << 40}), {}, gen).shape() == xg::Shape{0});
+  // regress-sinusoidal-positions-wide: no scratch the size of a row; an empty table at once.
+  CHECK(xg::nn::sinusoidal_positions(0, std::int64_t{1} << 40).shape() == xg::Shape{0, std::int64_t{1} << 40});
+  const auto wide = xg::nn::sinusoidal_positions(2, 1 << 16).to_vector();
+  CHECK(wide[1] == 1.0f);  // cos 0
+  CHECK(wide[(1 << 16) + 0] == doctest::Approx(std::sin(1.0)));
+  // regress-lstm-empty-input-far-steps is a fuzz-harness bound (a loop of 2^31 empty steps is
+  // slow, not wrong): fuzz_ops_nn.cpp's few_steps.
 }

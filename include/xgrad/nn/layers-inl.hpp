@@ -410,13 +410,17 @@ XGRAD_API Tensor<float> sinusoidal_positions(std::int64_t length, std::int64_t d
   if (length < 0 || dim < 0)
     throw_value_error("sinusoidal_positions", loc, "length and dim must be >= 0, got ", length, " and ", dim);
   xgrad::detail::checked_mul("sinusoidal_positions", loc, "length * dim", length, dim);
-  std::vector<float> table(static_cast<std::size_t>(length * dim));
-  for (std::int64_t p = 0; p < length; ++p)
-    for (std::int64_t c = 0; c < dim; ++c) {
-      const double angle = static_cast<double>(p) / std::pow(10000.0, static_cast<double>(c / 2 * 2) / dim);
-      table[static_cast<std::size_t>(p * dim + c)] = static_cast<float>(c % 2 == 0 ? std::sin(angle) : std::cos(angle));
+  auto table = Tensor<float>::empty({length, dim});
+  if (table.numel() == 0) return table;  // the other extent may be huge then
+  float* out = table.data();
+  for (std::int64_t c = 0; c < dim; ++c) {  // a column at a time: one power per column, no scratch
+    const double frequency = std::pow(10000.0, -static_cast<double>(c / 2 * 2) / static_cast<double>(dim));
+    for (std::int64_t p = 0; p < length; ++p) {
+      const double angle = static_cast<double>(p) * frequency;
+      out[p * dim + c] = static_cast<float>(c % 2 == 0 ? std::sin(angle) : std::cos(angle));
     }
-  return tensor<float>(table, {length, dim});
+  }
+  return table;
 }
 
 XGRAD_API BatchNorm2d::BatchNorm2d(std::int64_t num_features, BatchNormOptions options, SourceLoc loc)

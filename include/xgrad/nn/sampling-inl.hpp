@@ -21,6 +21,7 @@ XGRAD_API Tensor<std::int32_t> sample(const Tensor<float>& logits, SamplingOptio
     throw_value_error("sample", loc, "temperature must be >= 0, got ", options.temperature);
   if (options.top_k < 0) throw_value_error("sample", loc, "top_k must be >= 0 (0: every token), got ", options.top_k);
   const std::int64_t rows = logits.shape()[0], vocab = logits.shape()[1];
+  if (rows == 0) return zeros<std::int32_t>({0});  // vocab may be huge then
   const auto k = static_cast<std::size_t>(options.top_k == 0 ? vocab : std::min(options.top_k, vocab));
   const std::vector<float> values = logits.to_vector();
   std::vector<std::int32_t> ids(static_cast<std::size_t>(rows));
