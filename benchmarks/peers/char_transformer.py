@@ -79,6 +79,19 @@ class CharTransformer(torch.nn.Module):
         return self.head(self.norm(x))
 
 
+def train_step(model, optimizer):
+    """The recipe's step on a batch: mean cross-entropy, backward, clipping to norm 1, the update."""
+    def step(inputs, targets):
+        loss = torch.nn.functional.cross_entropy(model(inputs).flatten(0, 1), targets.flatten())
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        return loss
+
+    return step
+
+
 def learning_rate(step, base, steps):
     """xgrad's optim::warmup_cosine(base, steps / 10, steps, base / 10)."""
     warmup, low = steps // 10, base / 10
@@ -119,14 +132,7 @@ def main():
     model = CharTransformer(len(chars), args.context, args.width, args.heads, args.layers)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
 
-    def step(inputs, targets):
-        loss = torch.nn.functional.cross_entropy(model(inputs).flatten(0, 1), targets.flatten())
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        return loss
-
+    step = train_step(model, optimizer)
     run = torch.compile(step) if args.compile else step
     done, untimed, timed_from, start = 0, 3, None, time.perf_counter()
     epoch = 0

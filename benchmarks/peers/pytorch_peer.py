@@ -116,7 +116,7 @@ def char_transformer_step():
     examples/char_transformer.cpp trains) and its recipe's step on one fixed batch of ids (workloads.py,
     char_ids): mean cross-entropy, backward, gradients clipped to global norm 1, AdamW (lr 3e-3, weight
     decay 0.01)."""
-    from char_transformer import CharTransformer  # imports torch: only once configure has
+    from char_transformer import CharTransformer, train_step  # imports torch: only once configure has
 
     torch.manual_seed(1)
     model = CharTransformer(**CHAR_TRANSFORMER)
@@ -124,15 +124,8 @@ def char_transformer_step():
     shape = (CHAR_BATCH, CHAR_TRANSFORMER["context"])
     inputs, targets = (torch.tensor(char_ids(seed), dtype=torch.int64).reshape(shape) for seed in (1, 2))
 
-    def step():
-        loss = torch.nn.functional.cross_entropy(model(inputs).flatten(0, 1), targets.flatten())
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        return loss
-
-    return step
+    step = train_step(model, optimizer)
+    return lambda: step(inputs, targets)
 
 
 def gradient_loop():

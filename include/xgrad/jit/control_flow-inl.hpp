@@ -11,7 +11,6 @@
 #include <vector>
 
 #include "xgrad/jit/control_flow.hpp"
-#include "xgrad/ops/dispatch.hpp"
 #include "xgrad/ops/manipulation.hpp"
 #include "xgrad/ops/record.hpp"
 #include "xgrad/ops/reduce.hpp"

@@ -23,6 +23,7 @@
 #include "xgrad/core/tape.hpp"
 #include "xgrad/core/tensor.hpp"
 #include "xgrad/ir/tracer.hpp"
+#include "xgrad/ops/manipulation.hpp"
 #include "xgrad/ops/record.hpp"
 
 namespace xgrad {
@@ -113,14 +114,6 @@ template <class T> Tensor<T> fold_batch(const Tensor<T>& t, bool is_batched, std
 }
 
 template <class R, class Def, class... In> Tensor<R> apply(const Def& def, SourceLoc loc, const Tensor<In>&... inputs);
-
-/// Value b of a batch (on axis 0).
-template <class T> Tensor<T> value_of_batch(const Tensor<T>& batch, std::int64_t b, SourceLoc loc) {
-  std::vector<std::int64_t> begin(static_cast<std::size_t>(batch.ndim()), 0), size = batch.shape().to_vector();
-  begin[0] = b;
-  size[0] = 1;
-  return reshape(slice(batch, begin, size, loc), std::vector<std::int64_t>(size.begin() + 1, size.end()), loc);
-}
 
 /// The size of a batching rule's batch: axis 0 of its batched inputs.
 template <class... In> std::int64_t batch_size(std::span<const bool> batched, const Tensor<In>&... inputs) {

@@ -69,46 +69,53 @@ template <class T> struct AttentionDotFn {
   XGRAD_HD void operator()(std::int64_t row) const { dots[row] = dot(gy + row * dv, out + row * dv, dv); }
 };
 
-/// Query row `row`'s gradient: dq_i = scale sum_j p_ij (gy_i . v_j - dot_i) k_j.
-template <class T> struct AttentionQueryGradFn {
+/// What the gradients' functors read, and the probability and score gradient of a query-key
+/// pair: p = exp(scale q.k - lse), ds = p (gy.v - dot).
+template <class T> struct AttentionGradParts {
   cpu::AttentionGeometry g;
   const T *q, *k, *v, *gy, *lse, *dots;
   T* grads;
+  struct Pair {
+    T p, ds;
+  };
+  /// Query row qrow (b * tq + i) with key row krow (b * tk + j).
+  XGRAD_HD Pair pair(std::int64_t qrow, std::int64_t krow) const {
+    const T p = std::exp(static_cast<T>(g.scale) * dot(q + qrow * g.d, k + krow * g.d, g.d) - lse[qrow]);
+    return {p, p * (dot(gy + qrow * g.dv, v + krow * g.dv, g.dv) - dots[qrow])};
+  }
+};
+
+/// Query row `row`'s gradient: dq_i = scale sum_j ds_ij k_j.
+template <class T> struct AttentionQueryGradFn : AttentionGradParts<T> {
   XGRAD_HD void operator()(std::int64_t row) const {
+    const cpu::AttentionGeometry& g = this->g;
     const std::int64_t b = row / g.tq, i = row % g.tq;
-    const T* kb = k + b * g.tk * g.d;
-    const T* vb = v + b * g.tk * g.dv;
-    T* dq = grads + b * g.grads_size() + i * g.d;
+    T* dq = this->grads + b * g.grads_size() + i * g.d;
     for (std::int64_t c = 0; c < g.d; ++c) dq[c] = T(0);
     const T scale = static_cast<T>(g.scale);
     for (std::int64_t j = 0; j < g.key_end(i); ++j) {
-      const T p = std::exp(scale * dot(q + row * g.d, kb + j * g.d, g.d) - lse[row]);
-      const T ds = p * (dot(gy + row * g.dv, vb + j * g.dv, g.dv) - dots[row]);
-      for (std::int64_t c = 0; c < g.d; ++c) dq[c] += scale * ds * kb[j * g.d + c];
+      const T ds = this->pair(row, b * g.tk + j).ds;
+      for (std::int64_t c = 0; c < g.d; ++c) dq[c] += scale * ds * this->k[(b * g.tk + j) * g.d + c];
     }
   }
 };
 
-/// Key row `row`'s gradients: dv_j = sum_i p_ij gy_i, dk_j = scale sum_i p_ij (gy_i . v_j -
-/// dot_i) q_i, over the queries that see key j.
-template <class T> struct AttentionKeyGradFn {
-  cpu::AttentionGeometry g;
-  const T *q, *k, *v, *gy, *lse, *dots;
-  T* grads;
+/// Key row `row`'s gradients: dv_j = sum_i p_ij gy_i, dk_j = scale sum_i ds_ij q_i, over the
+/// queries that see key j.
+template <class T> struct AttentionKeyGradFn : AttentionGradParts<T> {
   XGRAD_HD void operator()(std::int64_t row) const {
+    const cpu::AttentionGeometry& g = this->g;
     const std::int64_t b = row / g.tk, j = row % g.tk;
-    T* dk = grads + b * g.grads_size() + g.tq * g.d + j * g.d;
-    T* dv = grads + b * g.grads_size() + g.tq * g.d + g.tk * g.d + j * g.dv;
+    T* dk = this->grads + b * g.grads_size() + g.tq * g.d + j * g.d;
+    T* dv = this->grads + b * g.grads_size() + g.tq * g.d + g.tk * g.d + j * g.dv;
     for (std::int64_t c = 0; c < g.d; ++c) dk[c] = T(0);
     for (std::int64_t c = 0; c < g.dv; ++c) dv[c] = T(0);
     const T scale = static_cast<T>(g.scale);
     for (std::int64_t i = g.query_begin(j); i < g.tq; ++i) {
       const std::int64_t qrow = b * g.tq + i;
-      const T p = std::exp(scale * dot(q + qrow * g.d, k + row * g.d, g.d) - lse[qrow]);
-      const T* gyi = gy + qrow * g.dv;
-      const T ds = p * (dot(gyi, v + row * g.dv, g.dv) - dots[qrow]);
-      for (std::int64_t c = 0; c < g.dv; ++c) dv[c] += p * gyi[c];
-      for (std::int64_t c = 0; c < g.d; ++c) dk[c] += scale * ds * q[qrow * g.d + c];
+      const auto [p, ds] = this->pair(qrow, row);
+      for (std::int64_t c = 0; c < g.dv; ++c) dv[c] += p * this->gy[qrow * g.dv + c];
+      for (std::int64_t c = 0; c < g.d; ++c) dk[c] += scale * ds * this->q[qrow * g.d + c];
     }
   }
 };
@@ -131,9 +138,9 @@ template <class T> void attention_backward(const cpu::AttentionGeometry& g, cons
                    detail::AttentionRowFn<T>{g, q, k, nullptr, nullptr, lse.data()});
   thrust::for_each(thrust::device, first, first + queries, detail::AttentionDotFn<T>{g.dv, gy, out, dots.data()});
   thrust::for_each(thrust::device, first, first + queries,
-                   detail::AttentionQueryGradFn<T>{g, q, k, v, gy, lse.data(), dots.data(), grads});
+                   detail::AttentionQueryGradFn<T>{{g, q, k, v, gy, lse.data(), dots.data(), grads}});
   thrust::for_each(thrust::device, first, first + g.batch * g.tk,
-                   detail::AttentionKeyGradFn<T>{g, q, k, v, gy, lse.data(), dots.data(), grads});
+                   detail::AttentionKeyGradFn<T>{{g, q, k, v, gy, lse.data(), dots.data(), grads}});
 }
 
 }  // namespace xgrad::thrust_backend
