@@ -23,7 +23,6 @@
 #include "xgrad/core/tape.hpp"
 #include "xgrad/core/tensor.hpp"
 #include "xgrad/ir/tracer.hpp"
-#include "xgrad/ops/manipulation.hpp"
 #include "xgrad/ops/record.hpp"
 
 namespace xgrad {

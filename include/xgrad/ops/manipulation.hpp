@@ -80,16 +80,6 @@ Tensor<T> stack(const std::vector<Tensor<T>>& xs, std::int64_t axis = 0, SourceL
 /// Converts element type; the gradient converts back.
 template <Element U, Element T> Tensor<U> cast(const Tensor<T>& x, SourceLoc loc = SourceLoc::current());
 
-namespace detail {
-/// Value b of a batch (on axis 0): b's slice without that axis (vmap's loops, a scan's rows).
-template <Element T> Tensor<T> value_of_batch(const Tensor<T>& batch, std::int64_t b, SourceLoc loc) {
-  std::vector<std::int64_t> begin(static_cast<std::size_t>(batch.ndim()), 0), size = batch.shape().to_vector();
-  begin[0] = b;
-  size[0] = 1;
-  return reshape(slice(batch, begin, size, loc), std::vector<std::int64_t>(size.begin() + 1, size.end()), loc);
-}
-}  // namespace detail
-
 // The instances xgrad::compiled holds (core/config.hpp).
 #define XGRAD_MANIPULATION_ELEMENT_INSTANCE(T, X)                                                                 \
   X Tensor<T> reshape<T>(const Tensor<T>&, const std::vector<std::int64_t>&, SourceLoc);                          \

@@ -248,6 +248,15 @@ inline Shape with_batch(std::int64_t size, const Shape& s) {
   return out;
 }
 
+/// Value b of a batch (on axis 0): its slice b without that axis (vmap's loops, a scan's rows).
+/// slice and reshape (ops/manipulation.hpp) are found where it is used: this header has no op.
+template <class T> Tensor<T> value_of_batch(const Tensor<T>& batch, std::int64_t b, SourceLoc loc) {
+  std::vector<std::int64_t> begin(static_cast<std::size_t>(batch.ndim()), 0), size = batch.shape().to_vector();
+  begin[0] = b;
+  size[0] = 1;
+  return reshape(slice(batch, begin, size, loc), std::vector<std::int64_t>(size.begin() + 1, size.end()), loc);
+}
+
 /// x with its axis `from` moved to position `to`, the others in order.
 template <class T> Tensor<T> move_axis(const Tensor<T>& x, int from, int to, SourceLoc loc = SourceLoc::current()) {
   if (from == to) return x;
