@@ -3,6 +3,7 @@
 #include "xgrad/passes/dce-inl.hpp"
 #include "xgrad/passes/fold-inl.hpp"
 #include "xgrad/passes/fuse-inl.hpp"
+#include "xgrad/passes/layout-inl.hpp"
 #include "xgrad/passes/pipeline-inl.hpp"
 #include "xgrad/passes/rewrite-inl.hpp"
 #include "xgrad/passes/schedule-inl.hpp"

@@ -222,6 +222,54 @@ TEST_CASE("passes: simplify makes a multiply feeding only an add one fma, outsid
   CHECK(optimized(twice, xg::JitConfig{.level = xg::JitLevel::O1}, v, w).find("Fma") == std::string::npos);
 }
 
+TEST_CASE("passes: simplify joins neighbouring slices' gradients, and neighbouring slices, into one") {
+  using F = xg::Tensor<float>;
+  const xg::Shape whole{2, 5};
+  xg::JitConfig simplify = only("simplify");  // and DCE, which removes what a rewrite leaves unread
+  std::erase(simplify.disabled_passes, "dce");
+  // The gradient of a split: each part placed in zeros, then added.
+  auto placed = [&](F a, F b) {
+    return xg::slice_backward(b, whole, {0, 2}) + xg::slice_backward(a, whole, {0, 0}) * 1.0f;
+  };
+  const auto a = xg::tensor<float>({1, -0.0f, 3, 4}, {2, 2}), b = xg::tensor<float>({5, 6, 7, 8, 9, 10}, {2, 3});
+  CHECK(optimized(placed, simplify, a, b) ==
+        "  %2 : f32[2, 5] = Concat(%0, %1) {axis=1}\n"
+        "  return %2\n");
+  // Under strict the add stays: it turns a's -0 into +0, which eager keeps.
+  xg::JitConfig strict = simplify;
+  strict.strict = true;
+  CHECK(optimized(placed, strict, a, b).find("Add(") != std::string::npos);
+  const auto eager = placed(a, b).to_vector();
+  CHECK(xg::jit(placed, strict)(a, b).to_vector() == eager);
+  const auto joined = xg::jit(placed)(a, b).to_vector();
+  CHECK(joined == eager);          // equal, -0 == +0 ...
+  CHECK(std::signbit(joined[1]));  // ... but the concat keeps a's -0
+  CHECK_FALSE(std::signbit(eager[1]));
+  // Parts that do not meet stay as they are.
+  auto apart = [](F x, F y) { return xg::slice_backward(x, {2, 6}, {0, 0}) + xg::slice_backward(y, {2, 6}, {0, 3}); };
+  CHECK(optimized(apart, simplify, a, b).find("Concat") == std::string::npos);
+  // Neighbouring slices joined again are the slice they make up; a slice of a concat that is
+  // one of its parts is that part.
+  auto rejoined = [](F x) {
+    return xg::concat<float>({xg::slice(x, {0, 1}, {2, 2}), xg::slice(x, {0, 3}, {2, 1})}, 1);
+  };
+  const auto x = xg::tensor<float>({1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, {2, 5});
+  CHECK(optimized(rejoined, simplify, x) ==
+        "  %1 : f32[2, 3] = Slice(%0) {begin=[0, 1], size=[2, 3]}\n"
+        "  return %1\n");
+  CHECK(xg::jit(rejoined)(x).to_vector() == rejoined(x).to_vector());
+  auto part = [](F p, F q) { return xg::slice(xg::concat<float>({p, q}, 1), {0, 2}, {2, 3}) * 2.0f; };
+  CHECK(optimized(part, simplify, a, b) ==
+        "  %2 : f32[] = Const() {value=2}\n"
+        "  %3 : f32[2, 3] = Mul(%1, %2)\n"
+        "  return %3\n");
+  // The whole of an argument is not handed back as the result: the caller would get its own tensor.
+  auto all = [](F y) { return xg::concat<float>({xg::slice(y, {0, 0}, {2, 2}), xg::slice(y, {0, 2}, {2, 3})}, 1); };
+  const auto copy = xg::jit(all)(x);
+  CHECK(copy.to_vector() == x.to_vector());
+  CHECK(copy.data() != x.data());
+}
+
 TEST_CASE("passes: simplify moves ReLU's gradient through max pooling's, onto the pooled tensor") {
   auto f = [](xg::Tensor<float> x, xg::Tensor<float> w) {
     return xg::grad([&](xg::Tensor<float> v) { return xg::sum(xg::max_pool2d(xg::relu(v), 2, 2) * w); })(x);
@@ -392,6 +440,48 @@ std::string all_of(const std::string& ir) {
 }
 
 }  // namespace
+
+TEST_CASE("passes: layout folds multi-head attention's head split and merge into attention and its gradient") {
+  xg::init::set_seed(3);
+  xg::nn::MultiheadAttention attention(16, 4, {.causal = true});
+  const auto params = attention.parameters();
+  const auto x = xg::randn<float>({2, 9, 16}, 1), w = xg::randn<float>({2, 9, 16}, 2);
+  auto step = [&](const xg::Tensor<float>& input) {
+    auto [loss, grads] = xg::value_and_grad([&] { return xg::sum(attention(input) * w); }, params)();
+    grads.push_back(loss);
+    return grads;
+  };
+  const std::string folded = all_of(xg::jit(step).lower(x).ir());
+  // Both ops read the projection's columns (q, k, v at 0, 16, 32 of 48) and no copy is left:
+  // no transpose, no slice, no slice gradient, no concat.
+  CHECK(folded.find("ScaledDotProductAttention(") != std::string::npos);
+  CHECK(folded.find("ScaledDotProductAttentionGrad(") != std::string::npos);
+  std::size_t layouts = 0;
+  for (std::size_t at = 0; (at = folded.find("heads=4 of width 48 at columns 0, 16, 32", at)) != std::string::npos;
+       ++at)
+    ++layouts;
+  CHECK(layouts == 2);
+  for (const char* copy : {"Transpose(", "Slice(", "SliceGrad(", "Concat("}) {
+    CAPTURE(copy);
+    CHECK(folded.find(copy) == std::string::npos);
+  }
+  const std::string unfolded = all_of(xg::jit(step, {.disabled_passes = {"layout"}}).lower(x).ir());
+  CHECK(unfolded.find("heads=") == std::string::npos);
+  CHECK(unfolded.find("Transpose(") != std::string::npos);
+  // The same values as eager mode: the kernels do the same arithmetic, only reading elsewhere.
+  const auto eager = step(x);
+  const auto compiled = xg::jit(step)(x);
+  REQUIRE(compiled.size() == eager.size());
+  for (std::size_t i = 0; i < eager.size(); ++i) {
+    CAPTURE(i);
+    CHECK(xg::max(xg::abs(compiled[i] - eager[i])).item() <= 1e-5f * (1 + xg::max(xg::abs(eager[i])).item()));
+  }
+  // Cross attention reads queries and keys from different projections: left as it was.
+  const auto memory = xg::randn<float>({2, 5, 16}, 3);
+  auto cross = [&](const xg::Tensor<float>& input, const xg::Tensor<float>& mem) { return attention(input, mem); };
+  CHECK(all_of(xg::jit(cross).lower(x, memory).ir()).find("heads=") == std::string::npos);
+  CHECK(xg::max(xg::abs(xg::jit(cross)(x, memory) - cross(x, memory))).item() < 1e-5f);
+}
 
 TEST_CASE("passes: fuse makes one kernel of an elementwise chain, broadcasts included") {
   // One op per statement: the order of evaluation of an expression's operands is unspecified.

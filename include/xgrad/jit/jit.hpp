@@ -37,8 +37,8 @@ struct JitConfig {
   /// to eager: passes skip rewrites that can change rounding (x + 0, exp(log x), a * b + c as
   /// an fma, a sum of k copies as one multiply).
   bool strict = false;
-  /// Passes to skip, by name ("simplify", "fold", "cse", "dce", "fuse", "plan_memory"), for
-  /// debugging and tests.
+  /// Passes to skip, by name ("simplify", "layout", "fold", "cse", "dce", "fuse", "schedule",
+  /// "plan_memory"), for debugging and tests.
   std::vector<std::string> disabled_passes = {};
   /// Debugging: fill each arena buffer with 0xFF bytes when the memory plan frees it, so a
   /// read after the planned last use gives NaNs rather than plausible stale values.

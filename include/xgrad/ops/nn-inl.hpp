@@ -6,6 +6,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -23,6 +24,7 @@
 #include "xgrad/core/factory.hpp"
 #include "xgrad/ops/dispatch.hpp"
 #include "xgrad/ops/elementwise.hpp"
+#include "xgrad/ops/linalg.hpp"
 #include "xgrad/ops/manipulation.hpp"
 #include "xgrad/ops/nn.hpp"
 #include "xgrad/ops/reduce.hpp"
@@ -440,17 +442,26 @@ template <class T> autograd::Grads SoftmaxCrossEntropy::grad(const Tensor<T>& g,
 /// (backend/attention_geometry.hpp): one op, on the cpu FlashAttention's blocked online softmax
 /// (backend/cpu/attention.hpp), so no [tq, tk] score matrix is made. Its gradient is one op too,
 /// AttentionGrad; the gradient's own derivatives and forward-mode tangents come from the
-/// composite that does make the scores (detail::attention_probabilities).
+/// composite that does make the scores (detail::attention_probabilities). In the heads layout
+/// (made only by the jit's layout pass) q, k and v are [batch / heads, t, width] buffers, out
+/// [batch / heads, tq, heads * dv].
 struct Attention {
   static constexpr std::string_view name = "ScaledDotProductAttention";
   static constexpr Needs<3> differentiable{true, true, true}, saved{true, true, true};
   static constexpr bool reads_output = true;
   cpu::AttentionGeometry geometry;
   std::vector<ir::Attr> attrs() const {
-    return {{"causal", geometry.causal ? "true" : "false"}, {"scale", detail::concat(geometry.scale)}};
+    std::vector<ir::Attr> a{{"causal", geometry.causal ? "true" : "false"}, {"scale", detail::concat(geometry.scale)}};
+    if (geometry.heads)
+      a.push_back({"heads", detail::concat(geometry.heads, " of width ", geometry.width, " at columns ",
+                                           geometry.q_column, ", ", geometry.k_column, ", ", geometry.v_column)});
+    return a;
   }
   bool operator==(const Attention&) const = default;
-  Shape output_shape() const { return {geometry.batch, geometry.tq, geometry.dv}; }
+  Shape output_shape() const {
+    const auto& g = geometry;
+    return g.heads ? Shape{g.batch / g.heads, g.tq, g.heads * g.dv} : Shape{g.batch, g.tq, g.dv};
+  }
   /// The vmap batch as more batch items.
   template <class R, class T> Tensor<R> batch(std::span<const bool> batched, SourceLoc loc, const Tensor<T>& q,
                                               const Tensor<T>& k, const Tensor<T>& v) const {
@@ -460,7 +471,7 @@ struct Attention {
     const auto out =
         detail::apply<R>(Attention{folded}, loc, detail::fold_batch(q, batched[0], size, loc),
                          detail::fold_batch(k, batched[1], size, loc), detail::fold_batch(v, batched[2], size, loc));
-    return reshape(out, {size, geometry.batch, geometry.tq, geometry.dv}, loc);
+    return reshape(out, detail::with_batch(size, output_shape()).to_vector(), loc);
   }
   template <class T>
   void run(Device d, const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v, Tensor<T>& out) const {
@@ -472,16 +483,20 @@ struct Attention {
                                    const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v) const;
 };
 
-/// Attention's gradients for its output's gradient g, from q, k, v and that output: per batch
-/// item dq, dk and dv flattened one after the other (AttentionGeometry::grads_size), all three
-/// from one kernel. Made by Attention's gradient only where that is not differentiated again
+/// Attention's gradients for its output's gradient g, from q, k, v and that output, all three
+/// from one kernel: per batch item dq, dk and dv flattened one after the other
+/// (AttentionGeometry::grads_size), or in the heads layout one buffer like q's with each at its
+/// operand's columns. Made by Attention's gradient only where that is not differentiated again
 /// (which the composite serves), so it has no derivative rules.
 struct AttentionGrad {
   static constexpr std::string_view name = "ScaledDotProductAttentionGrad";
   cpu::AttentionGeometry geometry;
   std::vector<ir::Attr> attrs() const { return Attention{geometry}.attrs(); }
   bool operator==(const AttentionGrad&) const = default;
-  Shape output_shape() const { return {geometry.batch, geometry.grads_size()}; }
+  Shape output_shape() const {
+    const auto& g = geometry;
+    return g.heads ? Shape{g.batch / g.heads, g.tq, g.width} : Shape{g.batch, g.grads_size()};
+  }
   template <class R, class T> Tensor<R> batch(std::span<const bool> batched, SourceLoc loc, const Tensor<T>& q,
                                               const Tensor<T>& k, const Tensor<T>& v, const Tensor<T>& out,
                                               const Tensor<T>& g) const {
@@ -492,7 +507,7 @@ struct AttentionGrad {
         detail::apply<R>(AttentionGrad{folded}, loc, detail::fold_batch(q, batched[0], size, loc),
                          detail::fold_batch(k, batched[1], size, loc), detail::fold_batch(v, batched[2], size, loc),
                          detail::fold_batch(out, batched[3], size, loc), detail::fold_batch(g, batched[4], size, loc));
-    return reshape(grads, {size, geometry.batch, geometry.grads_size()}, loc);
+    return reshape(grads, detail::with_batch(size, output_shape()).to_vector(), loc);
   }
   template <class T> void run(Device d, const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v,
                               const Tensor<T>& out, const Tensor<T>& g, Tensor<T>& grads) const {
@@ -740,6 +755,27 @@ template <class T> Tensor<T> attention_probabilities(const cpu::AttentionGeometr
   return where(keep, softmax(where(keep, scores, std::numeric_limits<T>::lowest(), loc), -1, loc), T(0), loc);
 }
 
+/// The items [batch * heads, t, size] of a heads-layout buffer x [batch, t, width] whose heads
+/// start at `column` (AttentionGeometry), and back: items [batch * heads, t, size] as the
+/// columns [batch, t, heads * size] of one.
+template <class T> Tensor<T> heads_as_items(const Tensor<T>& x, std::int64_t heads, std::int64_t column,
+                                            std::int64_t size, SourceLoc loc) {
+  const std::int64_t b = x.shape()[0], t = x.shape()[1];
+  const auto part =
+      column == 0 && heads * size == x.shape()[2] ? x : slice(x, {0, 0, column}, {b, t, heads * size}, loc);
+  return reshape(transpose(reshape(part, {b, t, heads, size}, loc), {0, 2, 1, 3}, loc), {b * heads, t, size}, loc);
+}
+template <class T> Tensor<T> items_as_heads(const Tensor<T>& x, std::int64_t heads, SourceLoc loc) {
+  const std::int64_t b = x.shape()[0] / heads, t = x.shape()[1], size = x.shape()[2];
+  return reshape(transpose(reshape(x, {b, heads, t, size}, loc), {0, 2, 1, 3}, loc), {b, t, heads * size}, loc);
+}
+
+/// The standard layout of a heads-layout geometry.
+inline cpu::AttentionGeometry standard_layout(cpu::AttentionGeometry g) {
+  g.heads = g.width = g.q_column = g.k_column = g.v_column = 0;
+  return g;
+}
+
 /// Whether a gradient rule's result will be differentiated again: recorded by a backward pass
 /// that records itself, or carrying a forward-mode tangent.
 inline bool differentiated_again(TensorRefs values) {
@@ -751,11 +787,23 @@ inline bool differentiated_again(TensorRefs values) {
 
 }  // namespace detail
 
-template <class T> autograd::Grads op::Attention::grad(const Tensor<T>& g, const Tensor<T>& out, Needs<3>,
+template <class T> autograd::Grads op::Attention::grad(const Tensor<T>& g, const Tensor<T>& out, Needs<3> needs,
                                                        SourceLoc loc, const Tensor<T>& q, const Tensor<T>& k,
                                                        const Tensor<T>& v) const {
   const cpu::AttentionGeometry& s = geometry;
   if (s.tq == 0 || s.tk == 0) return {zeros_like(q), zeros_like(k), zeros_like(v)};
+  if (s.heads) {  // the standard layout's gradients, each placed at its operand's columns
+    auto items = [&](const Tensor<T>& x, std::int64_t column, std::int64_t size) {
+      return detail::heads_as_items(x, s.heads, column, size, loc);
+    };
+    const auto grads = Attention{detail::standard_layout(s)}.grad(items(g, 0, s.dv), items(out, 0, s.dv), needs, loc,
+                                                                  items(q, s.q_column, s.d), items(k, s.k_column, s.d),
+                                                                  items(v, s.v_column, s.dv));
+    auto place = [&](const TensorBase& grad, const Tensor<T>& like, std::int64_t column) {
+      return slice_backward(detail::items_as_heads(Tensor<T>(grad), s.heads, loc), like.shape(), {0, 0, column}, loc);
+    };
+    return {place(grads[0], q, s.q_column), place(grads[1], k, s.k_column), place(grads[2], v, s.v_column)};
+  }
   if (detail::differentiated_again({g, q, k, v})) {
     const auto p = detail::attention_probabilities(s, q, k, loc);
     const auto dp = matmul(g, v, false, true, loc);
@@ -774,6 +822,19 @@ template <class T> autograd::Grads op::Attention::grad(const Tensor<T>& g, const
 template <class T> Tensor<T> op::Attention::jvp(std::span<const TensorBase> t, SourceLoc loc, const Tensor<T>& out,
                                                 const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v) const {
   if (geometry.tq == 0 || geometry.tk == 0) return zeros_like(out);
+  if (const std::int64_t heads = geometry.heads) {  // the standard layout's tangent, in the heads layout
+    auto items = [&](const TensorBase& x, std::int64_t column, std::int64_t size) {
+      return x.defined() ? TensorBase(detail::heads_as_items(Tensor<T>(x), heads, column, size, loc)) : TensorBase();
+    };
+    const std::array<TensorBase, 3> tangents{items(t[0], geometry.q_column, geometry.d),
+                                             items(t[1], geometry.k_column, geometry.d),
+                                             items(t[2], geometry.v_column, geometry.dv)};
+    return detail::items_as_heads(
+        Attention{detail::standard_layout(geometry)}.jvp(
+            tangents, loc, Tensor<T>(items(out, 0, geometry.dv)), Tensor<T>(items(q, geometry.q_column, geometry.d)),
+            Tensor<T>(items(k, geometry.k_column, geometry.d)), Tensor<T>(items(v, geometry.v_column, geometry.dv))),
+        heads, loc);
+  }
   const auto p = detail::attention_probabilities(geometry, q, k, loc);
   Tensor<T> scores, result;
   auto add_to = [&](Tensor<T>& sum, const Tensor<T>& part) { sum = sum.defined() ? add(sum, part, loc) : part; };

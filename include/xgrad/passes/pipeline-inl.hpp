@@ -10,6 +10,7 @@
 #include "xgrad/passes/dce.hpp"
 #include "xgrad/passes/fold.hpp"
 #include "xgrad/passes/fuse.hpp"
+#include "xgrad/passes/layout.hpp"
 #include "xgrad/passes/pipeline.hpp"
 #include "xgrad/passes/schedule.hpp"
 #include "xgrad/passes/simplify.hpp"
@@ -17,7 +18,8 @@
 namespace xgrad::passes {
 
 XGRAD_API const std::vector<Pass>& rewrite_passes() {
-  static const std::vector<Pass> passes{{"simplify", simplify}, {"fold", fold}, {"cse", cse}, {"dce", dce}};
+  static const std::vector<Pass> passes{
+      {"simplify", simplify}, {"layout", layout}, {"fold", fold}, {"cse", cse}, {"dce", dce}};
   return passes;
 }
 

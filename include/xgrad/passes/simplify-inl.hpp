@@ -21,6 +21,31 @@ namespace detail {
 
 inline bool same_type(const ir::Value* a, const ir::Value* b) { return a->dtype == b->dtype && a->shape == b->shape; }
 
+/// The axis along which a slice (begin, its output `part` of `whole`) takes a range, every
+/// other axis whole; -1 when there is none such.
+inline int sliced_axis(const std::vector<std::int64_t>& begin, const Shape& part, const Shape& whole) {
+  int axis = -1;
+  for (int a = 0; a < whole.ndim(); ++a)
+    if (begin[static_cast<std::size_t>(a)] != 0 || part[a] != whole[a]) {
+      if (axis >= 0) return -1;
+      axis = a;
+    }
+  return axis < 0 ? whole.ndim() - 1 : axis;
+}
+
+/// slice(concat(x0, x1, ...)) taking exactly one xi: xi. Null otherwise.
+inline ir::Value* concat_part(const ir::Node& slice, const ir::Node& concat) {
+  const int axis = concat.params<op::Concat>().axis;
+  const auto& begin = slice.params<op::Slice>().begin;
+  if (sliced_axis(begin, slice.outputs[0]->shape, concat.outputs[0]->shape) != axis) return nullptr;
+  std::int64_t at = 0;
+  for (ir::Value* part : concat.inputs) {
+    if (at == begin[static_cast<std::size_t>(axis)] && same_type(part, slice.outputs[0])) return part;
+    at += part->shape[axis];
+  }
+  return nullptr;
+}
+
 /// The value `node` can be replaced by, or null.
 inline ir::Value* simpler(const ir::Node& node, const PassContext& ctx) {
   const auto& in = node.inputs;
@@ -44,6 +69,8 @@ inline ir::Value* simpler(const ir::Node& node, const PassContext& ctx) {
   if (!ctx.strict && p && ((node.is<op::Exp>() && p->is<op::Log>()) || (node.is<op::Log>() && p->is<op::Exp>())))
     return operand_if(p->inputs[0]);                                  // exp(log x), log(exp x)
   if (node.is<op::Reshape>() && same_type(in[0], out)) return in[0];  // reshape to its own shape
+  if ((node.is<op::Slice>() || node.is<op::SliceGrad>()) && same_type(in[0], out)) return in[0];  // the whole
+  if (node.is<op::Slice>() && p && p->is<op::Concat>()) return concat_part(node, *p);
   if (node.is<op::Reshape>() && p && p->is<op::Reshape>() && same_type(p->inputs[0], out)) return p->inputs[0];
   if (node.is<op::Transpose>() && p && p->is<op::Transpose>() && same_type(p->inputs[0], out)) {
     // transpose(transpose(x, p1), p2) is x when p1[p2[i]] == i for every axis.
@@ -115,6 +142,79 @@ inline ir::Value* sum_of_broadcast(ir::Graph& g, std::size_t at, const PassConte
     });
   };
   return x->dtype == DType::float32 ? scaled(std::type_identity<float>{}) : scaled(std::type_identity<double>{});
+}
+
+/// concat(slice(z, r0), slice(z, r1), ...) with the ranges following one another along the
+/// concatenated axis: slice(z, r0 + r1 + ...), or z itself (exact: the same elements, copied
+/// once or not at all). Null when the pattern does not apply.
+inline ir::Value* concat_of_slices(ir::Graph& g, std::size_t at) {
+  const ir::Node& node = *g.nodes[at];
+  if (!node.is<op::Concat>()) return nullptr;
+  const int axis = node.params<op::Concat>().axis;
+  ir::Value* whole = nullptr;
+  std::vector<std::int64_t> first;
+  std::int64_t next = 0;
+  for (const ir::Value* part : node.inputs) {
+    const ir::Node* p = part->producer;
+    if (!p || !p->is<op::Slice>() || (whole && p->inputs[0] != whole)) return nullptr;
+    const auto& begin = p->params<op::Slice>().begin;
+    if (sliced_axis(begin, part->shape, p->inputs[0]->shape) != axis ||
+        (whole && begin[static_cast<std::size_t>(axis)] != next))
+      return nullptr;
+    if (!whole) first = begin;
+    whole = p->inputs[0];
+    next = begin[static_cast<std::size_t>(axis)] + part->shape[axis];
+  }
+  if (same_type(whole, node.outputs[0])) return whole;
+  const DType dtype = whole->dtype;
+  std::vector<std::int64_t> size = node.outputs[0]->shape.to_vector();
+  auto sliced = [&]<class T>(std::type_identity<T>) {
+    return splice(g, at, {whole}, node,
+                  [&](std::span<const TensorBase> in) { return TensorBase(slice(Tensor<T>(in[0]), first, size)); });
+  };
+  if (dtype == DType::float32) return sliced(std::type_identity<float>{});
+  if (dtype == DType::float64) return sliced(std::type_identity<double>{});
+  return nullptr;
+}
+
+/// add(SliceGrad(x), SliceGrad(y)) placing x and y side by side along one axis (the gradient of
+/// neighbouring slices, as of a split): SliceGrad(concat(x, y)), or the concat itself when it
+/// fills the shape: one copy instead of two zero fills, two copies and an add. Not under strict:
+/// the add turns a -0 in x or y into +0. Null when the pattern does not apply.
+inline ir::Value* add_of_placed(ir::Graph& g, std::size_t at, const PassContext& ctx) {
+  const ir::Node& node = *g.nodes[at];
+  if (ctx.strict || !node.is<op::Add>()) return nullptr;
+  const ir::Node* a = node.inputs[0]->producer;
+  const ir::Node* b = node.inputs[1]->producer;
+  if (!a || !b || !a->is<op::SliceGrad>() || !b->is<op::SliceGrad>()) return nullptr;
+  const auto &pa = a->params<op::SliceGrad>(), &pb = b->params<op::SliceGrad>();
+  const Shape& shape = node.outputs[0]->shape;
+  if (!(pa.shape == shape) || !(pb.shape == shape)) return nullptr;
+  // The axis where they differ; everywhere else the same place and extent.
+  int axis = -1;
+  for (int d = 0; d < shape.ndim(); ++d) {
+    const auto i = static_cast<std::size_t>(d);
+    if (pa.begin[i] == pb.begin[i] && pa.block[d] == pb.block[d]) continue;
+    if (axis >= 0) return nullptr;
+    axis = d;
+  }
+  if (axis < 0) return nullptr;
+  const auto i = static_cast<std::size_t>(axis);
+  const bool a_first = pa.begin[i] < pb.begin[i];
+  const op::SliceGrad &lo = a_first ? pa : pb, &hi = a_first ? pb : pa;
+  if (lo.begin[i] + lo.block[axis] != hi.begin[i]) return nullptr;
+  ir::Value* first = a_first ? a->inputs[0] : b->inputs[0];
+  ir::Value* second = a_first ? b->inputs[0] : a->inputs[0];
+  const DType dtype = node.outputs[0]->dtype;
+  auto placed = [&]<class T>(std::type_identity<T>) {
+    return splice(g, at, {first, second}, node, [&](std::span<const TensorBase> in) {
+      const auto joined = concat<T>({Tensor<T>(in[0]), Tensor<T>(in[1])}, axis);
+      return TensorBase(joined.shape() == shape ? joined : slice_backward(joined, shape, lo.begin));
+    });
+  };
+  if (dtype == DType::float32) return placed(std::type_identity<float>{});
+  if (dtype == DType::float64) return placed(std::type_identity<double>{});
+  return nullptr;
 }
 
 /// add(mul(a, b), c), where only the add reads the product: fma(a, b, c), one rounding instead
@@ -192,6 +292,10 @@ XGRAD_API bool simplify(ir::Graph& g, const PassContext& ctx) {
     }
     ir::Value* rewritten = detail::sum_of_broadcast(g, k, ctx);
     if (!rewritten) rewritten = detail::multiply_add(g, k, ctx);
+    if (!rewritten) rewritten = detail::add_of_placed(g, k, ctx);
+    if (!rewritten) rewritten = detail::concat_of_slices(g, k);
+    // An output must not become an argument: the caller would get its own tensor back.
+    if (rewritten && outputs.count(old_out) && !rewritten->producer) rewritten = nullptr;
     if (rewritten) {
       replace_uses(g, old_out, rewritten);
       // Past the new nodes and the old one, which DCE removes.

@@ -89,12 +89,17 @@ template <class T> void scale_row(T* x, std::int64_t n, T factor) {
   for (std::int64_t i = 0; i < n; ++i) x[i] *= factor;
 }
 
-/// Queries [i0, i0 + rows) of one batch item (q points at query i0, k and v at the item's
-/// first key): out = their attention [rows, dv] when out is given, lse = the log of each
-/// one's softmax denominator (with the maximum it was computed from added back) when lse is.
-template <class T> void attention_rows(const AttentionGeometry& g, const T* q, const T* k, const T* v, std::int64_t i0,
-                                       std::int64_t rows, T* out, T* lse) {
+/// Queries [i0, i0 + rows) of batch item n (q, k, v and out the operands' buffers, laid out
+/// as g says): their attention into out when out is given, the log of each one's softmax
+/// denominator (with the maximum it was computed from added back) into lse[0, rows) when lse is.
+template <class T> void attention_rows(const AttentionGeometry& g, std::int64_t n, const T* q, const T* k, const T* v,
+                                       std::int64_t i0, std::int64_t rows, T* out, T* lse) {
   constexpr std::int64_t BK = k_attention_block;
+  const auto qr = g.q_rows(n), kr = g.k_rows(n), vr = g.v_rows(n), outr = g.out_rows(n);
+  q += qr.start + i0 * qr.stride;
+  k += kr.start;
+  v = v ? v + vr.start : nullptr;
+  out = out ? out + outr.start + i0 * outr.stride : nullptr;
   auto& ws = attention_workspace<T>();
   T* s = ws.scores.get(rows * BK);
   T* shift = ws.shift.get(rows);
@@ -102,17 +107,18 @@ template <class T> void attention_rows(const AttentionGeometry& g, const T* q, c
   constexpr T none = -std::numeric_limits<T>::infinity();  // no key seen yet
   std::fill_n(shift, rows, none);
   std::fill_n(total, rows, T(0));
-  if (out) std::fill_n(out, rows * g.dv, T(0));
+  if (out)
+    for (std::int64_t r = 0; r < rows; ++r) std::fill_n(out + r * outr.stride, g.dv, T(0));
   const T scale = static_cast<T>(g.scale);
   const std::int64_t end = g.key_end(i0 + rows - 1);  // the last query sees the most keys
   for (std::int64_t j0 = 0; j0 < end; j0 += BK) {
-    const std::int64_t n = std::min(BK, end - j0);
-    gemm<T>(rows, n, g.d, scale, q, g.d, 1, k + j0 * g.d, 1, g.d, T(0), s, BK);
+    const std::int64_t n_keys = std::min(BK, end - j0);
+    gemm<T>(rows, n_keys, g.d, scale, q, qr.stride, 1, k + j0 * kr.stride, 1, kr.stride, T(0), s, BK);
     for (std::int64_t r = 0; r < rows; ++r) {
       T* row = s + r * BK;
-      const std::int64_t seen = std::clamp<std::int64_t>(g.key_end(i0 + r) - j0, 0, n);
+      const std::int64_t seen = std::clamp<std::int64_t>(g.key_end(i0 + r) - j0, 0, n_keys);
       const std::int64_t padded = pad_row(row, seen);
-      if (padded < n) std::fill(row + padded, row + n, T(0));  // keys this query does not see weigh nothing
+      if (padded < n_keys) std::fill(row + padded, row + n_keys, T(0));  // keys this query does not see weigh nothing
       if (seen == 0) continue;
       T m = row_max(row, padded);  // a NaN stays, and makes the row NaN
       if (shift[r] > m) m = shift[r];
@@ -123,20 +129,22 @@ template <class T> void attention_rows(const AttentionGeometry& g, const T* q, c
       const T rescale = shift[r] == none ? T(0) : std::exp(shift[r] - m);
       total[r] = total[r] * rescale + exp_shifted(row, padded, m);
       shift[r] = m;
-      if (out && rescale != T(1)) scale_row(out + r * g.dv, g.dv, rescale);
+      if (out && rescale != T(1)) scale_row(out + r * outr.stride, g.dv, rescale);
     }
     if (!out) continue;
     // The keys past the first query's last are hidden from some queries, and a hidden key must
     // not reach them even as 0 * inf: when one of those holds a non-finite value, row by row.
-    const std::int64_t shared = std::clamp<std::int64_t>(g.key_end(i0) - j0, 0, n);
-    if (all_finite(v + (j0 + shared) * g.dv, (n - shared) * g.dv)) {
-      gemm<T>(rows, g.dv, n, T(1), s, BK, 1, v + j0 * g.dv, g.dv, 1, T(1), out, g.dv);
+    const std::int64_t shared = std::clamp<std::int64_t>(g.key_end(i0) - j0, 0, n_keys);
+    bool finite = true;
+    for (std::int64_t j = j0 + shared; finite && j < j0 + n_keys; ++j) finite = all_finite(v + j * vr.stride, g.dv);
+    if (finite) {
+      gemm<T>(rows, g.dv, n_keys, T(1), s, BK, 1, v + j0 * vr.stride, vr.stride, 1, T(1), out, outr.stride);
       continue;
     }
     for (std::int64_t r = 0; r < rows; ++r) {
-      const std::int64_t seen = std::clamp<std::int64_t>(g.key_end(i0 + r) - j0, 0, n);
+      const std::int64_t seen = std::clamp<std::int64_t>(g.key_end(i0 + r) - j0, 0, n_keys);
       for (std::int64_t j = 0; j < seen; ++j)
-        for (std::int64_t c = 0; c < g.dv; ++c) out[r * g.dv + c] += s[r * BK + j] * v[(j0 + j) * g.dv + c];
+        for (std::int64_t c = 0; c < g.dv; ++c) out[r * outr.stride + c] += s[r * BK + j] * v[(j0 + j) * vr.stride + c];
     }
   }
   for (std::int64_t r = 0; r < rows; ++r) {
@@ -144,60 +152,74 @@ template <class T> void attention_rows(const AttentionGeometry& g, const T* q, c
     // -inf gets NaN, as softmax does.
     const bool sees_none = g.key_end(i0 + r) == 0;
     if (out && total[r] == T(0))
-      std::fill_n(out + r * g.dv, g.dv, sees_none ? T(0) : std::numeric_limits<T>::quiet_NaN());
+      std::fill_n(out + r * outr.stride, g.dv, sees_none ? T(0) : std::numeric_limits<T>::quiet_NaN());
     else if (out)
-      scale_row(out + r * g.dv, g.dv, T(1) / total[r]);
+      scale_row(out + r * outr.stride, g.dv, T(1) / total[r]);
     if (lse) lse[r] = sees_none ? T(0) : shift[r] + std::log(total[r]);
   }
 }
 
-/// One batch item's gradients, packed as AttentionGeometry::grads_size says: FlashAttention 2's
-/// backward, a block of keys at a time against the queries that see them, the probabilities
-/// recomputed from each query's log-denominator.
-template <class T> void attention_backward_item(const AttentionGeometry& g, const T* q, const T* k, const T* v,
-                                                const T* out, const T* gy, T* grads) {
+/// Batch item n's gradients, into grads laid out as g says: FlashAttention 2's backward, a block
+/// of keys at a time against the queries that see them, the probabilities recomputed from each
+/// query's log-denominator.
+template <class T> void attention_backward_item(const AttentionGeometry& g, std::int64_t n, const T* q, const T* k,
+                                                const T* v, const T* out, const T* gy, T* grads) {
   constexpr std::int64_t BK = k_attention_block;
-  T* dq = grads;
-  T* dk = dq + g.tq * g.d;
-  T* dv = dk + g.tk * g.d;
-  std::fill_n(grads, g.grads_size(), T(0));
+  const auto qr = g.q_rows(n), kr = g.k_rows(n), vr = g.v_rows(n), outr = g.out_rows(n);
+  const auto dqr = g.dq_rows(n), dkr = g.dk_rows(n), dvr = g.dv_rows(n);
+  T* dq = grads + dqr.start;
+  T* dk = grads + dkr.start;
+  T* dv = grads + dvr.start;
+  for (std::int64_t i = 0; i < g.tq; ++i) std::fill_n(dq + i * dqr.stride, g.d, T(0));
+  for (std::int64_t j = 0; j < g.tk; ++j) {
+    std::fill_n(dk + j * dkr.stride, g.d, T(0));
+    std::fill_n(dv + j * dvr.stride, g.dv, T(0));
+  }
   auto& ws = attention_workspace<T>();
   T* lse = ws.lse.get(g.tq);
   T* dot = ws.dot.get(g.tq);  // dot[i] = gy_i . out_i = sum_j p_ij (gy_i . v_j)
   for (std::int64_t i0 = 0; i0 < g.tq; i0 += BK)
-    attention_rows<T>(g, q + i0 * g.d, k, nullptr, i0, std::min(BK, g.tq - i0), nullptr, lse + i0);
+    attention_rows<T>(g, n, q, k, nullptr, i0, std::min(BK, g.tq - i0), nullptr, lse + i0);
+  q += qr.start;
+  k += kr.start;
+  v += vr.start;
+  out += outr.start;
+  gy += outr.start;
   for (std::int64_t i = 0; i < g.tq; ++i) {
     T sum = 0;
-    for (std::int64_t c = 0; c < g.dv; ++c) sum += gy[i * g.dv + c] * out[i * g.dv + c];
+    for (std::int64_t c = 0; c < g.dv; ++c) sum += gy[i * outr.stride + c] * out[i * outr.stride + c];
     dot[i] = sum;
   }
   T* p = ws.scores.get(BK * BK);
   T* ds = ws.scores_grad.get(BK * BK);
   const T scale = static_cast<T>(g.scale);
   for (std::int64_t j0 = 0; j0 < g.tk; j0 += BK) {
-    const std::int64_t n = std::min(BK, g.tk - j0);
+    const std::int64_t n_keys = std::min(BK, g.tk - j0);
     for (std::int64_t i0 = g.query_begin(j0); i0 < g.tq; i0 += BK) {
       const std::int64_t rows = std::min(BK, g.tq - i0);
-      gemm<T>(rows, n, g.d, scale, q + i0 * g.d, g.d, 1, k + j0 * g.d, 1, g.d, T(0), p, BK);
+      const T* qi = q + i0 * qr.stride;
+      const T* gyi = gy + i0 * outr.stride;
+      gemm<T>(rows, n_keys, g.d, scale, qi, qr.stride, 1, k + j0 * kr.stride, 1, kr.stride, T(0), p, BK);
       for (std::int64_t r = 0; r < rows; ++r) {
         T* row = p + r * BK;
-        const std::int64_t seen = std::clamp<std::int64_t>(g.key_end(i0 + r) - j0, 0, n);
+        const std::int64_t seen = std::clamp<std::int64_t>(g.key_end(i0 + r) - j0, 0, n_keys);
         const std::int64_t padded = pad_row(row, seen);
-        if (padded < n) std::fill(row + padded, row + n, T(0));
+        if (padded < n_keys) std::fill(row + padded, row + n_keys, T(0));
         if (seen > 0) exp_shifted(row, padded, lse[i0 + r]);
       }
       // dv += p^T gy; d(scores) = p * (gy v^T - dot); dq += scale ds k; dk += scale ds^T q.
-      gemm<T>(n, g.dv, rows, T(1), p, 1, BK, gy + i0 * g.dv, g.dv, 1, T(1), dv + j0 * g.dv, g.dv);
-      gemm<T>(rows, n, g.dv, T(1), gy + i0 * g.dv, g.dv, 1, v + j0 * g.dv, 1, g.dv, T(0), ds, BK);
+      gemm<T>(n_keys, g.dv, rows, T(1), p, 1, BK, gyi, outr.stride, 1, T(1), dv + j0 * dvr.stride, dvr.stride);
+      gemm<T>(rows, n_keys, g.dv, T(1), gyi, outr.stride, 1, v + j0 * vr.stride, 1, vr.stride, T(0), ds, BK);
       for (std::int64_t r = 0; r < rows; ++r) {
-        const std::int64_t seen = std::clamp<std::int64_t>(g.key_end(i0 + r) - j0, 0, n);
+        const std::int64_t seen = std::clamp<std::int64_t>(g.key_end(i0 + r) - j0, 0, n_keys);
         T* row = ds + r * BK;
         const T* prob = p + r * BK;
         for (std::int64_t c = 0; c < seen; ++c) row[c] = prob[c] * (row[c] - dot[i0 + r]);
-        std::fill(row + seen, row + n, T(0));
+        std::fill(row + seen, row + n_keys, T(0));
       }
-      gemm<T>(rows, g.d, n, scale, ds, BK, 1, k + j0 * g.d, g.d, 1, T(1), dq + i0 * g.d, g.d);
-      gemm<T>(n, g.d, rows, scale, ds, 1, BK, q + i0 * g.d, g.d, 1, T(1), dk + j0 * g.d, g.d);
+      gemm<T>(rows, g.d, n_keys, scale, ds, BK, 1, k + j0 * kr.stride, kr.stride, 1, T(1), dq + i0 * dqr.stride,
+              dqr.stride);
+      gemm<T>(n_keys, g.d, rows, scale, ds, 1, BK, qi, qr.stride, 1, T(1), dk + j0 * dkr.stride, dkr.stride);
     }
   }
 }
@@ -209,8 +231,8 @@ inline std::int64_t attention_grain(std::int64_t work) {
 
 }  // namespace detail
 
-/// out = softmax(q k^T * scale) v for each batch item, masked as g says (attention_geometry.hpp);
-/// blocks of queries run in parallel.
+/// out = softmax(q k^T * scale) v for each batch item, masked and laid out as g says
+/// (attention_geometry.hpp); blocks of queries run in parallel.
 template <class T> void attention_forward(const AttentionGeometry& g, const T* q, const T* k, const T* v, T* out) {
   constexpr std::int64_t BK = detail::k_attention_block;
   if (g.batch == 0 || g.tq == 0 || g.dv == 0) return;
@@ -218,25 +240,25 @@ template <class T> void attention_forward(const AttentionGeometry& g, const T* q
   parallel_for(0, g.batch * blocks, detail::attention_grain(std::min(BK, g.tq) * g.tk * (g.d + g.dv)),
                [&](std::int64_t lo, std::int64_t hi) {
                  for (std::int64_t t = lo; t < hi; ++t) {
-                   const std::int64_t b = t / blocks, i0 = t % blocks * BK;
-                   detail::attention_rows<T>(g, q + (b * g.tq + i0) * g.d, k + b * g.tk * g.d, v + b * g.tk * g.dv, i0,
-                                             std::min(BK, g.tq - i0), out + (b * g.tq + i0) * g.dv, nullptr);
+                   const std::int64_t i0 = t % blocks * BK;
+                   detail::attention_rows<T>(g, t / blocks, q, k, v, i0, std::min(BK, g.tq - i0), out, nullptr);
                  }
                });
 }
 
-/// attention_forward's gradients for the output's gradient gy, given its output out: per batch
-/// item dq [tq, d], dk [tk, d] and dv [tk, dv], one after the other in `grads`. Batch items run
-/// in parallel.
+/// attention_forward's gradients for the output's gradient gy, given its output out: dq, dk and
+/// dv of each batch item, where g says (packed per item, or in the heads layout at q, k and v's
+/// columns). Batch items run in parallel.
 template <class T> void attention_backward(const AttentionGeometry& g, const T* q, const T* k, const T* v, const T* out,
                                            const T* gy, T* grads) {
-  if (g.batch == 0 || g.grads_size() == 0) return;
-  parallel_for(
-      0, g.batch, detail::attention_grain(3 * g.tq * g.tk * (g.d + g.dv)), [&](std::int64_t lo, std::int64_t hi) {
-        for (std::int64_t b = lo; b < hi; ++b)
-          detail::attention_backward_item<T>(g, q + b * g.tq * g.d, k + b * g.tk * g.d, v + b * g.tk * g.dv,
-                                             out + b * g.tq * g.dv, gy + b * g.tq * g.dv, grads + b * g.grads_size());
-      });
+  if (g.batch == 0) return;
+  if (!g.grads_fill_buffer()) std::fill_n(grads, g.batch / g.heads * g.tq * g.width, T(0));
+  if (g.grads_size() == 0) return;
+  parallel_for(0, g.batch, detail::attention_grain(3 * g.tq * g.tk * (g.d + g.dv)),
+               [&](std::int64_t lo, std::int64_t hi) {
+                 for (std::int64_t n = lo; n < hi; ++n)
+                   detail::attention_backward_item<T>(g, n, q, k, v, out, gy, grads);
+               });
 }
 
 }  // namespace xgrad::cpu

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include <thrust/execution_policy.h>
+#include <thrust/fill.h>
 #include <thrust/for_each.h>
 #include <thrust/iterator/counting_iterator.h>
 
@@ -24,18 +25,35 @@ template <class T> XGRAD_HD T dot(const T* a, const T* b, std::int64_t n) {
   return sum;
 }
 
+/// Where query row qrow (item qrow / tq, query qrow % tq) and key row krow (item krow / tk)
+/// of each operand lie, laid out as g says.
+struct AttentionRowsAt {
+  cpu::AttentionGeometry g;
+  XGRAD_HD std::int64_t q(std::int64_t qrow) const { return at(g.q_rows(qrow / g.tq), qrow % g.tq); }
+  XGRAD_HD std::int64_t out(std::int64_t qrow) const { return at(g.out_rows(qrow / g.tq), qrow % g.tq); }
+  XGRAD_HD std::int64_t dq(std::int64_t qrow) const { return at(g.dq_rows(qrow / g.tq), qrow % g.tq); }
+  XGRAD_HD std::int64_t k(std::int64_t krow) const { return at(g.k_rows(krow / g.tk), krow % g.tk); }
+  XGRAD_HD std::int64_t v(std::int64_t krow) const { return at(g.v_rows(krow / g.tk), krow % g.tk); }
+  XGRAD_HD std::int64_t dk(std::int64_t krow) const { return at(g.dk_rows(krow / g.tk), krow % g.tk); }
+  XGRAD_HD std::int64_t dv(std::int64_t krow) const { return at(g.dv_rows(krow / g.tk), krow % g.tk); }
+
+ private:
+  XGRAD_HD static std::int64_t at(cpu::AttentionGeometry::Rows rows, std::int64_t i) {
+    return rows.start + i * rows.stride;
+  }
+};
+
 /// Query row `row` (batch item row / tq): its output when out is given, and the log of its
 /// softmax denominator into lse[row] when lse is (0 for a query that sees no key).
 template <class T> struct AttentionRowFn {
-  cpu::AttentionGeometry g;
+  AttentionRowsAt at;
   const T *q, *k, *v;
   T *out, *lse;
   XGRAD_HD void operator()(std::int64_t row) const {
-    const std::int64_t b = row / g.tq, i = row % g.tq;
-    const T* qi = q + row * g.d;
-    const T* kb = k + b * g.tk * g.d;
-    const T* vb = v ? v + b * g.tk * g.dv : nullptr;
-    T* o = out ? out + row * g.dv : nullptr;
+    const cpu::AttentionGeometry& g = at.g;
+    const std::int64_t first_key = row / g.tq * g.tk, i = row % g.tq;
+    const T* qi = q + at.q(row);
+    T* o = out ? out + at.out(row) : nullptr;
     if (o)
       for (std::int64_t c = 0; c < g.dv; ++c) o[c] = T(0);
     // Two passes, the maximum first: each exponential then has the row's final shift, as the
@@ -44,15 +62,17 @@ template <class T> struct AttentionRowFn {
     const T scale = static_cast<T>(g.scale);
     T shift = 0;
     for (std::int64_t j = 0; j < end; ++j) {
-      const T s = scale * dot(qi, kb + j * g.d, g.d);
+      const T s = scale * dot(qi, k + at.k(first_key + j), g.d);
       shift = j == 0 || s > shift ? s : shift;
     }
     T total = 0;
     for (std::int64_t j = 0; j < end; ++j) {
-      const T p = std::exp(scale * dot(qi, kb + j * g.d, g.d) - shift);
+      const T p = std::exp(scale * dot(qi, k + at.k(first_key + j), g.d) - shift);
       total += p;
-      if (o)
-        for (std::int64_t c = 0; c < g.dv; ++c) o[c] += p * vb[j * g.dv + c];
+      if (o) {
+        const T* vj = v + at.v(first_key + j);
+        for (std::int64_t c = 0; c < g.dv; ++c) o[c] += p * vj[c];
+      }
     }
     const T inv = total == T(0) ? T(0) : T(1) / total;
     if (o)
@@ -63,39 +83,41 @@ template <class T> struct AttentionRowFn {
 
 /// dot[row] = gy_row . out_row.
 template <class T> struct AttentionDotFn {
-  std::int64_t dv;
+  AttentionRowsAt at;
   const T *gy, *out;
   T* dots;
-  XGRAD_HD void operator()(std::int64_t row) const { dots[row] = dot(gy + row * dv, out + row * dv, dv); }
+  XGRAD_HD void operator()(std::int64_t row) const { dots[row] = dot(gy + at.out(row), out + at.out(row), at.g.dv); }
 };
 
 /// What the gradients' functors read, and the probability and score gradient of a query-key
 /// pair: p = exp(scale q.k - lse), ds = p (gy.v - dot).
 template <class T> struct AttentionGradParts {
-  cpu::AttentionGeometry g;
+  AttentionRowsAt at;
   const T *q, *k, *v, *gy, *lse, *dots;
   T* grads;
   struct Pair {
     T p, ds;
   };
-  /// Query row qrow (b * tq + i) with key row krow (b * tk + j).
+  /// Query row qrow (n * tq + i) with key row krow (n * tk + j).
   XGRAD_HD Pair pair(std::int64_t qrow, std::int64_t krow) const {
-    const T p = std::exp(static_cast<T>(g.scale) * dot(q + qrow * g.d, k + krow * g.d, g.d) - lse[qrow]);
-    return {p, p * (dot(gy + qrow * g.dv, v + krow * g.dv, g.dv) - dots[qrow])};
+    const cpu::AttentionGeometry& g = at.g;
+    const T p = std::exp(static_cast<T>(g.scale) * dot(q + at.q(qrow), k + at.k(krow), g.d) - lse[qrow]);
+    return {p, p * (dot(gy + at.out(qrow), v + at.v(krow), g.dv) - dots[qrow])};
   }
 };
 
 /// Query row `row`'s gradient: dq_i = scale sum_j ds_ij k_j.
 template <class T> struct AttentionQueryGradFn : AttentionGradParts<T> {
   XGRAD_HD void operator()(std::int64_t row) const {
-    const cpu::AttentionGeometry& g = this->g;
-    const std::int64_t b = row / g.tq, i = row % g.tq;
-    T* dq = this->grads + b * g.grads_size() + i * g.d;
+    const cpu::AttentionGeometry& g = this->at.g;
+    const std::int64_t first_key = row / g.tq * g.tk, i = row % g.tq;
+    T* dq = this->grads + this->at.dq(row);
     for (std::int64_t c = 0; c < g.d; ++c) dq[c] = T(0);
     const T scale = static_cast<T>(g.scale);
     for (std::int64_t j = 0; j < g.key_end(i); ++j) {
-      const T ds = this->pair(row, b * g.tk + j).ds;
-      for (std::int64_t c = 0; c < g.d; ++c) dq[c] += scale * ds * this->k[(b * g.tk + j) * g.d + c];
+      const T ds = this->pair(row, first_key + j).ds;
+      const T* kj = this->k + this->at.k(first_key + j);
+      for (std::int64_t c = 0; c < g.d; ++c) dq[c] += scale * ds * kj[c];
     }
   }
 };
@@ -104,18 +126,20 @@ template <class T> struct AttentionQueryGradFn : AttentionGradParts<T> {
 /// queries that see key j.
 template <class T> struct AttentionKeyGradFn : AttentionGradParts<T> {
   XGRAD_HD void operator()(std::int64_t row) const {
-    const cpu::AttentionGeometry& g = this->g;
-    const std::int64_t b = row / g.tk, j = row % g.tk;
-    T* dk = this->grads + b * g.grads_size() + g.tq * g.d + j * g.d;
-    T* dv = this->grads + b * g.grads_size() + g.tq * g.d + g.tk * g.d + j * g.dv;
+    const cpu::AttentionGeometry& g = this->at.g;
+    const std::int64_t first_query = row / g.tk * g.tq, j = row % g.tk;
+    T* dk = this->grads + this->at.dk(row);
+    T* dv = this->grads + this->at.dv(row);
     for (std::int64_t c = 0; c < g.d; ++c) dk[c] = T(0);
     for (std::int64_t c = 0; c < g.dv; ++c) dv[c] = T(0);
     const T scale = static_cast<T>(g.scale);
     for (std::int64_t i = g.query_begin(j); i < g.tq; ++i) {
-      const std::int64_t qrow = b * g.tq + i;
+      const std::int64_t qrow = first_query + i;
       const auto [p, ds] = this->pair(qrow, row);
-      for (std::int64_t c = 0; c < g.dv; ++c) dv[c] += p * this->gy[qrow * g.dv + c];
-      for (std::int64_t c = 0; c < g.d; ++c) dk[c] += scale * ds * this->q[qrow * g.d + c];
+      const T* gyi = this->gy + this->at.out(qrow);
+      const T* qi = this->q + this->at.q(qrow);
+      for (std::int64_t c = 0; c < g.dv; ++c) dv[c] += p * gyi[c];
+      for (std::int64_t c = 0; c < g.d; ++c) dk[c] += scale * ds * qi[c];
     }
   }
 };
@@ -125,22 +149,25 @@ template <class T> struct AttentionKeyGradFn : AttentionGradParts<T> {
 /// See cpu::attention_forward.
 template <class T> void attention_forward(const cpu::AttentionGeometry& g, const T* q, const T* k, const T* v, T* out) {
   thrust::counting_iterator<std::int64_t> first(0);
-  thrust::for_each(thrust::device, first, first + g.batch * g.tq, detail::AttentionRowFn<T>{g, q, k, v, out, nullptr});
+  thrust::for_each(thrust::device, first, first + g.batch * g.tq,
+                   detail::AttentionRowFn<T>{{g}, q, k, v, out, nullptr});
 }
 
 /// See cpu::attention_backward.
 template <class T> void attention_backward(const cpu::AttentionGeometry& g, const T* q, const T* k, const T* v,
                                            const T* out, const T* gy, T* grads) {
+  if (!g.grads_fill_buffer()) thrust::fill_n(thrust::device, grads, g.batch / g.heads * g.tq * g.width, T(0));
   const std::int64_t queries = g.batch * g.tq;
   Scratch<T> lse(static_cast<std::size_t>(queries)), dots(static_cast<std::size_t>(queries));
   thrust::counting_iterator<std::int64_t> first(0);
+  const detail::AttentionRowsAt at{g};
   thrust::for_each(thrust::device, first, first + queries,
-                   detail::AttentionRowFn<T>{g, q, k, nullptr, nullptr, lse.data()});
-  thrust::for_each(thrust::device, first, first + queries, detail::AttentionDotFn<T>{g.dv, gy, out, dots.data()});
+                   detail::AttentionRowFn<T>{at, q, k, nullptr, nullptr, lse.data()});
+  thrust::for_each(thrust::device, first, first + queries, detail::AttentionDotFn<T>{at, gy, out, dots.data()});
   thrust::for_each(thrust::device, first, first + queries,
-                   detail::AttentionQueryGradFn<T>{{g, q, k, v, gy, lse.data(), dots.data(), grads}});
+                   detail::AttentionQueryGradFn<T>{{at, q, k, v, gy, lse.data(), dots.data(), grads}});
   thrust::for_each(thrust::device, first, first + g.batch * g.tk,
-                   detail::AttentionKeyGradFn<T>{{g, q, k, v, gy, lse.data(), dots.data(), grads}});
+                   detail::AttentionKeyGradFn<T>{{at, q, k, v, gy, lse.data(), dots.data(), grads}});
 }
 
 }  // namespace xgrad::thrust_backend
