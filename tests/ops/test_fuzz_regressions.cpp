@@ -129,3 +129,17 @@ TEST_CASE("fuzz regression: sampling no rows, and position tables of no or wide 
   // regress-lstm-empty-input-far-steps is a fuzz-harness bound (a loop of 2^31 empty steps is
   // slow, not wrong): fuzz_ops_nn.cpp's few_steps.
 }
+
+TEST_CASE("fuzz regression: attention refuses operands whose gradient row cannot be counted, batch or none") {
+  // No batch item, but rows of 2^61 elements: the gradient's row, tq * d + tk * (d + dv) with
+  // two keys, would overflow (fuzz_ops' regress-attention-no-items-huge-rows).
+  const std::int64_t huge = std::int64_t{1} << 61;
+  const auto q = xg::zeros<float>({0, 1, huge}), k = xg::zeros<float>({0, 2, huge}), v = xg::zeros<float>({0, 2, huge});
+  const auto msg = message_of<xg::ValueError>([&] { xg::scaled_dot_product_attention(q, k, v); });
+  CHECK(contains(msg, "ScaledDotProductAttention"));
+  CHECK(contains(msg, "the gradient's row"));
+  // Rows that fit are fine with no items, and so is their gradient.
+  const auto small = xg::zeros<float>({0, 3, 4}).set_requires_grad(true);
+  xg::sum(xg::scaled_dot_product_attention(small, small, small)).backward();
+  CHECK(small.grad().shape() == xg::Shape{0, 3, 4});
+}

@@ -877,6 +877,11 @@ template <FloatingPoint T> Tensor<T> scaled_dot_product_attention(const Tensor<T
   if (!std::isfinite(scale)) throw_value_error(op, loc, "scale must be finite, got ", scale);
   detail::checked_work(op, loc, "the query-key products it computes",
                        {batch, tq, tk, std::max({d, dv, std::int64_t{1}})});
+  // The gradient holds one item's dq, dk and dv in a row, whose length must be countable even
+  // when there is no item.
+  const std::string_view row = "the gradient's row tq * d + tk * (d + dv)";
+  detail::checked_add(op, loc, row, detail::checked_mul(op, loc, row, tq, d),
+                      detail::checked_mul(op, loc, row, tk, detail::checked_add(op, loc, row, d, dv)));
   const cpu::AttentionGeometry geometry{batch, tq, tk, d, dv, scale, options.causal};
   const auto out = detail::apply<T>(op::Attention{geometry}, loc, reshape(q, {batch, tq, d}, loc),
                                     reshape(k, {batch, tk, d}, loc), reshape(v, {batch, tk, dv}, loc));
