@@ -6,8 +6,9 @@ the folders below it, never above. The umbrella headers at the top (xgrad/core.h
 include anything, but each pulls in only the layers it names, and xgrad/core.hpp no file
 format (zlib). No header may reach itself through its includes. A definitions file x-inl.hpp is
 included only by its x.hpp and by other definitions files, and in compiled mode (no x.hpp
-including its x-inl.hpp) no umbrella reaches a kernel, xsimd or Thrust. Exits 1 and names every
-offending include; run from anywhere:
+including its x-inl.hpp) no umbrella reaches a kernel, xsimd or Thrust; nor does a library source
+(src/) that the CUDA build compiles with the host compiler. Exits 1 and names every offending
+include; run from anywhere:
     python3 scripts/check_layers.py [INCLUDE_DIR]
 """
 
@@ -189,15 +190,62 @@ def compiled_contents(graph):
     return problems
 
 
-def check(root):
+# The CUDA build compiles the library's sources that instantiate Thrust kernels with nvcc (those
+# CMakeLists.txt names in xgrad_device_sources(xgrad_compiled ...)) and the rest with the host
+# compiler, which has no Thrust or CUB: those must not reach them through any header, as compiled
+# mode reads them (each source includes the definitions it compiles, x.hpp no x-inl.hpp).
+DEVICE_SOURCES = re.compile(r"xgrad_device_sources\(\s*xgrad_compiled\s+([^)]*)\)")
+DEVICE_ONLY_SYSTEM = ("thrust/", "cub/")
+
+
+def host_sources(repo):
+    """The library's sources (src/*.cpp, relative to repo) that nvcc does not compile."""
+    with open(os.path.join(repo, "CMakeLists.txt"), encoding="utf-8") as f:
+        match = DEVICE_SOURCES.search(f.read())
+    device = set(match.group(1).split()) if match else set()
+    return [f"src/{name}" for name in sorted(os.listdir(os.path.join(repo, "src")))
+            if name.endswith(".cpp") and f"src/{name}" not in device]
+
+
+def host_source_contents(graph, repo):
+    """One problem per host source that reaches Thrust or CUB, with the include chain to the
+    first header that does."""
+    cut = {h: [(t, ours) for t, ours in inc if t != definitions_of(h)] for h, inc in graph.items()}
+    problems = []
+    for source in host_sources(repo):
+        with open(os.path.join(repo, source), encoding="utf-8") as f:
+            todo = [(t, [t]) for _, t in INCLUDE.findall(f.read()) if t.startswith("xgrad/")]
+        seen, offenders = set(), []
+        while todo:  # breadth first: the shortest chain to each header
+            header, chain = todo.pop(0)
+            if header in seen or header not in cut:
+                continue
+            seen.add(header)
+            if any(not ours and t.startswith(DEVICE_ONLY_SYSTEM) for t, ours in cut[header]):
+                offenders.append(chain)
+            todo.extend((t, chain + [t]) for t, ours in cut[header] if ours)
+        if offenders:
+            more = f" (and {len(offenders) - 1} more headers)" if len(offenders) > 1 else ""
+            problems.append(f"{source}: reaches Thrust through {' -> '.join(offenders[0])}{more}; the CUDA build "
+                            "compiles it with the host compiler (only the sources in "
+                            "xgrad_device_sources(xgrad_compiled ...) may reach Thrust)")
+    return problems
+
+
+def check(root, repo=None):
+    """The problems of the include tree at root; with repo (holding CMakeLists.txt and src/), also
+    those of the library's host sources."""
     graph = read_includes(root)
-    return (upward_includes(graph) + definitions_files(graph) + cycles(graph) + umbrella_contents(graph) +
-            compiled_contents(graph))
+    problems = (upward_includes(graph) + definitions_files(graph) + cycles(graph) + umbrella_contents(graph) +
+                compiled_contents(graph))
+    return problems + (host_source_contents(graph, repo) if repo else [])
 
 
 def main(argv):
     root = argv[1] if len(argv) > 1 else os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "include")
-    problems = check(root)
+    repo = os.path.dirname(os.path.abspath(root))
+    has_sources = os.path.isfile(os.path.join(repo, "CMakeLists.txt")) and os.path.isdir(os.path.join(repo, "src"))
+    problems = check(root, repo if has_sources else None)
     for p in problems:
         print(p)
     if problems:

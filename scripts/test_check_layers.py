@@ -102,6 +102,28 @@ class CheckLayers(unittest.TestCase):
         problems = check_layers.check(tree({"data.hpp": '#include "xgrad/nn.hpp"\n'}))
         self.assertTrue(any(p.startswith("xgrad/data.hpp: pulls in xgrad/") for p in problems))
 
+    def test_host_source_reaching_thrust_is_named_with_its_chain(self):
+        root = tree({
+            "backend/thrust/k.hpp": "#include <thrust/for_each.h>\n",
+            "backend/run.hpp": '#include "xgrad/backend/thrust/k.hpp"\n',
+            # Compiled mode: ops/op.hpp reaches its definitions, and so Thrust, only header-only.
+            "ops/op.hpp": '#include "xgrad/ops/op-inl.hpp"\n',
+            "ops/op-inl.hpp": '#include "xgrad/ops/op.hpp"\n#include "xgrad/backend/run.hpp"\n'})
+        repo = tempfile.mkdtemp()
+        sources = {"CMakeLists.txt": "xgrad_device_sources(xgrad_compiled src/device.cpp\n  src/other.cpp)\n",
+                   "src/device.cpp": '#include "xgrad/ops/op-inl.hpp"\n',
+                   "src/host.cpp": '#include "xgrad/ops/op-inl.hpp"\n',
+                   "src/declarations.cpp": '#include "xgrad/ops/op.hpp"\n'}
+        for name, text in sources.items():
+            os.makedirs(os.path.dirname(os.path.join(repo, name)), exist_ok=True)
+            with open(os.path.join(repo, name), "w", encoding="utf-8") as f:
+                f.write(text)
+        problems = check_layers.check(root, repo)
+        self.assertEqual(len(problems), 1, problems)
+        self.assertTrue(problems[0].startswith("src/host.cpp: reaches Thrust through xgrad/ops/op-inl.hpp -> "
+                                               "xgrad/backend/run.hpp -> xgrad/backend/thrust/k.hpp;"), problems)
+        self.assertEqual(check_layers.check(root), [])  # without the sources: the headers alone are fine
+
 
 if __name__ == "__main__":
     unittest.main()
