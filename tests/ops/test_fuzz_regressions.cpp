@@ -143,3 +143,14 @@ TEST_CASE("fuzz regression: attention refuses operands whose gradient row cannot
   xg::sum(xg::scaled_dot_product_attention(small, small, small)).backward();
   CHECK(small.grad().shape() == xg::Shape{0, 3, 4});
 }
+
+TEST_CASE("fuzz regression: a convolution making one output row takes any stride") {
+  // A stride of 2^62 over 3 x 3 images: one output row and column, whatever the stride
+  // (fuzz_ops' regress-conv2d-huge-stride-one-row); the kernels stepped rows by stride * width.
+  const auto x = xg::reshape(xg::arange<float>(18), {2, 1, 3, 3}).set_requires_grad(true);
+  const auto w = xg::ones<float>({1, 1, 2, 2});
+  const auto y = xg::conv2d(x, w, {.stride = std::int64_t{1} << 62});
+  CHECK(y.to_vector() == std::vector<float>{0 + 1 + 3 + 4, 9 + 10 + 12 + 13});
+  xg::sum(y).backward();
+  CHECK(x.grad().to_vector() == std::vector<float>{1, 1, 0, 1, 1, 0, 0, 0, 0, 1, 1, 0, 1, 1, 0, 0, 0, 0});
+}

@@ -40,9 +40,10 @@ inline std::optional<HeadsView> heads_view(const ir::Value* v) {
   ir::Value* columns = reshape->inputs[0];
   const ir::Node* slice = columns->producer;
   if (!slice || !slice->is<op::Slice>()) return HeadsView{columns, b, t, h * s, 0, h, s};
-  // A slice along the last axis only.
+  // A slice along the last axis only, whose rows the reshape keeps whole.
   ir::Value* buffer = slice->inputs[0];
   const int last = buffer->shape.ndim() - 1;
+  if (columns->shape[last] != h * s) return std::nullopt;
   const auto& begin = slice->params<op::Slice>().begin;
   for (int a = 0; a < last; ++a)
     if (begin[static_cast<std::size_t>(a)] != 0 || columns->shape[a] != buffer->shape[a]) return std::nullopt;
@@ -55,7 +56,8 @@ inline std::optional<cpu::AttentionGeometry> heads_layout(cpu::AttentionGeometry
                                                           const std::vector<std::optional<HeadsView>>& views) {
   if (g.heads || g.tq != g.tk) return std::nullopt;
   for (const auto& view : views)
-    if (!view || view->buffer != views[0]->buffer || view->batch * view->heads != g.batch || view->t != g.tq)
+    if (!view || view->buffer != views[0]->buffer || view->heads != views[0]->heads ||
+        view->batch * view->heads != g.batch || view->t != g.tq)
       return std::nullopt;
   const HeadsView &q = *views[0], &k = *views[1], &v = *views[2];
   if (q.size != g.d || k.size != g.d || v.size != g.dv) return std::nullopt;

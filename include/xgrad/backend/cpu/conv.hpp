@@ -223,7 +223,7 @@ void row_spans(const T* src, int64_t src_step, T* dst, int64_t dst_step, int64_t
 template <class T> void im2col_images(const Conv2dGeometry& g, const T* x, int64_t count, T* col, int64_t ld) {
   const int64_t ohw = g.out_h * g.out_w;
   const int64_t x_img = g.c_in * g.h * g.w;
-  const int64_t x_step = g.stride_h * g.w;
+  const int64_t x_step = g.out_h > 1 ? g.stride_h * g.w : 0;  // a stride past the input when one row is made
   T* dst = col;
   for (int64_t c = 0; c < g.c_in; ++c) {
     for (int64_t ki = 0; ki < g.kh; ++ki) {
@@ -267,7 +267,7 @@ template <class T> void im2col_images(const Conv2dGeometry& g, const T* x, int64
 template <class T> void col2im_images(const Conv2dGeometry& g, const T* col, int64_t ld, int64_t count, T* x) {
   const int64_t ohw = g.out_h * g.out_w;
   const int64_t x_img = g.c_in * g.h * g.w;
-  const int64_t x_step = g.stride_h * g.w;
+  const int64_t x_step = g.out_h > 1 ? g.stride_h * g.w : 0;  // a stride past the input when one row is made
   const T* src = col;
   for (int64_t c = 0; c < g.c_in; ++c) {
     for (int64_t ki = 0; ki < g.kh; ++ki) {
