@@ -138,10 +138,13 @@ TEST_CASE("fuzz regression: attention refuses operands whose gradient row cannot
   const auto msg = message_of<xg::ValueError>([&] { xg::scaled_dot_product_attention(q, k, v); });
   CHECK(contains(msg, "ScaledDotProductAttention"));
   CHECK(contains(msg, "the gradient's row"));
-  // Rows that fit are fine with no items, and so is their gradient.
-  const auto small = xg::zeros<float>({0, 3, 4}).set_requires_grad(true);
-  xg::sum(xg::scaled_dot_product_attention(small, small, small)).backward();
-  CHECK(small.grad().shape() == xg::Shape{0, 3, 4});
+  // Rows that fit are fine with no items, and so is their gradient, even 2^62 empty rows
+  // (regress-attention-empty-rows-far-apart: the gradient's parts began at (tq + tk) d).
+  for (const std::int64_t rows : {std::int64_t{3}, std::int64_t{1} << 62}) {
+    const auto small = xg::zeros<float>({0, rows, 0}).set_requires_grad(true);
+    xg::sum(xg::scaled_dot_product_attention(small, small, small)).backward();
+    CHECK(small.grad().shape() == xg::Shape{0, rows, 0});
+  }
 }
 
 TEST_CASE("fuzz regression: a convolution making one output row takes any stride") {

@@ -814,7 +814,7 @@ template <class T> autograd::Grads op::Attention::grad(const Tensor<T>& g, const
   auto part = [&](std::int64_t begin, std::int64_t rows, std::int64_t width) {
     return reshape(slice(grads, {0, begin}, {s.batch, rows * width}, loc), {s.batch, rows, width}, loc);
   };
-  return {part(0, s.tq, s.d), part(s.tq * s.d, s.tk, s.d), part((s.tq + s.tk) * s.d, s.tk, s.dv)};
+  return {part(0, s.tq, s.d), part(s.tq * s.d, s.tk, s.d), part(s.tq * s.d + s.tk * s.d, s.tk, s.dv)};
 }
 
 // With p the probabilities and t_s the scores' tangent, softmax's Jacobian gives p's tangent
