@@ -25,35 +25,29 @@ template <class T> XGRAD_HD T dot(const T* a, const T* b, std::int64_t n) {
   return sum;
 }
 
-/// Where query row qrow (item qrow / tq, query qrow % tq) and key row krow (item krow / tk)
-/// of each operand lie, laid out as g says.
-struct AttentionRowsAt {
-  cpu::AttentionGeometry g;
-  XGRAD_HD std::int64_t q(std::int64_t qrow) const { return at(g.q_rows(qrow / g.tq), qrow % g.tq); }
-  XGRAD_HD std::int64_t out(std::int64_t qrow) const { return at(g.out_rows(qrow / g.tq), qrow % g.tq); }
-  XGRAD_HD std::int64_t dq(std::int64_t qrow) const { return at(g.dq_rows(qrow / g.tq), qrow % g.tq); }
-  XGRAD_HD std::int64_t k(std::int64_t krow) const { return at(g.k_rows(krow / g.tk), krow % g.tk); }
-  XGRAD_HD std::int64_t v(std::int64_t krow) const { return at(g.v_rows(krow / g.tk), krow % g.tk); }
-  XGRAD_HD std::int64_t dk(std::int64_t krow) const { return at(g.dk_rows(krow / g.tk), krow % g.tk); }
-  XGRAD_HD std::int64_t dv(std::int64_t krow) const { return at(g.dv_rows(krow / g.tk), krow % g.tk); }
-
- private:
-  XGRAD_HD static std::int64_t at(cpu::AttentionGeometry::Rows rows, std::int64_t i) {
-    return rows.start + i * rows.stride;
-  }
+/// One batch item's matrix of an operand, laid out as AttentionGeometry says: row i at
+/// base + i * stride. Worked out once per functor call, so that the loops only multiply.
+template <class P> struct ItemMatrix {
+  P base;
+  std::int64_t stride;
+  XGRAD_HD P row(std::int64_t i) const { return base + i * stride; }
 };
+template <class P> XGRAD_HD ItemMatrix<P> item_matrix(P data, cpu::AttentionGeometry::Rows rows) {
+  return {data + rows.start, rows.stride};
+}
 
 /// Query row `row` (batch item row / tq): its output when out is given, and the log of its
 /// softmax denominator into lse[row] when lse is (0 for a query that sees no key).
 template <class T> struct AttentionRowFn {
-  AttentionRowsAt at;
+  cpu::AttentionGeometry g;
   const T *q, *k, *v;
   T *out, *lse;
   XGRAD_HD void operator()(std::int64_t row) const {
-    const cpu::AttentionGeometry& g = at.g;
-    const std::int64_t first_key = row / g.tq * g.tk, i = row % g.tq;
-    const T* qi = q + at.q(row);
-    T* o = out ? out + at.out(row) : nullptr;
+    const std::int64_t n = row / g.tq, i = row % g.tq;
+    const T* qi = item_matrix(q, g.q_rows(n)).row(i);
+    const auto keys = item_matrix(k, g.k_rows(n));
+    const auto values = v ? item_matrix(v, g.v_rows(n)) : ItemMatrix<const T*>{nullptr, 0};
+    T* o = out ? item_matrix(out, g.out_rows(n)).row(i) : nullptr;
     if (o)
       for (std::int64_t c = 0; c < g.dv; ++c) o[c] = T(0);
     // Two passes, the maximum first: each exponential then has the row's final shift, as the
@@ -62,15 +56,15 @@ template <class T> struct AttentionRowFn {
     const T scale = static_cast<T>(g.scale);
     T shift = 0;
     for (std::int64_t j = 0; j < end; ++j) {
-      const T s = scale * dot(qi, k + at.k(first_key + j), g.d);
+      const T s = scale * dot(qi, keys.row(j), g.d);
       shift = j == 0 || s > shift ? s : shift;
     }
     T total = 0;
     for (std::int64_t j = 0; j < end; ++j) {
-      const T p = std::exp(scale * dot(qi, k + at.k(first_key + j), g.d) - shift);
+      const T p = std::exp(scale * dot(qi, keys.row(j), g.d) - shift);
       total += p;
       if (o) {
-        const T* vj = v + at.v(first_key + j);
+        const T* vj = values.row(j);
         for (std::int64_t c = 0; c < g.dv; ++c) o[c] += p * vj[c];
       }
     }
@@ -83,40 +77,47 @@ template <class T> struct AttentionRowFn {
 
 /// dot[row] = gy_row . out_row.
 template <class T> struct AttentionDotFn {
-  AttentionRowsAt at;
+  cpu::AttentionGeometry g;
   const T *gy, *out;
   T* dots;
-  XGRAD_HD void operator()(std::int64_t row) const { dots[row] = dot(gy + at.out(row), out + at.out(row), at.g.dv); }
+  XGRAD_HD void operator()(std::int64_t row) const {
+    const auto rows = g.out_rows(row / g.tq);
+    const std::int64_t i = row % g.tq;
+    dots[row] = dot(item_matrix(gy, rows).row(i), item_matrix(out, rows).row(i), g.dv);
+  }
 };
 
 /// What the gradients' functors read, and the probability and score gradient of a query-key
 /// pair: p = exp(scale q.k - lse), ds = p (gy.v - dot).
 template <class T> struct AttentionGradParts {
-  AttentionRowsAt at;
+  cpu::AttentionGeometry g;
   const T *q, *k, *v, *gy, *lse, *dots;
   T* grads;
   struct Pair {
     T p, ds;
   };
-  /// Query row qrow (n * tq + i) with key row krow (n * tk + j).
-  XGRAD_HD Pair pair(std::int64_t qrow, std::int64_t krow) const {
-    const cpu::AttentionGeometry& g = at.g;
-    const T p = std::exp(static_cast<T>(g.scale) * dot(q + at.q(qrow), k + at.k(krow), g.d) - lse[qrow]);
-    return {p, p * (dot(gy + at.out(qrow), v + at.v(krow), g.dv) - dots[qrow])};
+  /// Query row qrow (n * tq + i, its q and gy rows qi and gyi) with key row j of item n (kj, vj).
+  XGRAD_HD Pair pair(std::int64_t qrow, const T* qi, const T* gyi, const T* kj, const T* vj) const {
+    const T p = std::exp(static_cast<T>(g.scale) * dot(qi, kj, g.d) - lse[qrow]);
+    return {p, p * (dot(gyi, vj, g.dv) - dots[qrow])};
   }
 };
 
 /// Query row `row`'s gradient: dq_i = scale sum_j ds_ij k_j.
 template <class T> struct AttentionQueryGradFn : AttentionGradParts<T> {
   XGRAD_HD void operator()(std::int64_t row) const {
-    const cpu::AttentionGeometry& g = this->at.g;
-    const std::int64_t first_key = row / g.tq * g.tk, i = row % g.tq;
-    T* dq = this->grads + this->at.dq(row);
+    const cpu::AttentionGeometry& g = this->g;
+    const std::int64_t n = row / g.tq, i = row % g.tq;
+    const T* qi = item_matrix(this->q, g.q_rows(n)).row(i);
+    const T* gyi = item_matrix(this->gy, g.out_rows(n)).row(i);
+    const auto keys = item_matrix(this->k, g.k_rows(n));
+    const auto values = item_matrix(this->v, g.v_rows(n));
+    T* dq = item_matrix(this->grads, g.dq_rows(n)).row(i);
     for (std::int64_t c = 0; c < g.d; ++c) dq[c] = T(0);
     const T scale = static_cast<T>(g.scale);
     for (std::int64_t j = 0; j < g.key_end(i); ++j) {
-      const T ds = this->pair(row, first_key + j).ds;
-      const T* kj = this->k + this->at.k(first_key + j);
+      const T* kj = keys.row(j);
+      const T ds = this->pair(row, qi, gyi, kj, values.row(j)).ds;
       for (std::int64_t c = 0; c < g.d; ++c) dq[c] += scale * ds * kj[c];
     }
   }
@@ -126,18 +127,20 @@ template <class T> struct AttentionQueryGradFn : AttentionGradParts<T> {
 /// queries that see key j.
 template <class T> struct AttentionKeyGradFn : AttentionGradParts<T> {
   XGRAD_HD void operator()(std::int64_t row) const {
-    const cpu::AttentionGeometry& g = this->at.g;
-    const std::int64_t first_query = row / g.tk * g.tq, j = row % g.tk;
-    T* dk = this->grads + this->at.dk(row);
-    T* dv = this->grads + this->at.dv(row);
+    const cpu::AttentionGeometry& g = this->g;
+    const std::int64_t n = row / g.tk, j = row % g.tk;
+    const T* kj = item_matrix(this->k, g.k_rows(n)).row(j);
+    const T* vj = item_matrix(this->v, g.v_rows(n)).row(j);
+    const auto queries = item_matrix(this->q, g.q_rows(n));
+    const auto gys = item_matrix(this->gy, g.out_rows(n));
+    T* dk = item_matrix(this->grads, g.dk_rows(n)).row(j);
+    T* dv = item_matrix(this->grads, g.dv_rows(n)).row(j);
     for (std::int64_t c = 0; c < g.d; ++c) dk[c] = T(0);
     for (std::int64_t c = 0; c < g.dv; ++c) dv[c] = T(0);
     const T scale = static_cast<T>(g.scale);
     for (std::int64_t i = g.query_begin(j); i < g.tq; ++i) {
-      const std::int64_t qrow = first_query + i;
-      const auto [p, ds] = this->pair(qrow, row);
-      const T* gyi = this->gy + this->at.out(qrow);
-      const T* qi = this->q + this->at.q(qrow);
+      const T *qi = queries.row(i), *gyi = gys.row(i);
+      const auto [p, ds] = this->pair(n * g.tq + i, qi, gyi, kj, vj);
       for (std::int64_t c = 0; c < g.dv; ++c) dv[c] += p * gyi[c];
       for (std::int64_t c = 0; c < g.d; ++c) dk[c] += scale * ds * qi[c];
     }
@@ -149,8 +152,7 @@ template <class T> struct AttentionKeyGradFn : AttentionGradParts<T> {
 /// See cpu::attention_forward.
 template <class T> void attention_forward(const cpu::AttentionGeometry& g, const T* q, const T* k, const T* v, T* out) {
   thrust::counting_iterator<std::int64_t> first(0);
-  thrust::for_each(thrust::device, first, first + g.batch * g.tq,
-                   detail::AttentionRowFn<T>{{g}, q, k, v, out, nullptr});
+  thrust::for_each(thrust::device, first, first + g.batch * g.tq, detail::AttentionRowFn<T>{g, q, k, v, out, nullptr});
 }
 
 /// See cpu::attention_backward.
@@ -160,14 +162,13 @@ template <class T> void attention_backward(const cpu::AttentionGeometry& g, cons
   const std::int64_t queries = g.batch * g.tq;
   Scratch<T> lse(static_cast<std::size_t>(queries)), dots(static_cast<std::size_t>(queries));
   thrust::counting_iterator<std::int64_t> first(0);
-  const detail::AttentionRowsAt at{g};
   thrust::for_each(thrust::device, first, first + queries,
-                   detail::AttentionRowFn<T>{at, q, k, nullptr, nullptr, lse.data()});
-  thrust::for_each(thrust::device, first, first + queries, detail::AttentionDotFn<T>{at, gy, out, dots.data()});
+                   detail::AttentionRowFn<T>{g, q, k, nullptr, nullptr, lse.data()});
+  thrust::for_each(thrust::device, first, first + queries, detail::AttentionDotFn<T>{g, gy, out, dots.data()});
   thrust::for_each(thrust::device, first, first + queries,
-                   detail::AttentionQueryGradFn<T>{{at, q, k, v, gy, lse.data(), dots.data(), grads}});
+                   detail::AttentionQueryGradFn<T>{{g, q, k, v, gy, lse.data(), dots.data(), grads}});
   thrust::for_each(thrust::device, first, first + g.batch * g.tk,
-                   detail::AttentionKeyGradFn<T>{{at, q, k, v, gy, lse.data(), dots.data(), grads}});
+                   detail::AttentionKeyGradFn<T>{{g, q, k, v, gy, lse.data(), dots.data(), grads}});
 }
 
 }  // namespace xgrad::thrust_backend
