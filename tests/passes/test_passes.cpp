@@ -763,6 +763,44 @@ TEST_CASE("passes: fuse runs elementwise work as a MatMul's epilogue, on each bl
   check_same(around, square, square);
 }
 
+TEST_CASE("passes: fuse recomputes cheap values where they are read instead of writing them out") {
+  // GELU's gradient reads x / 2, erf(x / sqrt 2) and exp(-x^2 / 2). The backward's group (the
+  // epilogue of g w2^T) recomputes them from x itself, so the forward's group writes x and
+  // gelu(x), not four [16, 24] values, and the backward reads one of them, not three.
+  auto w1 = xg::randn<float>({8, 24}, 5), w2 = xg::randn<float>({24, 4}, 6);
+  auto step = [](xg::Tensor<float> x, xg::Tensor<float> u, xg::Tensor<float> v) {
+    return xg::grad(
+        [&](xg::Tensor<float> a) { return xg::sum(xg::square(xg::matmul(xg::gelu(xg::matmul(x, a)), v))); })(u);
+  };
+  auto x = xg::randn<float>({16, 8}, 7);
+  const std::string ir = body(xg::jit(step).lower(x, w1, w2).ir());
+  const std::string forward = "= Fused(%0, %1, ";
+  const auto at = ir.find(forward);
+  INFO(ir);
+  REQUIRE(at != std::string::npos);
+  const std::string line = ir.substr(ir.rfind('\n', at) + 1, ir.find('\n', at) - ir.rfind('\n', at) - 1);
+  CHECK(line.find("ops=\"MatMul, Mul, Mul, Erf, Fma\"") != std::string::npos);
+  const std::string results = line.substr(0, line.find(" = "));
+  CHECK(results.find(": f32[16, 24], %") != std::string::npos);  // two results, x and gelu(x)
+  CHECK(results.find(": f32[16, 24], %", results.find(": f32[16, 24], %") + 1) == std::string::npos);
+  CHECK(ir.find("ops=\"MatMul, Mul, Mul, Erf, Mul, Fma, Square, Neg, Exp") != std::string::npos);
+  // Exact (so in strict mode too): the recomputed ops run the kernels the forward's ran.
+  auto jitted = xg::jit(step, {.strict = true})(x, w1, w2).to_vector(), eager = step(x, w1, w2).to_vector();
+  REQUIRE(jitted.size() == eager.size());
+  CHECK(std::memcmp(jitted.data(), eager.data(), jitted.size() * sizeof(float)) == 0);
+  std::istringstream strict_ir(body(xg::jit(step, {.strict = true}).lower(x, w1, w2).ir()));
+  bool recomputed = false;
+  for (std::string node; std::getline(strict_ir, node);)
+    recomputed |= node.find("MatMul, Mul, Mul, Erf") != std::string::npos && node.find("Exp") != std::string::npos;
+  CHECK(recomputed);
+  // Not when it would only spare the reader a read: d is written for another reader anyway.
+  auto f = [](xg::Tensor<float> x) {
+    auto d = xg::exp(x) + 1.0f;
+    return d * xg::sum(d) + x;
+  };
+  CHECK(all_of(xg::jit(f, only("fuse")).lower(x).ir()).find("ops=\"Exp, Add, Mul, Add\"") == std::string::npos);
+}
+
 TEST_CASE("plan_memory: buffers reused and written in place, shown before running; calls allocate only results") {
   // A small train step: its backward pass has many same-shaped temporaries that die young.
   xg::Parameter<float> w(xg::randn<float>({16, 32}, 1) * 0.1f, "w"), b(xg::zeros<float>({32}), "b");

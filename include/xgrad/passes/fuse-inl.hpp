@@ -51,10 +51,12 @@ inline std::unique_ptr<ir::Node> body_copy(const ir::Node& node, std::vector<ir:
 /// The Fused node standing for `members` (indices into g.nodes, in order) and, when given,
 /// the `anchor` node whose output only they read: the group then runs as the anchor's
 /// epilogue. `read_outside` holds the values read by other nodes, returned or written by an
-/// effect.
+/// effect; the group writes those it makes, but not those of `recomputed`, members another
+/// group makes and writes (recompute_in_readers).
 inline std::unique_ptr<ir::Node> make_fused(const ir::Graph& g, const std::vector<std::size_t>& members,
                                             const ir::Node* anchor,
-                                            const std::unordered_set<const ir::Value*>& read_outside, int number) {
+                                            const std::unordered_set<const ir::Value*>& read_outside,
+                                            const std::unordered_set<std::size_t>& recomputed, int number) {
   auto body = std::make_shared<ir::Graph>();
   body->name = g.name + ".fused" + std::to_string(number);
   std::unordered_set<const ir::Value*> made;
@@ -113,7 +115,7 @@ inline std::unique_ptr<ir::Node> make_fused(const ir::Graph& g, const std::vecto
     copy->outputs.push_back(out);
     step.result = out->id;
     inner[node.outputs[0]] = out;
-    if (read_outside.count(node.outputs[0])) {
+    if (!recomputed.count(i) && read_outside.count(node.outputs[0])) {
       fused->outputs.push_back(node.outputs[0]);
       body->outputs.push_back(out);
       output_slots.push_back(out->id);
@@ -137,8 +139,11 @@ inline std::unique_ptr<ir::Node> make_fused(const ir::Graph& g, const std::vecto
     std::vector<int> may_take;
     for (std::size_t j = 0; j < output_slots.size(); ++j)
       if (!effect_values.count(fused->outputs[j])) may_take.push_back(output_slots[j]);
-    const int pick = cpu::FusedKernel::anchor_output_in_place(steps, may_take, inner.at(anchor->outputs[0])->id,
-                                                              dtype_size(anchor->outputs[0]->dtype));
+    // Another group recomputing from the product reads it: then it keeps its own buffer.
+    const int pick = read_outside.count(anchor->outputs[0])
+                         ? -1
+                         : cpu::FusedKernel::anchor_output_in_place(steps, may_take, inner.at(anchor->outputs[0])->id,
+                                                                    dtype_size(anchor->outputs[0]->dtype));
     const int into = pick < 0 ? -1
                               : static_cast<int>(std::find(output_slots.begin(), output_slots.end(),
                                                            may_take[static_cast<std::size_t>(pick)]) -
@@ -349,6 +354,168 @@ inline bool conv_gradients_through_max_pool(ir::Graph& g) {
   return !puts.empty();
 }
 
+/// Ops of another group a group recomputes, at most for one value it reads: a few cheap steps
+/// cost less than the writes and reads they save.
+inline constexpr std::size_t k_max_recomputed_ops = 8;
+
+/// Rematerialization: when a fused group B reads values that another group F makes of B's
+/// shape from one value d through a few of F's ops (GELU's backward reads x / 2,
+/// erf(x / sqrt 2) and exp(-x^2 / 2), all made from x), B recomputes them from d where that
+/// moves fewer bytes: F writes d instead of the values only B read, and B reads d instead of
+/// them. Exact: each op runs the same block kernel in B as it ran in F.
+///
+/// `home`: each node's fused group, or -1; `members`: each group's nodes, to which the ops a
+/// group recomputes are added (and listed in its `recomputed`); a node no one reads any more
+/// leaves its group (home -2). `written`, the values read outside the group making them (and
+/// those returned or written by an effect), is brought up to date.
+inline void recompute_in_readers(const ir::Graph& g, const std::unordered_map<const ir::Node*, std::size_t>& index,
+                                 std::vector<int>& home, std::vector<std::vector<std::size_t>>& members,
+                                 const std::vector<const ir::Node*>& anchor, const std::vector<std::size_t>& slots,
+                                 std::vector<std::unordered_set<std::size_t>>& recomputed,
+                                 std::unordered_set<const ir::Value*>& written) {
+  const std::size_t n = g.nodes.size();
+  std::unordered_set<const ir::Value*> kept(g.outputs.begin(), g.outputs.end());
+  for (const auto& e : g.effects) kept.insert(e.value);
+  std::unordered_map<const ir::Value*, std::vector<std::size_t>> readers;
+  for (std::size_t i = 0; i < n; ++i)
+    for (const ir::Value* v : g.nodes[i]->inputs) readers[v].push_back(i);
+  std::vector<bool> is_anchor(n, false);
+  for (const ir::Node* a : anchor)
+    if (a) is_anchor[index.at(a)] = true;
+  auto holds = [&](std::size_t G, std::size_t p) {  // group G's node makes what node p makes
+    return home[p] == static_cast<int>(G) || recomputed[G].count(p) > 0 || anchor[G] == g.nodes[p].get();
+  };
+  auto update_written = [&] {
+    written = kept;
+    for (std::size_t i = 0; i < n; ++i) {
+      if (home[i] == -2) continue;
+      for (const ir::Value* v : g.nodes[i]->inputs)
+        if (v->producer && (home[i] < 0 || !holds(static_cast<std::size_t>(home[i]), index.at(v->producer))))
+          written.insert(v);
+    }
+    for (std::size_t G = 0; G < members.size(); ++G)
+      for (std::size_t c : recomputed[G])
+        for (const ir::Value* v : g.nodes[c]->inputs)
+          if (v->producer && !holds(G, index.at(v->producer))) written.insert(v);
+  };
+  update_written();
+  // An argument, a plain node's result, or one a group writes (an anchor's product only then).
+  auto in_memory = [&](const ir::Value* v) {
+    if (!v->producer) return true;
+    const std::size_t p = index.at(v->producer);
+    return (home[p] < 0 && !is_anchor[p]) || written.count(v) > 0;
+  };
+  auto bytes = [](const ir::Value* v) { return static_cast<std::int64_t>(dtype_size(v->dtype)); };
+  for (std::size_t B = 0; B < members.size(); ++B) {
+    if (members[B].empty() || home[members[B].front()] != static_cast<int>(B)) continue;
+    const Shape& shape = g.nodes[members[B].front()]->outputs[0]->shape;
+    std::unordered_set<const ir::Value*> reads;
+    if (anchor[B]) reads.insert(anchor[B]->inputs.begin(), anchor[B]->inputs.end());
+    std::vector<std::pair<int, std::vector<const ir::Value*>>> wanted;  // per other group, what B reads of it
+    for (std::size_t m : members[B])
+      for (const ir::Value* v : g.nodes[m]->inputs) {
+        if (!reads.insert(v).second || !v->producer || !(v->shape == shape)) continue;
+        const int F = home[index.at(v->producer)];
+        if (F < 0 || F == static_cast<int>(B)) continue;
+        auto it = std::find_if(wanted.begin(), wanted.end(), [&](const auto& w) { return w.first == F; });
+        if (it == wanted.end()) it = wanted.insert(wanted.end(), {F, {}});
+        it->second.push_back(v);
+      }
+    std::size_t budget = slots[B] + (anchor[B] ? anchor[B]->inputs.size() + 1 : 0);
+    for (const auto& [F, wants] : wanted) {
+      // Each of F's results of B's shape, and each such value F reads, is tried as d.
+      std::vector<const ir::Value*> cuts;
+      for (std::size_t m : members[static_cast<std::size_t>(F)]) {
+        cuts.push_back(g.nodes[m]->outputs[0]);
+        for (const ir::Value* v : g.nodes[m]->inputs)
+          if (v->shape == shape && (!v->producer || home[index.at(v->producer)] != F)) cuts.push_back(v);
+      }
+      std::int64_t best_saving = 0;
+      std::vector<std::size_t> best_ops;
+      std::vector<const ir::Value*> best_leaves;
+      for (const ir::Value* d : cuts) {
+        std::vector<std::size_t> ops;
+        std::vector<const ir::Value*> leaves, stack(wants.begin(), wants.end());
+        std::unordered_set<const ir::Value*> seen;
+        std::size_t op_slots = 0;
+        bool ok = true;
+        while (ok && !stack.empty()) {
+          const ir::Value* v = stack.back();
+          stack.pop_back();
+          if (!seen.insert(v).second || !(v->shape == shape)) continue;  // a broadcast operand: small
+          const ir::Node* p = v->producer;
+          if (v != d && p && home[index.at(p)] == F) {
+            ops.push_back(index.at(p));
+            op_slots += 1 + p->inputs.size();
+            stack.insert(stack.end(), p->inputs.begin(), p->inputs.end());
+            ok = ops.size() <= k_max_recomputed_ops && budget + op_slots <= cpu::FusedKernel::kMaxSlots;
+          } else {
+            leaves.push_back(v);
+            ok = v == d || in_memory(v);
+          }
+        }
+        if (!ok) continue;
+        // Bytes per element saved: F's writes of what only B read, and B's reads of what it
+        // wanted. F must write less: recomputing only to spare B a read is not worth it.
+        std::int64_t writes = in_memory(d) ? 0 : -bytes(d), saving = 0;
+        for (const ir::Value* v : wants) {
+          if (v == d) continue;
+          saving += bytes(v);
+          const auto& r = readers[v];
+          if (!kept.count(v) && std::all_of(r.begin(), r.end(), [&](std::size_t k) {
+                return home[k] == F || home[k] == static_cast<int>(B);
+              }))
+            writes += bytes(v);
+        }
+        for (const ir::Value* v : leaves)
+          if (!reads.count(v)) saving -= bytes(v);
+        saving += writes;
+        if (writes > 0 && saving > best_saving ||
+            (saving == best_saving && !best_ops.empty() && ops.size() < best_ops.size())) {
+          best_saving = saving;
+          best_ops = std::move(ops);
+          best_leaves = std::move(leaves);
+        }
+      }
+      if (best_ops.empty()) continue;
+      for (std::size_t k : best_ops)
+        if (recomputed[B].insert(k).second) {
+          members[B].push_back(k);
+          budget += 1 + g.nodes[k]->inputs.size();
+        }
+      for (const ir::Value* v : best_leaves) {
+        reads.insert(v);
+        written.insert(v);
+      }
+    }
+    std::sort(members[B].begin(), members[B].end());
+  }
+  // What each group now writes, and members no one reads any more, until neither changes.
+  for (bool dropped = true; dropped;) {
+    update_written();
+    dropped = false;
+    for (std::size_t G = 0; G < members.size(); ++G) {
+      std::unordered_set<const ir::Value*> live_reads;
+      std::vector<std::size_t> live;
+      for (auto it = members[G].rbegin(); it != members[G].rend(); ++it) {
+        const ir::Node& node = *g.nodes[*it];
+        const bool mine = home[*it] == static_cast<int>(G);
+        if ((mine && written.count(node.outputs[0])) || live_reads.count(node.outputs[0])) {
+          live.push_back(*it);
+          live_reads.insert(node.inputs.begin(), node.inputs.end());
+          continue;
+        }
+        dropped = true;
+        if (mine)
+          home[*it] = -2;
+        else
+          recomputed[G].erase(*it);
+      }
+      members[G].assign(live.rbegin(), live.rend());
+    }
+  }
+}
+
 }  // namespace detail
 
 XGRAD_API bool fuse(ir::Graph& g, const PassContext& ctx) {
@@ -550,6 +717,11 @@ XGRAD_API bool fuse(ir::Graph& g, const PassContext& ctx) {
   }
 
   if (std::none_of(group_of_item.begin(), group_of_item.end(), [](int G) { return G >= 0; })) return paired || pooled;
+  std::vector<int> home(n, -1);
+  for (std::size_t i = 0; i < n; ++i)
+    if (group[i] >= 0 && fused(static_cast<std::size_t>(group[i]))) home[i] = group[i];
+  std::vector<std::unordered_set<std::size_t>> recomputed(members.size());
+  detail::recompute_in_readers(g, index, home, members, anchor, slots, recomputed, read_outside);
   int fused_count = 0;
   std::vector<std::unique_ptr<ir::Node>> ordered;
   for (std::size_t k : order) {
@@ -558,7 +730,11 @@ XGRAD_API bool fuse(ir::Graph& g, const PassContext& ctx) {
       continue;
     }
     const auto G = static_cast<std::size_t>(group_of_item[k]);
-    ordered.push_back(detail::make_fused(g, members[G], anchor[G], read_outside, fused_count++));
+    if (members[G].empty()) {  // every value it made is recomputed where it is read
+      if (anchor[G]) throw std::logic_error("xgrad internal error: fusion left a product without readers");
+      continue;
+    }
+    ordered.push_back(detail::make_fused(g, members[G], anchor[G], read_outside, recomputed[G], fused_count++));
   }
   g.nodes = std::move(ordered);
   return true;
