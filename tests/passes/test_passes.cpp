@@ -23,6 +23,13 @@ using xgrad::testing::message_of;
 
 namespace {
 
+/// Sets the pool's thread count for a scope.
+struct Threads {
+  int saved = xg::cpu::num_threads();
+  explicit Threads(int n) { xg::cpu::set_num_threads(n); }
+  ~Threads() { xg::cpu::set_num_threads(saved); }
+};
+
 /// The body of a graph's text: the lines between "{" and "}", without source comments.
 std::string body(const std::string& ir) {
   std::string out;
@@ -801,6 +808,82 @@ TEST_CASE("passes: fuse recomputes cheap values where they are read instead of w
   CHECK(all_of(xg::jit(f, only("fuse")).lower(x).ir()).find("ops=\"Exp, Add, Mul, Add\"") == std::string::npos);
 }
 
+/// True when a and b hold the same bits.
+template <class T> bool same_bits(const xg::Tensor<T>& a, const xg::Tensor<T>& b) {
+  const auto x = a.to_vector(), y = b.to_vector();
+  return a.shape() == b.shape() && std::memcmp(x.data(), y.data(), x.size() * sizeof(T)) == 0;
+}
+
+TEST_CASE("passes: fuse runs a layer norm or a softmax as one row group, each row's reductions and ops in one pass") {
+  auto ln = [](xg::Tensor<float> x, xg::Tensor<float> g, xg::Tensor<float> b) { return xg::layer_norm(x, g, b, 1e-5); };
+  auto x = xg::randn<float>({6, 40}, 8), g = xg::randn<float>({40}, 9), b = xg::randn<float>({40}, 10);
+  CHECK(optimized(ln, only("fuse", "ln"), x, g, b) ==
+        "  %3 : f32[] = Const() {value=40}\n"
+        "  %4 : f32[] = Const() {value=40}\n"
+        "  %5 : f32[] = Const() {value=1e-05}\n"
+        "  %6 : f32[6, 40] = Fused(%0, %3, %4, %5, %1, %2) {body=ln.fused0, ops=\"SumTo, Div, Sub, Square, SumTo, Div, "
+        "Add, Rsqrt, Mul, Fma\", merged=\"Add+Rsqrt\"}\n"
+        "  return %6\n");
+  // Each row is reduced by the loop the eager kernel runs on a row: eager's bits, at any number
+  // of threads (blocks are whole rows).
+  auto big = xg::randn<float>({300, 40}, 11);
+  const auto eager = ln(big, g, b);
+  CHECK(same_bits(xg::jit(ln, {.strict = true})(big, g, b), eager));
+  {
+    Threads two(2);
+    CHECK(same_bits(xg::jit(ln, {.strict = true})(big, g, b), eager));
+  }
+  auto ln64 = [](xg::Tensor<double> x) { return xg::layer_norm(x, 1e-5); };
+  auto big64 = xg::randn<double>({50, 33}, 12);
+  CHECK(same_bits(xg::jit(ln64, {.strict = true})(big64), ln64(big64)));
+  // No rows: nothing to run, the right shape.
+  CHECK(xg::jit(ln)(xg::zeros<float>({0, 40}), g, b).shape() == xg::Shape{0, 40});
+
+  // Softmax and its gradient: the row maximum, the exponentials, their sum and the scale, and
+  // the backward's row sum of g * y, each one group; infinities and NaNs as eagerly.
+  auto w = xg::randn<float>({6, 40}, 13);
+  auto soft = [](xg::Tensor<float> u, xg::Tensor<float> v) {
+    return xg::grad([&](xg::Tensor<float> a) { return xg::sum(xg::softmax(a, -1) * v); })(u);
+  };
+  const std::string soft_ir = body(xg::jit(soft).lower(x, w).ir());
+  CHECK(soft_ir.find("ops=\"ReduceMax, Sub, Exp, SumTo, Div, Mul, SumTo, Div, Mul, Neg, Fma, Mul\"") !=
+        std::string::npos);
+  CHECK(soft_ir.find("= ReduceMax(") == std::string::npos);
+  CHECK(soft_ir.find("= SumTo(") == std::string::npos);
+  auto odd = x.to_vector();
+  odd[3] = std::numeric_limits<float>::infinity();
+  odd[45] = std::numeric_limits<float>::quiet_NaN();
+  odd[90] = -std::numeric_limits<float>::infinity();
+  const auto special = xg::tensor<float>(odd, {6, 40});
+  CHECK(same_bits(xg::jit(soft, {.strict = true})(special, w), soft(special, w)));
+  CHECK(same_bits(xg::jit(soft, {.strict = true})(x, w), soft(x, w)));
+
+  // A value per row read outside the group is written, of its own shape.
+  auto stats = [](xg::Tensor<float> u) {
+    auto mean = xg::mean(u, {-1}, true);
+    return std::make_tuple(xg::exp(u - mean), mean * 2.0f);
+  };
+  CHECK(all_of(xg::jit(stats, only("fuse")).lower(x).ir()).find("ops=\"SumTo, Div, Mul, Sub, Exp\"") !=
+        std::string::npos);
+  auto [je, jm] = xg::jit(stats, {.strict = true})(x);
+  auto [ee, em] = stats(x);
+  CHECK(same_bits(je, ee));
+  CHECK(same_bits(jm, em));
+
+  // Rows longer than a row group takes: the reductions run on their own.
+  auto long_rows = xg::randn<float>({2, 10000}, 14);
+  auto plain = [](xg::Tensor<float> u) { return xg::softmax(u, -1); };
+  CHECK(all_of(xg::jit(plain, only("fuse")).lower(long_rows).ir()).find("= ReduceMax(") != std::string::npos);
+  CHECK(same_bits(xg::jit(plain, {.strict = true})(long_rows), plain(long_rows)));
+#if defined(XGRAD_WITH_THRUST)
+  // On Device::thrust a row group runs its body node by node, each on its own device kernel.
+  const auto on_device = xg::jit(ln)(big.to(xg::Device::thrust), g.to(xg::Device::thrust), b.to(xg::Device::thrust));
+  CHECK(same_bits(
+      on_device.to(xg::Device::cpu),
+      ln(big.to(xg::Device::thrust), g.to(xg::Device::thrust), b.to(xg::Device::thrust)).to(xg::Device::cpu)));
+#endif
+}
+
 TEST_CASE("plan_memory: buffers reused and written in place, shown before running; calls allocate only results") {
   // A small train step: its backward pass has many same-shaped temporaries that die young.
   xg::Parameter<float> w(xg::randn<float>({16, 32}, 1) * 0.1f, "w"), b(xg::zeros<float>({32}), "b");
@@ -863,13 +946,6 @@ std::size_t position_of_node(const xg::ir::Graph& g, const xg::ir::Value* a, con
     if (g.nodes[k]->inputs.size() >= 2 && g.nodes[k]->inputs[0] == a && g.nodes[k]->inputs[1] == b) return k;
   return g.nodes.size();
 }
-
-/// Sets the pool's thread count for a scope.
-struct Threads {
-  int saved = xg::cpu::num_threads();
-  explicit Threads(int n) { xg::cpu::set_num_threads(n); }
-  ~Threads() { xg::cpu::set_num_threads(saved); }
-};
 
 }  // namespace
 

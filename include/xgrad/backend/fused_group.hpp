@@ -2,7 +2,7 @@
 // (passes/fuse.hpp partitions the graph; this decides how a group runs on each device): on the
 // cpu the block kernel (backend/cpu/fused.hpp), and with XGRAD_WITH_THRUST on Device::thrust
 // one functor over the group (backend/thrust/fused.hpp) after its anchor, or the body node by
-// node where the functor cannot hold the group's values.
+// node where the functor cannot hold the group's values (a row group's reductions).
 #pragma once
 
 #include <algorithm>
@@ -26,6 +26,7 @@ struct FusedGroupSpec {
   std::vector<std::pair<DType, Shape>> input_types;  // the group's input slots (an anchor's result last)
   std::vector<cpu::FusedKernel::Step> steps;         // the members in order, before merging
   std::vector<int> device_ops;                       // each step's place in the op list; -1: a gathered broadcast
+  std::int64_t row_length = 0;                       // a row group's last axis (its steps then are not the members)
   std::vector<int> output_slots;                     // the slots the node writes out
   ir::Kernel anchor_kernel;                          // the op the group runs as the epilogue of, if any
   cpu::FusedKernel::Anchor epilogue_of{};            // its epilogue form and input count
@@ -55,15 +56,18 @@ inline void run_body(const ir::Graph& body, std::span<const TensorBase> in, std:
 template <class Ops> ir::Kernel fused_kernel(FusedGroupSpec& spec, std::vector<std::string>& merged_pairs) {
 #if defined(XGRAD_WITH_THRUST)
   using DeviceGroup = thrust_backend::FusedGroup<Ops>;
-  std::vector<typename DeviceGroup::Step> device_steps;
-  for (std::size_t k = 0; k < spec.steps.size(); ++k)
-    device_steps.push_back({spec.device_ops[k], spec.steps[k].args, spec.steps[k].dtype, spec.steps[k].result});
-  auto device_group = std::make_shared<const std::optional<DeviceGroup>>(
-      DeviceGroup::make(spec.shape, spec.input_types, device_steps, spec.output_slots));
+  std::optional<DeviceGroup> made;
+  if (spec.row_length == 0) {
+    std::vector<typename DeviceGroup::Step> device_steps;
+    for (std::size_t k = 0; k < spec.steps.size(); ++k)
+      device_steps.push_back({spec.device_ops[k], spec.steps[k].args, spec.steps[k].dtype, spec.steps[k].result});
+    made = DeviceGroup::make(spec.shape, spec.input_types, device_steps, spec.output_slots);
+  }
+  auto device_group = std::make_shared<const std::optional<DeviceGroup>>(std::move(made));
 #endif
   merged_pairs = cpu::FusedKernel::merge_neighbours(spec.steps, spec.output_slots);
   auto kernel = std::make_shared<const cpu::FusedKernel>(spec.shape, spec.input_types, spec.steps, spec.output_slots,
-                                                         spec.epilogue_of);
+                                                         spec.epilogue_of, spec.row_length);
   ir::Kernel on_cpu = [kernel](std::span<const TensorBase> in, std::span<TensorBase> out) { (*kernel)(in, out); };
 #if defined(XGRAD_WITH_THRUST)
   // Device::thrust: the anchor (as its own node), then the group as one functor.

@@ -22,6 +22,10 @@ namespace xgrad {
 /// stride[k] (stride 0 for a broadcast scalar, else 1), the result written to out[0..n).
 using BlockKernel = void (*)(const void* const* in, const std::int64_t* stride, void* out, std::int64_t n);
 
+/// A reduction of each of `rows` contiguous rows of `length` elements to one value, as the op's
+/// own kernel reduces a row (a row group's reduction step, backend/cpu/fused.hpp).
+using RowsKernel = void (*)(const void* in, void* out, std::int64_t rows, std::int64_t length);
+
 /// A unary op's block kernels merged with one cheap neighbour in a fused group, so the value
 /// between them stays in a register (backend/cpu/fused.hpp).
 struct MergedBlockKernels {

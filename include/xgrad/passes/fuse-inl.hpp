@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <queue>
 #include <string>
 #include <type_traits>
@@ -16,6 +17,7 @@
 #include "xgrad/ops/elementwise-inl.hpp"
 #include "xgrad/ops/manipulation-inl.hpp"
 #include "xgrad/ops/nn-inl.hpp"
+#include "xgrad/ops/reduce-inl.hpp"
 #include "xgrad/passes/fuse.hpp"
 #include "xgrad/passes/rewrite.hpp"
 
@@ -48,13 +50,55 @@ inline std::unique_ptr<ir::Node> body_copy(const ir::Node& node, std::vector<ir:
   return copy;
 }
 
+/// `shape` with its last axis 1: the shape of one value per row.
+inline Shape rows_of(const Shape& shape) {
+  Shape rows = shape;
+  if (rows.ndim() > 0) rows[rows.ndim() - 1] = 1;
+  return rows;
+}
+
+/// The longest rows a row group takes: a block is at least one row, and its values stay in
+/// cache.
+inline constexpr std::int64_t k_max_row_length = 8192;
+
+/// True when a group over `shape` may run as a row group (passes/fuse.hpp).
+inline bool row_group_shape(const Shape& shape) {
+  return shape.ndim() > 0 && shape[shape.ndim() - 1] >= 2 && shape[shape.ndim() - 1] <= k_max_row_length;
+}
+
+/// Reducer's reduction of each row, by the loop its eager kernel runs on a row (cpu::reduce).
+template <class Reducer, class T> void reduce_rows(const void* in, void* out, std::int64_t rows, std::int64_t length) {
+  const T* x = static_cast<const T*>(in);
+  T* y = static_cast<T*>(out);
+  for (std::int64_t r = 0; r < rows; ++r) y[r] = cpu::detail::reduce_contiguous<Reducer>(x + r * length, length);
+}
+
+/// The row kernel of `node` when it is a sum, max or min of a float tensor over its last axis
+/// alone, in rows a row group takes; null otherwise.
+inline RowsKernel row_reduction(const ir::Node& node) {
+  if (node.has_effect || node.inputs.size() != 1 || node.outputs.size() != 1) return nullptr;
+  const ir::Value& x = *node.inputs[0];
+  const ir::Value& y = *node.outputs[0];
+  if (!row_group_shape(x.shape) || !(y.shape == rows_of(x.shape)) || x.dtype != y.dtype) return nullptr;
+  auto of = [&]<class Reducer>(std::type_identity<Reducer>) -> RowsKernel {
+    if (x.dtype == DType::float32) return &reduce_rows<Reducer, float>;
+    if (x.dtype == DType::float64) return &reduce_rows<Reducer, double>;
+    return nullptr;
+  };
+  if (node.is<op::SumTo>()) return of(std::type_identity<op::SumTo::reducer>{});
+  if (node.is<op::ReduceMax>()) return of(std::type_identity<op::ReduceMax::reducer>{});
+  if (node.is<op::ReduceMin>()) return of(std::type_identity<op::ReduceMin::reducer>{});
+  return nullptr;
+}
+
 /// The Fused node standing for `members` (indices into g.nodes, in order) and, when given,
 /// the `anchor` node whose output only they read: the group then runs as the anchor's
 /// epilogue. `read_outside` holds the values read by other nodes, returned or written by an
 /// effect; the group writes those it makes, but not those of `recomputed`, members another
-/// group makes and writes (recompute_in_readers).
+/// group makes and writes (recompute_in_readers). The group runs over `shape`: a row group
+/// when some members reduce its rows or hold values per row.
 inline std::unique_ptr<ir::Node> make_fused(const ir::Graph& g, const std::vector<std::size_t>& members,
-                                            const ir::Node* anchor,
+                                            const Shape& shape, const ir::Node* anchor,
                                             const std::unordered_set<const ir::Value*>& read_outside,
                                             const std::unordered_set<std::size_t>& recomputed, int number) {
   auto body = std::make_shared<ir::Graph>();
@@ -92,24 +136,43 @@ inline std::unique_ptr<ir::Node> make_fused(const ir::Graph& g, const std::vecto
     body->append(std::move(copy));
   }
   backend::FusedGroupSpec spec;
-  spec.shape = g.nodes[members.front()]->outputs[0]->shape;
-  const Shape& shape = spec.shape;
+  spec.shape = shape;
+  const Shape rows = rows_of(shape);
+  const bool row_group = std::any_of(members.begin(), members.end(),
+                                     [&](std::size_t i) { return !(g.nodes[i]->outputs[0]->shape == shape); });
+  if (row_group) spec.row_length = shape[shape.ndim() - 1];
   std::vector<cpu::FusedKernel::Step>& steps = spec.steps;
   std::vector<int>& output_slots = spec.output_slots;
+  // In a row group, an op on every element reads a value per row repeated along the row: one
+  // step per such value, numbered after the body's values once they are all made.
+  std::unordered_map<int, int> repeated;  // value per row -> its repetition's placeholder (-2, -3, ...)
   for (std::size_t i : members) {
     const ir::Node& node = *g.nodes[i];
     auto copy = body_copy(node, {});
-    cpu::FusedKernel::Step step{node.traits.block,
+    const RowsKernel reduce = row_group ? row_reduction(node) : nullptr;
+    cpu::FusedKernel::Step step{reduce ? nullptr : node.traits.block,
                                 {},
                                 node.outputs[0]->dtype,
                                 -1,
                                 node.op(),
-                                node.traits.merged,
-                                index_in<op::MergeFeeders>(node),
-                                index_in<op::MergeConsumers>(node)};
+                                reduce ? nullptr : node.traits.merged,
+                                reduce ? -1 : index_in<op::MergeFeeders>(node),
+                                reduce ? -1 : index_in<op::MergeConsumers>(node),
+                                reduce,
+                                false,
+                                !(node.outputs[0]->shape == shape)};
     for (ir::Value* v : node.inputs) {
       copy->inputs.push_back(inner.at(v));
-      step.args.push_back(inner.at(v)->id);
+      int arg = inner.at(v)->id;
+      if (row_group && !step.per_row && !reduce && v->shape == rows) {
+        auto [it, fresh] = repeated.try_emplace(arg, -2 - static_cast<int>(repeated.size()));
+        if (fresh) {
+          steps.push_back({nullptr, {arg}, v->dtype, it->second, "Repeat"});
+          steps.back().repeat_rows = true;
+        }
+        arg = it->second;
+      }
+      step.args.push_back(arg);
     }
     ir::Value* out = body->new_value(node.outputs[0]->dtype, node.outputs[0]->shape, copy.get());
     copy->outputs.push_back(out);
@@ -126,6 +189,12 @@ inline std::unique_ptr<ir::Node> make_fused(const ir::Graph& g, const std::vecto
     spec.device_ops.push_back(node.is<op::BroadcastTo>() ? -1 : index_in<op::Fusible>(node));
     steps.push_back(std::move(step));
     body->append(std::move(copy));
+  }
+  const int first_repeat = static_cast<int>(body->values.size());
+  for (auto& step : steps) {
+    for (int& a : step.args)
+      if (a <= -2) a = first_repeat - 2 - a;
+    if (step.result <= -2) step.result = first_repeat - 2 - step.result;
   }
   if (anchor) {
     spec.anchor_kernel = anchor->kernel;
@@ -164,14 +233,15 @@ inline std::unique_ptr<ir::Node> make_fused(const ir::Graph& g, const std::vecto
   for (std::size_t k = 0; k < steps.size(); ++k)
     for (int a : steps[k].args)
       if (a < num_inputs) last_read[static_cast<std::size_t>(a)] = static_cast<int>(k);
-  for (int slot : output_slots) {
+  for (std::size_t j = 0; j < output_slots.size(); ++j) {
+    const int slot = output_slots[j];
     const auto written = static_cast<std::size_t>(
         std::find_if(steps.begin(), steps.end(), [&](const auto& step) { return step.result == slot; }) -
         steps.begin());
     std::vector<int> candidates;
     for (int i = anchor_inputs; i < num_node_inputs; ++i) {
       const ir::Value& in = *body->inputs[static_cast<std::size_t>(i)];
-      if (in.shape == shape && dtype_size(in.dtype) == dtype_size(steps[written].dtype) &&
+      if (in.shape == fused->outputs[j]->shape && dtype_size(in.dtype) == dtype_size(steps[written].dtype) &&
           last_read[static_cast<std::size_t>(i)] <= static_cast<int>(written))
         candidates.push_back(i);
     }
@@ -188,7 +258,7 @@ inline std::unique_ptr<ir::Node> make_fused(const ir::Graph& g, const std::vecto
   const ir::Node& last = *g.nodes[members.back()];
   fused->loc = last.loc;
   fused->scope = last.scope;
-  fused->traits.elementwise = !anchor;
+  fused->traits.elementwise = !anchor && !row_group;
   std::string pairs;
   for (const std::string& pair : merged_pairs) pairs += (pairs.empty() ? "" : ", ") + pair;
   fused->primitive = ir::make_primitive(op::Fused{body->name, ops, pairs});
@@ -370,7 +440,8 @@ inline constexpr std::size_t k_max_recomputed_ops = 8;
 /// those returned or written by an effect), is brought up to date.
 inline void recompute_in_readers(const ir::Graph& g, const std::unordered_map<const ir::Node*, std::size_t>& index,
                                  std::vector<int>& home, std::vector<std::vector<std::size_t>>& members,
-                                 const std::vector<const ir::Node*>& anchor, const std::vector<std::size_t>& slots,
+                                 const std::vector<Shape>& over, const std::vector<const ir::Node*>& anchor,
+                                 const std::vector<std::size_t>& slots,
                                  std::vector<std::unordered_set<std::size_t>>& recomputed,
                                  std::unordered_set<const ir::Value*>& written) {
   const std::size_t n = g.nodes.size();
@@ -408,7 +479,7 @@ inline void recompute_in_readers(const ir::Graph& g, const std::unordered_map<co
   auto bytes = [](const ir::Value* v) { return static_cast<std::int64_t>(dtype_size(v->dtype)); };
   for (std::size_t B = 0; B < members.size(); ++B) {
     if (members[B].empty() || home[members[B].front()] != static_cast<int>(B)) continue;
-    const Shape& shape = g.nodes[members[B].front()]->outputs[0]->shape;
+    const Shape& shape = over[B];
     std::unordered_set<const ir::Value*> reads;
     if (anchor[B]) reads.insert(anchor[B]->inputs.begin(), anchor[B]->inputs.end());
     std::vector<std::pair<int, std::vector<const ir::Value*>>> wanted;  // per other group, what B reads of it
@@ -426,7 +497,7 @@ inline void recompute_in_readers(const ir::Graph& g, const std::unordered_map<co
       // Each of F's results of B's shape, and each such value F reads, is tried as d.
       std::vector<const ir::Value*> cuts;
       for (std::size_t m : members[static_cast<std::size_t>(F)]) {
-        cuts.push_back(g.nodes[m]->outputs[0]);
+        if (g.nodes[m]->outputs[0]->shape == shape) cuts.push_back(g.nodes[m]->outputs[0]);
         for (const ir::Value* v : g.nodes[m]->inputs)
           if (v->shape == shape && (!v->producer || home[index.at(v->producer)] != F)) cuts.push_back(v);
       }
@@ -442,9 +513,13 @@ inline void recompute_in_readers(const ir::Graph& g, const std::unordered_map<co
         while (ok && !stack.empty()) {
           const ir::Value* v = stack.back();
           stack.pop_back();
-          if (!seen.insert(v).second || !(v->shape == shape)) continue;  // a broadcast operand: small
+          if (!seen.insert(v).second) continue;
           const ir::Node* p = v->producer;
-          if (v != d && p && home[index.at(p)] == F) {
+          if (!(v->shape == shape)) {  // a broadcast operand, or a value per row: small
+            ok = in_memory(v);
+            continue;
+          }
+          if (v != d && p && home[index.at(p)] == F && fusible(*p)) {
             ops.push_back(index.at(p));
             op_slots += 1 + p->inputs.size();
             stack.insert(stack.end(), p->inputs.begin(), p->inputs.end());
@@ -548,10 +623,32 @@ XGRAD_API bool fuse(ir::Graph& g, const PassContext& ctx) {
     return true;
   };
 
+  // A group runs over one shape: its members are ops of that shape or, in a row group,
+  // reductions of its rows (over the last axis) and ops on values per row ([..., 1]) that
+  // read only such values and scalars.
+  auto fits = [&](std::size_t m, const Shape& shape) {
+    const ir::Node& node = *g.nodes[m];
+    if (detail::row_reduction(node)) return node.inputs[0]->shape == shape;
+    const Shape& out = node.outputs[0]->shape;
+    if (out == shape) return true;
+    return detail::row_group_shape(shape) && out == detail::rows_of(shape) && !node.is<op::BroadcastTo>() &&
+           std::all_of(node.inputs.begin(), node.inputs.end(),
+                       [&](const ir::Value* v) { return v->shape == out || v->shape.numel() == 1; });
+  };
+  // The shape two groups' union runs over: theirs, or the one whose rows the other's is.
+  auto joint = [](const Shape& a, const Shape& b) -> std::optional<Shape> {
+    if (a == b) return a;
+    if (detail::row_group_shape(a) && detail::rows_of(a) == b) return a;
+    if (detail::row_group_shape(b) && detail::rows_of(b) == a) return b;
+    return std::nullopt;
+  };
+
   // Groups in program order: a fusible node joins (and so merges) the groups of the
-  // producers of its inputs that have its shape, as far as the union stays convex.
+  // producers of its inputs that run over its shape (or whose shape it holds per row, or that
+  // hold its shape per row), as far as the union stays convex.
   std::vector<int> group(n, -1);
   std::vector<std::vector<std::size_t>> members;
+  std::vector<Shape> over;         // per group, the shape it runs over
   std::vector<std::size_t> slots;  // per group, an upper bound on its FusedKernel slots
   for (std::size_t i = 0; i < n; ++i) {
     const ir::Node& node = *g.nodes[i];
@@ -561,20 +658,30 @@ XGRAD_API bool fuse(ir::Graph& g, const PassContext& ctx) {
         for (std::size_t w = 0; w < words; ++w) ancestors(i)[w] |= ancestors(p)[w];
         ancestors(i)[p / 64] |= std::uint64_t{1} << (p % 64);
       }
-    if (!detail::fusible(node)) continue;
+    const bool reduction = detail::row_reduction(node) != nullptr;
+    if (!detail::fusible(node) && !reduction) continue;
     std::vector<std::size_t> set{i};
+    Shape set_over = reduction ? node.inputs[0]->shape : node.outputs[0]->shape;
+    // A value per row that an op on every element reads takes a slot more, repeated.
     std::size_t set_slots = 1 + node.inputs.size();
+    if (!reduction && detail::row_group_shape(set_over))
+      for (const ir::Value* v : node.inputs) set_slots += v->shape == detail::rows_of(set_over);
     int chosen = -1;
     for (const ir::Value* v : node.inputs) {
-      if (!v->producer || !(v->shape == node.outputs[0]->shape)) continue;
+      if (!v->producer) continue;
       const int G = group[index.at(v->producer)];
       if (G < 0 || G == chosen) continue;
+      const auto union_over = joint(set_over, over[static_cast<std::size_t>(G)]);
+      if (!union_over) continue;
       const auto& more = members[static_cast<std::size_t>(G)];
       if (set_slots + slots[static_cast<std::size_t>(G)] > cpu::FusedKernel::kMaxSlots) continue;
       std::vector<std::size_t> trial = set;
       trial.insert(trial.end(), more.begin(), more.end());
-      if (!convex(trial)) continue;
+      if (!std::all_of(trial.begin(), trial.end(), [&](std::size_t m) { return fits(m, *union_over); }) ||
+          !convex(trial))
+        continue;
       set = std::move(trial);
+      set_over = *union_over;
       set_slots += slots[static_cast<std::size_t>(G)];
       if (chosen < 0) {
         chosen = G;
@@ -589,14 +696,21 @@ XGRAD_API bool fuse(ir::Graph& g, const PassContext& ctx) {
     if (chosen < 0) {
       chosen = static_cast<int>(members.size());
       members.emplace_back();
+      over.emplace_back();
       slots.push_back(0);
     }
     group[i] = chosen;
     auto& mine = members[static_cast<std::size_t>(chosen)];
     mine.push_back(i);
     std::sort(mine.begin(), mine.end());
+    over[static_cast<std::size_t>(chosen)] = set_over;
     slots[static_cast<std::size_t>(chosen)] = set_slots;
   }
+  // A row group: some member holds values per row.
+  auto row_group = [&](std::size_t G) {
+    return std::any_of(members[G].begin(), members[G].end(),
+                       [&](std::size_t m) { return !(g.nodes[m]->outputs[0]->shape == over[G]); });
+  };
 
   std::unordered_set<const ir::Value*> read_outside(g.outputs.begin(), g.outputs.end());
   for (const auto& e : g.effects) read_outside.insert(e.value);
@@ -618,8 +732,8 @@ XGRAD_API bool fuse(ir::Graph& g, const PassContext& ctx) {
   std::vector<const ir::Node*> anchor(members.size(), nullptr);
   std::vector<bool> anchored(n, false);
   for (std::size_t G = 0; G < members.size(); ++G) {
-    if (members[G].empty()) continue;
-    const Shape& shape = g.nodes[members[G].front()]->outputs[0]->shape;
+    if (members[G].empty() || row_group(G)) continue;  // a GEMM finishes blocks, not whole rows
+    const Shape& shape = over[G];
     for (std::size_t m : members[G])
       for (const ir::Value* v : g.nodes[m]->inputs) {
         const ir::Node* p = v->producer;
@@ -721,7 +835,7 @@ XGRAD_API bool fuse(ir::Graph& g, const PassContext& ctx) {
   for (std::size_t i = 0; i < n; ++i)
     if (group[i] >= 0 && fused(static_cast<std::size_t>(group[i]))) home[i] = group[i];
   std::vector<std::unordered_set<std::size_t>> recomputed(members.size());
-  detail::recompute_in_readers(g, index, home, members, anchor, slots, recomputed, read_outside);
+  detail::recompute_in_readers(g, index, home, members, over, anchor, slots, recomputed, read_outside);
   int fused_count = 0;
   std::vector<std::unique_ptr<ir::Node>> ordered;
   for (std::size_t k : order) {
@@ -734,7 +848,8 @@ XGRAD_API bool fuse(ir::Graph& g, const PassContext& ctx) {
       if (anchor[G]) throw std::logic_error("xgrad internal error: fusion left a product without readers");
       continue;
     }
-    ordered.push_back(detail::make_fused(g, members[G], anchor[G], read_outside, recomputed[G], fused_count++));
+    ordered.push_back(
+        detail::make_fused(g, members[G], over[G], anchor[G], read_outside, recomputed[G], fused_count++));
   }
   g.nodes = std::move(ordered);
   return true;

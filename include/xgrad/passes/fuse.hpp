@@ -3,8 +3,10 @@
 // (backend/cpu/fused.hpp): each input read once, intermediates kept in L1, each value read
 // outside the group written once. Broadcast inputs are gathered per block. A group may also
 // take in the MatMul making one of its inputs, and then runs as its epilogue (on each block of
-// the product as the GEMM finishes it). A group reading values another made from one value
-// through a few cheap ops recomputes them from it when that moves fewer bytes.
+// the product as the GEMM finishes it). Reductions over the last axis and the ops on their
+// values per row join the group over those rows (a row group: a layer norm, a softmax, in one
+// pass over each row). A group reading values another made from one value through a few cheap
+// ops recomputes them from it when that moves fewer bytes.
 //
 // Max pooling's argmax and the forward's take of the maxima (MaxPoolTake(x, MaxPoolArgmax(x)))
 // become one MaxPoolWithArgmax node: one pass over x makes both. When only puts of ReLU's

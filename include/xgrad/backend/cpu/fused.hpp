@@ -4,6 +4,11 @@
 // xsimd code eager mode runs), and each live output is written once. With an anchor (a GEMM
 // whose product only the group reads) the blocks are the parts of the product the anchor
 // reports finished, while they are still in cache.
+//
+// A row group also holds reductions over the last axis and ops on their results (a layer
+// norm's mean, variance and scale; a softmax's maximum and sum): its blocks are whole rows, a
+// reduction step makes one value per row of the block, ops on those run per row, and a step
+// reading one per element reads it repeated along the row.
 #pragma once
 
 #include <algorithm>
@@ -44,6 +49,11 @@ class FusedKernel {
     const MergedBlockKernels* merged = nullptr;  // a unary op's kernels merged with a neighbour
     int feeder = -1;                             // the op's place among MergedBlockKernels' feeders, or -1
     int consumer = -1;                           // and among its consumers
+    // In a row group: a reduction of each row of args[0] (kernel null), the repetition of
+    // args[0]'s value per row along it (neither), or an op on values per row.
+    RowsKernel reduce_rows = nullptr;
+    bool repeat_rows = false;
+    bool per_row = false;  // the result holds a value per row: reductions and ops on them
   };
 
   /// Makes each unary step with merged kernels one step with a cheap neighbour (see
@@ -128,11 +138,14 @@ class FusedKernel {
   }
 
   /// `inputs`: the types of the group's input slots (with an anchor: the node's inputs, then
-  /// the anchor's result); `steps` in order; `outputs`: the slots written out.
+  /// the anchor's result); `steps` in order; `outputs`: the slots written out. A row group
+  /// (`row_length`, the last axis's extent, above 0) reads inputs of the shape's rows ([..., 1])
+  /// as values per row.
   FusedKernel(Shape shape, const std::vector<std::pair<DType, Shape>>& inputs, std::vector<Step> steps,
-              std::vector<int> outputs, Anchor anchor = {})
+              std::vector<int> outputs, Anchor anchor = {}, std::int64_t row_length = 0)
       : m_shape(std::move(shape)),
         m_numel(m_shape.numel()),
+        m_row_length(row_length),
         m_num_inputs(static_cast<int>(inputs.size())),
         m_steps(std::move(steps)),
         m_outputs(std::move(outputs)),
@@ -147,7 +160,11 @@ class FusedKernel {
       const auto& [dtype, in_shape] = inputs[static_cast<std::size_t>(i)];
       s.dtype = dtype;
       s.elem_size = dtype_size(dtype);
-      s.source = in_shape == m_shape ? Source::input : in_shape.numel() == 1 ? Source::scalar : Source::gather;
+      s.source = in_shape == m_shape       ? Source::input
+                 : in_shape.numel() == 1   ? Source::scalar
+                 : in_shape == row_shape() ? Source::input
+                                           : Source::gather;
+      s.per_row = s.source == Source::input && !(in_shape == m_shape);
       if (s.source == Source::gather) s.gather.emplace(m_shape, std::array<const Shape*, 1>{&in_shape});
     }
     if (m_anchor.kernel) {
@@ -171,6 +188,7 @@ class FusedKernel {
       s.dtype = step.dtype;
       s.elem_size = dtype_size(step.dtype);
       s.source = Source::scratch;
+      s.per_row = step.per_row;
     }
     for (std::size_t j = 0; j < m_outputs.size(); ++j) {
       m_slots[static_cast<std::size_t>(m_outputs[j])].source = Source::output;
@@ -180,9 +198,13 @@ class FusedKernel {
     std::size_t bytes_per_element = static_cast<std::size_t>(m_num_scratch) * sizeof(double);
     for (const Slot& slot : m_slots)
       if (slot.source == Source::input || slot.source == Source::output) bytes_per_element += slot.elem_size;
-    const auto units =
-        static_cast<std::int64_t>(kBlockBytes / std::max<std::size_t>(bytes_per_element, 1)) / kBlockUnit;
-    m_block = std::clamp<std::int64_t>(units, 1, kMaxBlock / kBlockUnit) * kBlockUnit;
+    const auto fits = static_cast<std::int64_t>(kBlockBytes / std::max<std::size_t>(bytes_per_element, 1));
+    if (m_row_length > 0) {  // whole rows
+      const std::int64_t rows = std::max<std::int64_t>(1, std::min(fits, kMaxBlock) / m_row_length);
+      m_block = rows * m_row_length;
+    } else {
+      m_block = std::clamp<std::int64_t>(fits / kBlockUnit, 1, kMaxBlock / kBlockUnit) * kBlockUnit;
+    }
     for (const Step& step : m_steps) {
       if (step.args.size() > 3) throw std::logic_error("xgrad internal error: fused step with more than 3 inputs");
       StepArgs& a = m_step_args.emplace_back();
@@ -201,7 +223,8 @@ class FusedKernel {
       if (!out[j].defined()) {
         // The last output of an anchored group is the anchor's result, its last input slot.
         const int slot = j < m_outputs.size() ? m_outputs[j] : m_num_inputs - 1;
-        out[j] = TensorBase(TensorImpl::allocate(m_shape, m_slots[static_cast<std::size_t>(slot)].dtype));
+        const Slot& s = m_slots[static_cast<std::size_t>(slot)];
+        out[j] = TensorBase(TensorImpl::allocate(s.per_row ? row_shape() : m_shape, s.dtype));
       }
     if (m_anchor.kernel) {
       // Each finished part of the anchor's result, while it is in cache. The callback holds
@@ -231,6 +254,7 @@ class FusedKernel {
     DType dtype = DType::float32;
     std::size_t elem_size = 0;
     Source source = Source::unused;          // also a value merged into the step reading it
+    bool per_row = false;                    // a value per row of a row group's block
     std::optional<BroadcastPlan<1>> gather;  // Source::gather: how the input maps to the output
     int scratch = -1;                        // Source::gather / scratch: its block buffer
     int output = -1;                         // Source::output, and an anchor's result: which output
@@ -269,6 +293,21 @@ class FusedKernel {
   /// element cost more than the ops of a block when a [rows, 1] input is broadcast along rows).
   template <std::size_t Size> static void repeat(const std::byte* value, std::int64_t count, std::byte* to) {
     for (std::int64_t i = 0; i < count; ++i) std::memcpy(to + static_cast<std::size_t>(i) * Size, value, Size);
+  }
+
+  /// Each of `rows` values at `from` repeated `length` times, into `to`.
+  static void repeat_rows(const std::byte* from, std::size_t elem_size, std::int64_t rows, std::int64_t length,
+                          std::byte* to) {
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const std::byte* value = from + static_cast<std::size_t>(r) * elem_size;
+      std::byte* row = to + static_cast<std::size_t>(r * length) * elem_size;
+      if (elem_size == 8)
+        repeat<8>(value, length, row);
+      else if (elem_size == 4)
+        repeat<4>(value, length, row);
+      else
+        repeat<1>(value, length, row);
+    }
   }
 
   static void gather(const BroadcastPlan<1>& plan, const std::byte* from, std::size_t elem_size, std::int64_t lo,
@@ -321,8 +360,9 @@ class FusedKernel {
       const TensorBase& t = s.output >= 0 ? out[static_cast<std::size_t>(s.output)] : in[i];
       ptr[i] = static_cast<std::byte*>(const_cast<void*>(t.impl()->storage->data()));
       if (s.source == Source::input || s.source == Source::output) {
-        advance[i] = static_cast<std::size_t>(m_block) * s.elem_size;
-        ptr[i] += static_cast<std::size_t>(lo) * s.elem_size;
+        const std::int64_t per = s.per_row ? m_row_length : 1;
+        advance[i] = static_cast<std::size_t>(m_block / per) * s.elem_size;
+        ptr[i] += static_cast<std::size_t>(lo / per) * s.elem_size;
       }
     }
     const void* args[3];
@@ -336,8 +376,15 @@ class FusedKernel {
       for (std::size_t k = 0; k < m_steps.size(); ++k) {
         const Step& step = m_steps[k];
         const StepArgs& a = m_step_args[k];
-        for (int j = 0; j < a.count; ++j) args[j] = ptr[a.slot[j]];
-        step.kernel(args, a.stride.data(), ptr[static_cast<std::size_t>(step.result)], n);
+        std::byte* result = ptr[static_cast<std::size_t>(step.result)];
+        if (step.kernel) {
+          for (int j = 0; j < a.count; ++j) args[j] = ptr[a.slot[j]];
+          step.kernel(args, a.stride.data(), result, step.per_row ? n / m_row_length : n);
+        } else if (step.reduce_rows) {
+          step.reduce_rows(ptr[a.slot[0]], result, n / m_row_length, m_row_length);
+        } else {
+          repeat_rows(ptr[a.slot[0]], dtype_size(step.dtype), n / m_row_length, m_row_length, result);
+        }
       }
       for (std::size_t i = 0; i < m_slots.size(); ++i) ptr[i] += advance[i];
     }
@@ -350,9 +397,18 @@ class FusedKernel {
     int count = 0;
   };
 
+  /// A row group's shape with its last axis 1: values per row.
+  Shape row_shape() const {
+    if (m_row_length == 0) return Shape{};
+    Shape rows = m_shape;
+    rows[rows.ndim() - 1] = 1;
+    return rows;
+  }
+
   Shape m_shape;
   std::int64_t m_numel;
-  int m_num_inputs;  // input slots
+  std::int64_t m_row_length;  // a row group's rows' extent; 0: not a row group
+  int m_num_inputs;           // input slots
   std::vector<Step> m_steps;
   std::vector<StepArgs> m_step_args;
   std::vector<int> m_outputs;
