@@ -5,6 +5,7 @@
 // as constants the O1/O2 folding pass computes), and on Device::thrust eagerly and compiled.
 #include <doctest/doctest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -405,6 +406,33 @@ TEST_CASE("numerics: erf and gelu (both forms) at zeros, infinities, NaN and far
   }
   check_runs(everywhere([](D t) { return xg::grad([](D u) { return xg::sum(xg::erf(u)); })(t); }, x), d_erf, 1e-13);
   check_runs(everywhere([](D t) { return xg::grad([](D u) { return xg::sum(xg::gelu(u)); })(t); }, x), d_gelu, 1e-13);
+}
+
+TEST_CASE("numerics: float erf is within 6 ulps of the true erf everywhere, odd and at most 1 in magnitude") {
+  // Every 256th float from 2^-30 to 5 (a million of them, each binade alike), and their negatives.
+  std::vector<float> x;
+  for (std::uint32_t bits = std::bit_cast<std::uint32_t>(0x1p-30f); bits < std::bit_cast<std::uint32_t>(5.0f);
+       bits += 256) {
+    x.push_back(std::bit_cast<float>(bits));
+    x.push_back(-x.back());
+  }
+  const auto y = xg::erf(xg::tensor<float>(x, {static_cast<std::int64_t>(x.size())})).to_vector();
+  double worst = 0;
+  float worst_at = 0;
+  bool bounded = true, odd = true;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const long double want = std::erf(static_cast<long double>(x[i]));
+    const float rounded = static_cast<float>(want);
+    const double ulp = std::nextafter(std::fabs(rounded), 2.0f) - std::fabs(rounded);
+    const double err = std::fabs(static_cast<double>(y[i]) - static_cast<double>(want)) / ulp;
+    if (err > worst) worst = err, worst_at = x[i];
+    bounded = bounded && std::fabs(y[i]) <= 1.0f;
+    odd = odd && std::signbit(y[i]) == std::signbit(x[i]) && (i % 2 == 0 || y[i] == -y[i - 1]);
+  }
+  CAPTURE(worst_at);
+  CHECK(worst <= 6.0);
+  CHECK(bounded);
+  CHECK(odd);
 }
 
 TEST_CASE("numerics: tril and triu at the int64 limits keep everything or nothing; cumsum of integers wraps") {
