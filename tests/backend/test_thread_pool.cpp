@@ -2,6 +2,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <mutex>
@@ -12,7 +13,9 @@
 #include <vector>
 
 #include "xgrad/backend/cpu/copy.hpp"
+#include "xgrad/backend/cpu/reduce.hpp"
 #include "xgrad/backend/cpu/thread_pool.hpp"
+#include "xgrad/ops/reduce-inl.hpp"
 
 namespace {
 
@@ -228,6 +231,33 @@ TEST_CASE("copy_bytes copies every byte, in parts on the pool from 32 KiB") {
       xgrad::cpu::copy_bytes(dst.data(), src.data(), bytes);
       CHECK(std::equal(src.begin(), src.end(), dst.begin()));
       CHECK(dst[bytes] == 0xAB);  // nothing past the end
+    }
+  }
+}
+
+TEST_CASE("a reduction over a middle axis splits its columns over threads and gives the same bits at any count") {
+  // One slice of [rows, columns] (a bias's gradient), a few slices, and columns not a multiple of
+  // the split; each column's rows combine in order, so 1, 2 and 3 threads agree bit for bit.
+  for (auto [outer, reduced, inner] : {std::array<std::int64_t, 3>{1, 4096, 128}, {3, 100, 1000}, {1, 7, 33}}) {
+    std::vector<float> x(static_cast<std::size_t>(outer * reduced * inner));
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>((i * 2654435761u) % 1000) / 997.0f - 0.5f;
+    std::vector<float> want;
+    for (int threads : {1, 2, 3}) {
+      ThreadCountGuard guard(threads);
+      std::vector<float> y(static_cast<std::size_t>(outer * inner));
+      xgrad::cpu::reduce<xgrad::op::SumReducer>(x.data(), y.data(), outer, reduced, inner);
+      if (want.empty()) {
+        want = y;
+        // Each column against a plain loop in the same order.
+        for (std::int64_t o = 0; o < outer; ++o)
+          for (std::int64_t c = 0; c < inner; ++c) {
+            float sum = 0;
+            for (std::int64_t r = 0; r < reduced; ++r)
+              sum += x[static_cast<std::size_t>((o * reduced + r) * inner + c)];
+            CHECK(y[static_cast<std::size_t>(o * inner + c)] == sum);
+          }
+      }
+      CHECK(y == want);
     }
   }
 }

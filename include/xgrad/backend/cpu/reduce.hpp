@@ -54,6 +54,9 @@ template <class R, class T> void combine_rows(T* acc, const T* x, std::int64_t n
 /// Elements per deterministic partial result of a full reduction.
 inline constexpr std::int64_t kReduceChunk = 1 << 16;
 
+/// The fewest columns a task of a reduction over a middle axis takes: four AVX-512 vectors of float.
+inline constexpr std::int64_t kReduceColumns = 64;
+
 /// y[o, j] = R-combination of x[o, r, j] over r, for x viewed as [outer, reduced, inner].
 /// The result does not depend on the number of threads.
 template <class R, class T>
@@ -69,17 +72,32 @@ void reduce(const T* x, T* y, std::int64_t outer, std::int64_t reduced, std::int
     y[0] = detail::reduce_contiguous<R>(partial.data(), chunks);
     return;
   }
-  const std::int64_t grain = std::max<std::int64_t>(1, kElementwiseGrain / std::max<std::int64_t>(reduced * inner, 1));
-  parallel_for(0, outer, grain, [&](std::int64_t lo, std::int64_t hi) {
-    for (std::int64_t o = lo; o < hi; ++o) {
-      const T* src = x + o * reduced * inner;
-      T* dst = y + o * inner;
-      if (inner == 1) {
-        dst[0] = detail::reduce_contiguous<R>(src, reduced);
-        continue;
-      }
-      std::fill(dst, dst + inner, R::template identity<T>());
-      for (std::int64_t r = 0; r < reduced; ++r) detail::combine_rows<R>(dst, src + r * inner, inner);
+  if (inner == 1) {
+    const std::int64_t grain = std::max<std::int64_t>(1, kElementwiseGrain / std::max<std::int64_t>(reduced, 1));
+    parallel_for(0, outer, grain, [&](std::int64_t lo, std::int64_t hi) {
+      for (std::int64_t o = lo; o < hi; ++o) y[o] = detail::reduce_contiguous<R>(x + o * reduced, reduced);
+    });
+    return;
+  }
+  // Fewer slices than threads (a bias's gradient is one slice of [rows, columns]): each slice's
+  // columns split in as many ranges, at least kReduceColumns wide, each read row by row. Each
+  // column still combines its rows in order: the result does not depend on the split.
+  const std::int64_t ranges =
+      outer >= num_threads()
+          ? 1
+          : std::clamp<std::int64_t>(num_threads() / outer, 1, (inner + kReduceColumns - 1) / kReduceColumns);
+  const std::int64_t width = ((inner + ranges - 1) / ranges + 15) / 16 * 16;
+  const std::int64_t column_tasks = (inner + width - 1) / width;
+  const std::int64_t grain =
+      std::max<std::int64_t>(1, kElementwiseGrain / std::max<std::int64_t>(reduced * std::min(inner, width), 1));
+  parallel_for(0, outer * column_tasks, grain, [&](std::int64_t lo, std::int64_t hi) {
+    for (std::int64_t t = lo; t < hi; ++t) {
+      const std::int64_t o = t / column_tasks, c = t % column_tasks * width;
+      const std::int64_t n = std::min(width, inner - c);
+      const T* src = x + o * reduced * inner + c;
+      T* dst = y + o * inner + c;
+      std::fill(dst, dst + n, R::template identity<T>());
+      for (std::int64_t r = 0; r < reduced; ++r) detail::combine_rows<R>(dst, src + r * inner, n);
     }
   });
 }
