@@ -23,6 +23,12 @@ using xgrad::testing::message_of;
 
 namespace {
 
+/// True when a and b hold the same bits.
+template <class T> bool same_bits(const xg::Tensor<T>& a, const xg::Tensor<T>& b) {
+  const auto x = a.to_vector(), y = b.to_vector();
+  return a.shape() == b.shape() && std::memcmp(x.data(), y.data(), x.size() * sizeof(T)) == 0;
+}
+
 /// Sets the pool's thread count for a scope.
 struct Threads {
   int saved = xg::cpu::num_threads();
@@ -461,8 +467,8 @@ TEST_CASE("passes: layout folds multi-head attention's head split and merge into
   const std::string folded = all_of(xg::jit(step).lower(x).ir());
   // Both ops read the projection's columns (q, k, v at 0, 16, 32 of 48) and no copy is left:
   // no transpose, no slice, no slice gradient, no concat.
-  CHECK(folded.find("ScaledDotProductAttention(") != std::string::npos);
-  CHECK(folded.find("ScaledDotProductAttentionGrad(") != std::string::npos);
+  CHECK(folded.find("ScaledDotProductAttentionWithLse(") != std::string::npos);
+  CHECK(folded.find("ScaledDotProductAttentionGradWithLse(") != std::string::npos);
   std::size_t layouts = 0;
   for (std::size_t at = 0; (at = folded.find("heads=4 of width 48 at columns 0, 16, 32", at)) != std::string::npos;
        ++at)
@@ -500,6 +506,41 @@ TEST_CASE("passes: layout folds multi-head attention's head split and merge into
   auto cross = [&](const xg::Tensor<float>& input, const xg::Tensor<float>& mem) { return attention(input, mem); };
   CHECK(all_of(xg::jit(cross).lower(x, memory).ir()).find("heads=") == std::string::npos);
   CHECK(xg::max(xg::abs(xg::jit(cross)(x, memory) - cross(x, memory))).item() < 1e-5f);
+}
+
+TEST_CASE("passes: fuse gives attention's gradient the log-denominators its forward made, with the same bits") {
+  const auto q = xg::randn<float>({3, 70, 8}, 1), k = xg::randn<float>({3, 70, 8}, 2),
+             v = xg::randn<float>({3, 70, 5}, 3);
+  const auto w = xg::randn<float>({3, 70, 5}, 4);
+  auto step = [](xg::Tensor<float> a, xg::Tensor<float> b, xg::Tensor<float> c, xg::Tensor<float> weights) {
+    auto loss = [&](xg::Tensor<float> x, xg::Tensor<float> y, xg::Tensor<float> z) {
+      return xg::sum(xg::scaled_dot_product_attention(x, y, z, {.causal = true}) * weights);
+    };
+    auto [ga, gb, gc] = xg::grad(loss, xg::argnums<0, 1, 2>)(a, b, c);
+    return std::make_tuple(loss(a, b, c), ga, gb, gc);
+  };
+  const std::string ir = body(xg::jit(step, only("fuse")).lower(q, k, v, w).ir());
+  INFO(ir);
+  CHECK(ir.find("(%7 : f32[3, 70, 5], %8 : f32[3, 70]) = ScaledDotProductAttentionWithLse(%6, %5, %4) {causal=true") !=
+        std::string::npos);
+  CHECK(ir.find("%17 : f32[3, 1470] = ScaledDotProductAttentionGradWithLse(%6, %5, %4, %7, %16, %8) {causal=true") !=
+        std::string::npos);
+  CHECK(ir.find("= ScaledDotProductAttentionGrad(") == std::string::npos);
+  // Exact (strict too), on the cpu (past one 64-query block) and on Device::thrust.
+  const auto eager = step(q, k, v, w);
+  const auto compiled = xg::jit(step, {.strict = true})(q, k, v, w);
+  CHECK(same_bits(std::get<0>(compiled), std::get<0>(eager)));
+  CHECK(same_bits(std::get<1>(compiled), std::get<1>(eager)));
+  CHECK(same_bits(std::get<2>(compiled), std::get<2>(eager)));
+  CHECK(same_bits(std::get<3>(compiled), std::get<3>(eager)));
+#if defined(XGRAD_WITH_THRUST)
+  const auto dq = q.to(xg::Device::thrust), dk = k.to(xg::Device::thrust), dv = v.to(xg::Device::thrust);
+  const auto dw = w.to(xg::Device::thrust);
+  const auto on_device = xg::jit(step)(dq, dk, dv, dw);
+  const auto eager_device = step(dq, dk, dv, dw);
+  CHECK(same_bits(std::get<1>(on_device).to(xg::Device::cpu), std::get<1>(eager_device).to(xg::Device::cpu)));
+  CHECK(same_bits(std::get<3>(on_device).to(xg::Device::cpu), std::get<3>(eager_device).to(xg::Device::cpu)));
+#endif
 }
 
 TEST_CASE("passes: fuse makes one kernel of an elementwise chain, broadcasts included") {
@@ -806,12 +847,6 @@ TEST_CASE("passes: fuse recomputes cheap values where they are read instead of w
     return d * xg::sum(d) + x;
   };
   CHECK(all_of(xg::jit(f, only("fuse")).lower(x).ir()).find("ops=\"Exp, Add, Mul, Add\"") == std::string::npos);
-}
-
-/// True when a and b hold the same bits.
-template <class T> bool same_bits(const xg::Tensor<T>& a, const xg::Tensor<T>& b) {
-  const auto x = a.to_vector(), y = b.to_vector();
-  return a.shape() == b.shape() && std::memcmp(x.data(), y.data(), x.size() * sizeof(T)) == 0;
 }
 
 TEST_CASE("passes: fuse runs a layer norm or a softmax as one row group, each row's reductions and ops in one pass") {

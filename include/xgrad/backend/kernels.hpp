@@ -174,16 +174,16 @@ template <class T> void resize_bilinear_backward(Device device, std::int64_t n, 
 }
 
 /// See cpu::attention_forward.
-template <class T>
-void attention_forward(Device device, const cpu::AttentionGeometry& g, const T* q, const T* k, const T* v, T* out) {
-  XGRAD_ON_THRUST(device, attention_forward(g, q, k, v, out));
-  cpu::attention_forward(g, q, k, v, out);
+template <class T> void attention_forward(Device device, const cpu::AttentionGeometry& g, const T* q, const T* k,
+                                          const T* v, T* out, T* lse = nullptr) {
+  XGRAD_ON_THRUST(device, attention_forward(g, q, k, v, out, lse));
+  cpu::attention_forward(g, q, k, v, out, lse);
 }
 /// See cpu::attention_backward.
 template <class T> void attention_backward(Device device, const cpu::AttentionGeometry& g, const T* q, const T* k,
-                                           const T* v, const T* out, const T* gy, T* grads) {
-  XGRAD_ON_THRUST(device, attention_backward(g, q, k, v, out, gy, grads));
-  cpu::attention_backward(g, q, k, v, out, gy, grads);
+                                           const T* v, const T* out, const T* gy, T* grads, const T* lse = nullptr) {
+  XGRAD_ON_THRUST(device, attention_backward(g, q, k, v, out, gy, grads, lse));
+  cpu::attention_backward(g, q, k, v, out, gy, grads, lse);
 }
 /// See cpu::softmax_xent_forward.
 template <class T> void softmax_xent_forward(Device device, const T* logits, const std::int32_t* labels,

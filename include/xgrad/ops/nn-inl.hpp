@@ -516,6 +516,33 @@ struct AttentionGrad {
   }
 };
 
+/// Attention that also writes each query's log-denominator ([batch, tq]) for its gradient, and
+/// AttentionGrad reading those instead of working them out again: made only by the jit's fuse
+/// pass where a graph holds an Attention and its gradient (passes/fuse.hpp), so they have no
+/// derivative rules. The same values as the pair they replace, bit for bit.
+struct AttentionWithLse {
+  static constexpr std::string_view name = "ScaledDotProductAttentionWithLse";
+  cpu::AttentionGeometry geometry;
+  std::vector<ir::Attr> attrs() const { return Attention{geometry}.attrs(); }
+  bool operator==(const AttentionWithLse&) const = default;
+  template <class T>
+  void run(Device d, const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v, Tensor<T>& out, Tensor<T>& lse) const {
+    kernels::attention_forward(d, geometry, q.data(), k.data(), v.data(), out.data(), lse.data());
+  }
+};
+struct AttentionGradWithLse {
+  static constexpr std::string_view name = "ScaledDotProductAttentionGradWithLse";
+  cpu::AttentionGeometry geometry;
+  std::vector<ir::Attr> attrs() const { return Attention{geometry}.attrs(); }
+  bool operator==(const AttentionGradWithLse&) const = default;
+  template <class T> void run(Device d, const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v,
+                              const Tensor<T>& out, const Tensor<T>& g, const Tensor<T>& lse, Tensor<T>& grads) const {
+    if (grads.numel() == 0) return;
+    kernels::attention_backward(d, geometry, q.data(), k.data(), v.data(), out.data(), g.data(), grads.data(),
+                                lse.data());
+  }
+};
+
 }  // namespace op
 
 template <FloatingPoint T> Tensor<T> bias_add(const Tensor<T>& x, const Tensor<T>& b, SourceLoc loc) {

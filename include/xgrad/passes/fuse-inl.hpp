@@ -365,6 +365,70 @@ inline bool pair_max_pool(ir::Graph& g) {
   return changed;
 }
 
+/// AttentionGrad(q, k, v, out, g) with out = Attention(q, k, v) of the same geometry ->
+/// AttentionGradWithLse(q, k, v, out, g, lse), the attention becoming AttentionWithLse, which
+/// makes out and lse: the gradient reads each query's log-denominator instead of working it
+/// out again (a product of each query block with every key block it sees, and their
+/// exponentials). Exact: the forward makes those values with the same loop. True when it
+/// paired any.
+inline bool pair_attention(ir::Graph& g) {
+  bool changed = false;
+  std::unordered_map<const ir::Node*, ir::Value*> lse_of;
+  for (auto& node : g.nodes) {
+    if (!node->is<op::AttentionGrad>()) continue;
+    ir::Node* forward = node->inputs[3]->producer;
+    const cpu::AttentionGeometry geometry = node->params<op::AttentionGrad>().geometry;
+    if (!forward ||
+        !std::equal(node->inputs.begin(), node->inputs.begin() + 3, forward->inputs.begin(), forward->inputs.end()))
+      continue;
+    ir::Value*& lse = lse_of[forward];
+    if (!lse) {
+      if (!forward->is<op::Attention>() || !(forward->params<op::Attention>().geometry == geometry)) continue;
+      const ir::Value& out = *forward->outputs[0];
+      const Shape lse_shape{geometry.batch, geometry.tq};
+      lse = g.new_value(out.dtype, lse_shape, forward);
+      forward->outputs.push_back(lse);
+      const op::AttentionWithLse def{geometry};
+      forward->primitive = ir::make_primitive(def);
+      forward->kernel = [def, out_shape = out.shape, lse_shape](std::span<const TensorBase> in,
+                                                                std::span<TensorBase> outs) {
+        const Device device = in[0].device();
+        auto run = [&]<class T>(std::type_identity<T>) {
+          Tensor<T> y = xgrad::detail::output<T>(outs[0], out_shape, device);
+          Tensor<T> l = xgrad::detail::output<T>(outs[1], lse_shape, device);
+          def.run(device, Tensor<T>(in[0]), Tensor<T>(in[1]), Tensor<T>(in[2]), y, l);
+          outs[0] = y;
+          outs[1] = l;
+        };
+        if (in[0].dtype() == DType::float64)
+          run(std::type_identity<double>{});
+        else
+          run(std::type_identity<float>{});
+      };
+    } else if (!(forward->params<op::AttentionWithLse>().geometry == geometry)) {
+      continue;
+    }
+    const op::AttentionGradWithLse def{geometry};
+    node->inputs.push_back(lse);
+    node->primitive = ir::make_primitive(def);
+    node->kernel = [def, shape = node->outputs[0]->shape](std::span<const TensorBase> in, std::span<TensorBase> out) {
+      const Device device = in[0].device();
+      auto run = [&]<class T>(std::type_identity<T>) {
+        Tensor<T> grads = xgrad::detail::output<T>(out[0], shape, device);
+        def.run(device, Tensor<T>(in[0]), Tensor<T>(in[1]), Tensor<T>(in[2]), Tensor<T>(in[3]), Tensor<T>(in[4]),
+                Tensor<T>(in[5]), grads);
+        out[0] = grads;
+      };
+      if (in[0].dtype() == DType::float64)
+        run(std::type_identity<double>{});
+      else
+        run(std::type_identity<float>{});
+    };
+    changed = true;
+  }
+  return changed;
+}
+
 /// A pooled convolution gradient's kernel: `def` run on the node's inputs into its planned buffer.
 template <class Def> ir::Kernel through_max_pool_kernel(const Def& def, const Shape& shape) {
   return [def, shape](std::span<const TensorBase> in, std::span<TensorBase> out) {
@@ -594,7 +658,7 @@ inline void recompute_in_readers(const ir::Graph& g, const std::unordered_map<co
 }  // namespace detail
 
 XGRAD_API bool fuse(ir::Graph& g, const PassContext& ctx) {
-  const bool paired = detail::pair_max_pool(g);
+  const bool paired = detail::pair_max_pool(g) | detail::pair_attention(g);
   const bool pooled = !ctx.strict && detail::conv_gradients_through_max_pool(g);
   const std::size_t n = g.nodes.size();
   std::unordered_map<const ir::Node*, std::size_t> index;

@@ -13,6 +13,10 @@
 // masked gradient read the argmax, the mask moves into it (drop_nonpositive) and the puts read
 // the gradient itself.
 //
+// An attention and its gradient become a pair sharing each query's log-denominator, which
+// the gradient would otherwise work out again (ScaledDotProductAttentionWithLse and
+// ScaledDotProductAttentionGradWithLse).
+//
 // A convolution's gradients whose upstream gradient is such a put (conv -> [ReLU] -> max pool)
 // become Conv2DInputGradPooled / Conv2DWeightGradPooled, reading the argmax and the pooled
 // gradient: they sum over the pooled elements, not over every output position the put filled

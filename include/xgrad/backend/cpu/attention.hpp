@@ -161,9 +161,10 @@ template <class T> void attention_rows(const AttentionGeometry& g, std::int64_t 
 
 /// Batch item n's gradients, into grads laid out as g says: FlashAttention 2's backward, a block
 /// of keys at a time against the queries that see them, the probabilities recomputed from each
-/// query's log-denominator.
+/// query's log-denominator: the item's [tq] of saved_lse when given (the forward's), else
+/// worked out again here.
 template <class T> void attention_backward_item(const AttentionGeometry& g, std::int64_t n, const T* q, const T* k,
-                                                const T* v, const T* out, const T* gy, T* grads) {
+                                                const T* v, const T* out, const T* gy, T* grads, const T* saved_lse) {
   constexpr std::int64_t BK = k_attention_block;
   const auto qr = g.q_rows(n), kr = g.k_rows(n), vr = g.v_rows(n), outr = g.out_rows(n);
   const auto dqr = g.dq_rows(n), dkr = g.dk_rows(n), dvr = g.dv_rows(n);
@@ -176,10 +177,14 @@ template <class T> void attention_backward_item(const AttentionGeometry& g, std:
     std::fill_n(dv + j * dvr.stride, g.dv, T(0));
   }
   auto& ws = attention_workspace<T>();
-  T* lse = ws.lse.get(g.tq);
+  const T* lse = saved_lse;
+  if (!lse) {
+    T* made = ws.lse.get(g.tq);
+    for (std::int64_t i0 = 0; i0 < g.tq; i0 += BK)
+      attention_rows<T>(g, n, q, k, nullptr, i0, std::min(BK, g.tq - i0), nullptr, made + i0);
+    lse = made;
+  }
   T* dot = ws.dot.get(g.tq);  // dot[i] = gy_i . out_i = sum_j p_ij (gy_i . v_j)
-  for (std::int64_t i0 = 0; i0 < g.tq; i0 += BK)
-    attention_rows<T>(g, n, q, k, nullptr, i0, std::min(BK, g.tq - i0), nullptr, lse + i0);
   q += qr.start;
   k += kr.start;
   v += vr.start;
@@ -232,32 +237,38 @@ inline std::int64_t attention_grain(std::int64_t work) {
 }  // namespace detail
 
 /// out = softmax(q k^T * scale) v for each batch item, masked and laid out as g says
-/// (attention_geometry.hpp); blocks of queries run in parallel.
-template <class T> void attention_forward(const AttentionGeometry& g, const T* q, const T* k, const T* v, T* out) {
+/// (attention_geometry.hpp); blocks of queries run in parallel. With lse, each query's
+/// log-denominator too ([batch, tq]), which attention_backward can take instead of working it
+/// out again: the same values, bit for bit.
+template <class T>
+void attention_forward(const AttentionGeometry& g, const T* q, const T* k, const T* v, T* out, T* lse = nullptr) {
   constexpr std::int64_t BK = detail::k_attention_block;
-  if (g.batch == 0 || g.tq == 0 || g.dv == 0) return;
+  if (g.batch == 0 || g.tq == 0 || (g.dv == 0 && !lse)) return;
   const std::int64_t blocks = (g.tq + BK - 1) / BK;
   parallel_for(0, g.batch * blocks, detail::attention_grain(std::min(BK, g.tq) * g.tk * (g.d + g.dv)),
                [&](std::int64_t lo, std::int64_t hi) {
                  for (std::int64_t t = lo; t < hi; ++t) {
                    const std::int64_t i0 = t % blocks * BK;
-                   detail::attention_rows<T>(g, t / blocks, q, k, v, i0, std::min(BK, g.tq - i0), out, nullptr);
+                   const std::int64_t n = t / blocks;
+                   detail::attention_rows<T>(g, n, q, k, v, i0, std::min(BK, g.tq - i0), out,
+                                             lse ? lse + n * g.tq + i0 : nullptr);
                  }
                });
 }
 
-/// attention_forward's gradients for the output's gradient gy, given its output out: dq, dk and
-/// dv of each batch item, where g says (packed per item, or in the heads layout at q, k and v's
-/// columns). Batch items run in parallel.
+/// attention_forward's gradients for the output's gradient gy, given its output out (and, when
+/// not null, the log-denominators it made): dq, dk and dv of each batch item, where g says
+/// (packed per item, or in the heads layout at q, k and v's columns). Batch items run in
+/// parallel.
 template <class T> void attention_backward(const AttentionGeometry& g, const T* q, const T* k, const T* v, const T* out,
-                                           const T* gy, T* grads) {
+                                           const T* gy, T* grads, const T* lse = nullptr) {
   if (g.batch == 0) return;
   if (!g.grads_fill_buffer()) std::fill_n(grads, g.batch / g.heads * g.tq * g.width, T(0));
   if (g.grads_size() == 0) return;
   parallel_for(0, g.batch, detail::attention_grain(3 * g.tq * g.tk * (g.d + g.dv)),
                [&](std::int64_t lo, std::int64_t hi) {
                  for (std::int64_t n = lo; n < hi; ++n)
-                   detail::attention_backward_item<T>(g, n, q, k, v, out, gy, grads);
+                   detail::attention_backward_item<T>(g, n, q, k, v, out, gy, grads, lse ? lse + n * g.tq : nullptr);
                });
 }
 

@@ -150,25 +150,28 @@ template <class T> struct AttentionKeyGradFn : AttentionGradParts<T> {
 }  // namespace detail
 
 /// See cpu::attention_forward.
-template <class T> void attention_forward(const cpu::AttentionGeometry& g, const T* q, const T* k, const T* v, T* out) {
+template <class T>
+void attention_forward(const cpu::AttentionGeometry& g, const T* q, const T* k, const T* v, T* out, T* lse = nullptr) {
   thrust::counting_iterator<std::int64_t> first(0);
-  thrust::for_each(thrust::device, first, first + g.batch * g.tq, detail::AttentionRowFn<T>{g, q, k, v, out, nullptr});
+  thrust::for_each(thrust::device, first, first + g.batch * g.tq, detail::AttentionRowFn<T>{g, q, k, v, out, lse});
 }
 
 /// See cpu::attention_backward.
 template <class T> void attention_backward(const cpu::AttentionGeometry& g, const T* q, const T* k, const T* v,
-                                           const T* out, const T* gy, T* grads) {
+                                           const T* out, const T* gy, T* grads, const T* saved_lse = nullptr) {
   if (!g.grads_fill_buffer()) thrust::fill_n(thrust::device, grads, g.batch / g.heads * g.tq * g.width, T(0));
   const std::int64_t queries = g.batch * g.tq;
-  Scratch<T> lse(static_cast<std::size_t>(queries)), dots(static_cast<std::size_t>(queries));
+  Scratch<T> made(static_cast<std::size_t>(queries)), dots(static_cast<std::size_t>(queries));
   thrust::counting_iterator<std::int64_t> first(0);
-  thrust::for_each(thrust::device, first, first + queries,
-                   detail::AttentionRowFn<T>{g, q, k, nullptr, nullptr, lse.data()});
+  if (!saved_lse)
+    thrust::for_each(thrust::device, first, first + queries,
+                     detail::AttentionRowFn<T>{g, q, k, nullptr, nullptr, made.data()});
+  const T* lse = saved_lse ? saved_lse : made.data();
   thrust::for_each(thrust::device, first, first + queries, detail::AttentionDotFn<T>{g, gy, out, dots.data()});
   thrust::for_each(thrust::device, first, first + queries,
-                   detail::AttentionQueryGradFn<T>{{g, q, k, v, gy, lse.data(), dots.data(), grads}});
+                   detail::AttentionQueryGradFn<T>{{g, q, k, v, gy, lse, dots.data(), grads}});
   thrust::for_each(thrust::device, first, first + g.batch * g.tk,
-                   detail::AttentionKeyGradFn<T>{{g, q, k, v, gy, lse.data(), dots.data(), grads}});
+                   detail::AttentionKeyGradFn<T>{{g, q, k, v, gy, lse, dots.data(), grads}});
 }
 
 }  // namespace xgrad::thrust_backend
