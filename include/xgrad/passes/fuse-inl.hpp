@@ -267,6 +267,15 @@ inline std::unique_ptr<ir::Node> make_fused(const ir::Graph& g, const std::vecto
   return fused;
 }
 
+/// run(std::type_identity<T>{}) for T the floating-point type of `dtype` (double or float): the
+/// kernels of the nodes this pass makes.
+template <class Run> void with_float_type(DType dtype, Run&& run) {
+  if (dtype == DType::float64)
+    run(std::type_identity<double>{});
+  else
+    run(std::type_identity<float>{});
+}
+
 /// A MaxPoolWithArgmax node's kernel: values and argmax, each into its planned buffer.
 inline ir::Kernel max_pool_with_argmax_kernel(const op::MaxPoolWithArgmax& def, const Shape& shape) {
   return [def, shape](std::span<const TensorBase> in, std::span<TensorBase> out) {
@@ -278,10 +287,7 @@ inline ir::Kernel max_pool_with_argmax_kernel(const op::MaxPoolWithArgmax& def, 
       out[0] = values;
       out[1] = idx;
     };
-    if (in[0].dtype() == DType::float64)
-      run(std::type_identity<double>{});
-    else
-      run(std::type_identity<float>{});
+    with_float_type(in[0].dtype(), run);
   };
 }
 
@@ -400,10 +406,7 @@ inline bool pair_attention(ir::Graph& g) {
           outs[0] = y;
           outs[1] = l;
         };
-        if (in[0].dtype() == DType::float64)
-          run(std::type_identity<double>{});
-        else
-          run(std::type_identity<float>{});
+        with_float_type(in[0].dtype(), run);
       };
     } else if (!(forward->params<op::AttentionWithLse>().geometry == geometry)) {
       continue;
@@ -419,10 +422,7 @@ inline bool pair_attention(ir::Graph& g) {
                 Tensor<T>(in[5]), grads);
         out[0] = grads;
       };
-      if (in[0].dtype() == DType::float64)
-        run(std::type_identity<double>{});
-      else
-        run(std::type_identity<float>{});
+      with_float_type(in[0].dtype(), run);
     };
     changed = true;
   }
@@ -441,10 +441,7 @@ template <class Def> ir::Kernel through_max_pool_kernel(const Def& def, const Sh
         def.run(device, Tensor<T>(in[0]), Tensor<std::int32_t>(in[1]), Tensor<T>(in[2]), result);
       out[0] = result;
     };
-    if (in[2].dtype() == DType::float64)
-      run(std::type_identity<double>{});
-    else
-      run(std::type_identity<float>{});
+    with_float_type(in[2].dtype(), run);
   };
 }
 
