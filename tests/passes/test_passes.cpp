@@ -533,6 +533,14 @@ TEST_CASE("passes: fuse gives attention's gradient the log-denominators its forw
   CHECK(same_bits(std::get<1>(compiled), std::get<1>(eager)));
   CHECK(same_bits(std::get<2>(compiled), std::get<2>(eager)));
   CHECK(same_bits(std::get<3>(compiled), std::get<3>(eager)));
+  // Long sequences, which the forward runs in wider blocks: the gradient's own log-denominators
+  // (eagerly) come out in the same blocks, with the same bits.
+  const auto lq = xg::randn<float>({1, 600, 4}, 5), lk = xg::randn<float>({1, 600, 4}, 6);
+  const auto lv = xg::randn<float>({1, 600, 3}, 7), lw = xg::randn<float>({1, 600, 3}, 8);
+  const auto long_eager = step(lq, lk, lv, lw);
+  const auto long_compiled = xg::jit(step, {.strict = true})(lq, lk, lv, lw);
+  CHECK(same_bits(std::get<1>(long_compiled), std::get<1>(long_eager)));
+  CHECK(same_bits(std::get<2>(long_compiled), std::get<2>(long_eager)));
 #if defined(XGRAD_WITH_THRUST)
   const auto dq = q.to(xg::Device::thrust), dk = k.to(xg::Device::thrust), dv = v.to(xg::Device::thrust);
   const auto dw = w.to(xg::Device::thrust);
