@@ -27,6 +27,9 @@ namespace xgrad::cpu {
 /// thread or two; LeNet5's 32 x 84 x 120, 2.6 times as much: 4.3 us on one, 3.2 us on two).
 inline constexpr std::int64_t kGemmParallelWork = std::int64_t{1} << 17;
 
+/// The bytes of B up to which a product reads B in place however many rows A has.
+inline constexpr std::int64_t kGemmSmallB = 16 * 1024;
+
 /// Told that rows [row, row + rows) and columns [col, col + cols) of C are final.
 using GemmBlockDone = std::function<void(int64_t row, int64_t rows, int64_t col, int64_t cols)>;
 
@@ -392,9 +395,13 @@ template <class T> void gemm_serial(int64_t m, int64_t n, int64_t k, T alpha, co
   T* pb_buf = ws.m_b.get((nc_max + NR - 1) / NR * NR * kc_max);
   // With one or two micro-panels of A rows, each element of B is used at most twice: the
   // micro-kernel reads B's whole panels in place (rows brs apart), which costs less than
-  // copying them first (LeNet5's conv GEMMs: 6 or 16 rows). Only a last, partial panel is
-  // packed, since its rows would be read past their end.
-  const bool b_in_place = bcs == 1 && m <= 2 * MR;
+  // copying them first (LeNet5's conv GEMMs: 6 or 16 rows). So does a B narrower than a panel
+  // and small enough to stay in L1 (attention's blocks: 64 x 32, whose packing cost as much
+  // as their product). A last, partial panel is packed unless its rows are whole vectors:
+  // else they would be read past their end.
+  const bool b_in_place =
+      bcs == 1 && (m <= 2 * MR || (n < NR && k * n * static_cast<int64_t>(sizeof(T)) <= kGemmSmallB));
+  const bool b_whole_vectors = n % L == 0;
 
   for (int64_t jc = 0; jc < n; jc += nc_max) {
     const int64_t nc = std::min(nc_max, n - jc);
@@ -403,7 +410,7 @@ template <class T> void gemm_serial(int64_t m, int64_t n, int64_t k, T alpha, co
       // Only the first k-block applies the caller's beta; later ones accumulate.
       const T beta_eff = pc == 0 ? beta : T(1);
       const T* b_block = b + pc * brs + jc * bcs;
-      const int64_t whole = b_in_place ? nc / NR * NR : 0;  // columns read in place
+      const int64_t whole = !b_in_place ? 0 : b_whole_vectors && n < NR ? nc : nc / NR * NR;  // read in place
       pack_b<T, NR>(kc, nc - whole, b_block + whole * bcs, brs, bcs, pb_buf);
       for (int64_t ic = 0; ic < m; ic += mc_max) {
         const int64_t mc = std::min(mc_max, m - ic);
