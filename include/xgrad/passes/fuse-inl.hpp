@@ -554,7 +554,9 @@ inline void recompute_in_readers(const ir::Graph& g, const std::unordered_map<co
         it->second.push_back(v);
       }
     std::size_t budget = slots[B] + (anchor[B] ? anchor[B]->inputs.size() + 1 : 0);
-    for (const auto& [F, wants] : wanted) {
+    for (const auto& entry : wanted) {
+      const int F = entry.first;  // not a structured binding: clang 14's lambdas cannot capture one
+      const std::vector<const ir::Value*>& wants = entry.second;
       // Each of F's results of B's shape, and each such value F reads, is tried as d.
       std::vector<const ir::Value*> cuts;
       for (std::size_t m : members[static_cast<std::size_t>(F)]) {
