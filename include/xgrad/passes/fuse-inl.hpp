@@ -608,8 +608,8 @@ inline void recompute_in_readers(const ir::Graph& g, const std::unordered_map<co
         for (const ir::Value* v : leaves)
           if (!reads.count(v)) saving -= bytes(v);
         saving += writes;
-        if (writes > 0 && saving > best_saving ||
-            (saving == best_saving && !best_ops.empty() && ops.size() < best_ops.size())) {
+        if (writes > 0 &&
+            (saving > best_saving || (saving == best_saving && !best_ops.empty() && ops.size() < best_ops.size()))) {
           best_saving = saving;
           best_ops = std::move(ops);
           best_leaves = std::move(leaves);
