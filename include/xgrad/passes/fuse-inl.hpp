@@ -66,11 +66,9 @@ inline bool row_group_shape(const Shape& shape) {
   return shape.ndim() > 0 && shape[shape.ndim() - 1] >= 2 && shape[shape.ndim() - 1] <= k_max_row_length;
 }
 
-/// Reducer's reduction of each row, by the loop its eager kernel runs on a row (cpu::reduce).
+/// Reducer's reduction of each row: the eager kernel itself (a block's few rows run inline).
 template <class Reducer, class T> void reduce_rows(const void* in, void* out, std::int64_t rows, std::int64_t length) {
-  const T* x = static_cast<const T*>(in);
-  T* y = static_cast<T*>(out);
-  for (std::int64_t r = 0; r < rows; ++r) y[r] = cpu::detail::reduce_contiguous<Reducer>(x + r * length, length);
+  cpu::reduce<Reducer>(static_cast<const T*>(in), static_cast<T*>(out), rows, length, 1);
 }
 
 /// The row kernel of `node` when it is a sum, max or min of a float tensor over its last axis
