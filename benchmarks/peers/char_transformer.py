@@ -73,7 +73,7 @@ class CharTransformer(torch.nn.Module):
 
     def forward(self, ids):
         t = ids.shape[1]
-        x = self.tokens(ids) + self.positions(torch.arange(t))
+        x = self.tokens(ids) + self.positions(torch.arange(t, device=ids.device))
         for block in self.blocks:
             x = block(x, src_mask=self.mask[:t, :t], is_causal=True)
         return self.head(self.norm(x))

@@ -8,7 +8,12 @@ import sys
 
 import torch
 
+from char_transformer import CharTransformer, train_step
+
 dev = "cuda"
+# benchmarks/workloads.py's ATTENTION shapes [B, H, T, D] and the seq_step model (CHAR_TRANSFORMER).
+ATTENTION = {"seq128": (8, 4, 128, 32), "seq512": (2, 4, 512, 32), "seq2048": (1, 4, 2048, 32)}
+CHAR_VOCAB, CHAR_CONTEXT, CHAR_BATCH = 114, 128, 32
 torch.manual_seed(1)
 
 
@@ -52,6 +57,33 @@ def mlp_step_fn(widths, batch):
     return step
 
 
+def attention_rows():
+    """Causal scaled_dot_product_attention and the gradients of sum(attention * w) by q, k, v."""
+    rows = {}
+    for seq, shape in ATTENTION.items():
+        q, k, v = (torch.randn(*shape, device=dev, requires_grad=True) for _ in range(3))
+        w = torch.randn(*shape, device=dev)
+
+        def forward(q=q, k=k, v=v):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+        def grads(q=q, k=k, v=v, w=w, forward=forward):
+            return torch.autograd.grad((forward(q, k, v) * w).sum(), [q, k, v])
+
+        rows[f"attention/{seq}_fwd"] = lambda forward=forward: forward()
+        rows[f"attention/{seq}_grad"] = grads
+    return rows
+
+
+def char_transformer_step():
+    """The seq_step row: the example's model and recipe (peers/char_transformer.py) on one batch."""
+    model = CharTransformer(CHAR_VOCAB, CHAR_CONTEXT, 128, 4, 4).to(dev)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
+    step = train_step(model, optimizer)
+    ids = torch.randint(0, CHAR_VOCAB, (CHAR_BATCH, CHAR_CONTEXT + 1), device=dev)
+    return lambda: step(ids[:, :-1], ids[:, 1:])
+
+
 def main():
     a1, b1 = torch.randn(1, device=dev), torch.randn(1, device=dev)
     a6, b6 = torch.randn(10**6, device=dev), torch.randn(10**6, device=dev)
@@ -73,6 +105,8 @@ def main():
         "gemm/matmul_1024": lambda: m1 @ m2,
         "conv/conv2_grad": conv2_grad,
         "mlp_step/784-256-256-10_b64": mlp_step_fn([784, 256, 256, 10], 64),
+        **attention_rows(),
+        "seq_step/char_transformer_b32": char_transformer_step(),
     }
     compiled = {"elementwise/chain7_1e7": torch.compile(chain7)}
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, tf32 matmul "

@@ -123,6 +123,47 @@ TEST_CASE("attention: gradients equal autodiff through the naive form at double"
     }
 }
 
+TEST_CASE("thrust: attention in blocks of scores equals the naive form at double, with its gradients") {
+  // The device computes a block of scores at a time (thrust/attention.hpp: at most 2^22): every
+  // query of up to 4 items of 1024 x 1024 (6 items: blocks of 4 and 2), or one query row at a
+  // time of an item with 2.2 million keys, whose dk and dv then add up over two blocks.
+  if constexpr (xg::thrust_available()) {
+    std::vector<Case> cases(k_cases.begin(), k_cases.end());
+    cases.push_back({6, 1024, 1024, 4, 2});
+    cases.push_back({1, 2, 2'200'000, 2, 3});
+    for (const Case& c : cases)
+      for (bool causal : {false, true}) {
+        CAPTURE(c.batch);
+        CAPTURE(c.tq);
+        CAPTURE(c.tk);
+        CAPTURE(causal);
+        const auto seed = static_cast<std::uint64_t>(c.tq * 31 + c.tk);
+        const std::vector<xg::Tensor<double>> in{xg::randn<double>({c.batch, c.tq, c.d}, seed),
+                                                 xg::randn<double>({c.batch, c.tk, c.d}, seed + 1),
+                                                 xg::randn<double>({c.batch, c.tk, c.dv}, seed + 2)};
+        const auto w = xg::randn<double>({c.batch, c.tq, c.dv}, seed + 3);
+        const auto on_device = [](const xg::Tensor<double>& x) { return x.to(xg::Device::thrust); };
+        const auto out =
+            xg::scaled_dot_product_attention(on_device(in[0]), on_device(in[1]), on_device(in[2]), {.causal = causal});
+        CHECK(out.device() == xg::Device::thrust);
+        CHECK(max_difference(out.to(xg::Device::cpu), naive_attention(in[0], in[1], in[2], causal)) < 1e-12);
+        const auto want =
+            xg::grad([&](const xg::Tensor<double>& q, const xg::Tensor<double>& k,
+                         const xg::Tensor<double>& v) { return xg::sum(naive_attention(q, k, v, causal) * w); },
+                     xg::argnums<0, 1, 2>)(in[0], in[1], in[2]);
+        const auto w_device = on_device(w);
+        const auto got = xg::grad(
+            [&](const xg::Tensor<double>& q, const xg::Tensor<double>& k, const xg::Tensor<double>& v) {
+              return xg::sum(xg::scaled_dot_product_attention(q, k, v, {.causal = causal}) * w_device);
+            },
+            xg::argnums<0, 1, 2>)(on_device(in[0]), on_device(in[1]), on_device(in[2]));
+        CHECK(max_difference(std::get<0>(got).to(xg::Device::cpu), std::get<0>(want)) < 1e-11);
+        CHECK(max_difference(std::get<1>(got).to(xg::Device::cpu), std::get<1>(want)) < 1e-11);
+        CHECK(max_difference(std::get<2>(got).to(xg::Device::cpu), std::get<2>(want)) < 1e-11);
+      }
+  }
+}
+
 TEST_CASE("attention: the fused gradient is one op, and the second derivative comes from the composite") {
   auto q = xg::randn<double>({2, 5, 4}, 1).set_requires_grad(true);
   const auto k = xg::randn<double>({2, 6, 4}, 2), v = xg::randn<double>({2, 6, 3}, 3);
