@@ -270,3 +270,30 @@ TEST_CASE("gemm tells each element of C once, when it is final") {
   }
   xgrad::cpu::set_num_threads(saved);
 }
+
+TEST_CASE_TEMPLATE("gemm_packed_a reads an A already in pack_a's layout: gemm's numbers, bit for bit", T, float,
+                   double) {
+  using cfg = xgrad::cpu::detail::GemmConfig<T>;
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<double> u(-1, 1);
+  for (const int64_t m : {int64_t{1}, int64_t{cfg::mr}, int64_t{cfg::mr + 1}, int64_t{128}})
+    for (const int64_t n : {int64_t{3}, int64_t{32}, int64_t{cfg::nr + 5}})
+      for (const int64_t k : {int64_t{1}, int64_t{17}, int64_t{cfg::kc}})
+        for (const T beta : {T(0), T(1)}) {
+          CAPTURE(m);
+          CAPTURE(n);
+          CAPTURE(k);
+          CAPTURE(beta);
+          std::vector<T> a(m * k), b(k * n), c0(m * n);
+          for (auto* v : {&a, &b, &c0})
+            for (T& x : *v) x = static_cast<T>(u(rng));
+          // pack_a's layout: rows a_row_stride apart, zero rows up to a whole micro-panel.
+          const int64_t rows = (m + cfg::mr - 1) / cfg::mr * cfg::mr;
+          std::vector<T> packed(rows * cfg::a_row_stride, T(0));
+          for (int64_t i = 0; i < m; ++i) std::copy_n(&a[i * k], k, &packed[i * cfg::a_row_stride]);
+          std::vector<T> want = c0, got = c0;
+          xgrad::cpu::detail::gemm_serial<T>(m, n, k, T(0.5), a.data(), k, 1, b.data(), n, 1, beta, want.data(), n);
+          xgrad::cpu::detail::gemm_packed_a<T>(m, n, k, T(0.5), packed.data(), b.data(), n, 1, beta, got.data(), n);
+          CHECK(got == want);
+        }
+}

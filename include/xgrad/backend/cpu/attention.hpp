@@ -29,9 +29,10 @@ inline constexpr std::int64_t k_attention_task_work = std::int64_t{1} << 15;
 /// key sequences mean fewer rescales and fewer, larger products (packed once for more rows); a
 /// block of 128 x 256 scores still sits in L2. Measured at d = 32, 1 thread: T = 128 forward
 /// 0.92 -> 0.81 ms, T = 2048 17.4 -> 12.8 ms. The gradient works out the log-denominators in the
-/// same blocks when it does not get the forward's, so the two agree bit for bit.
-inline std::int64_t attention_key_block(const AttentionGeometry& g) {
-  return g.tk >= 512 ? 256 : g.tk >= 128 ? 128 : k_attention_block;
+/// same blocks when it does not get the forward's, so the two agree bit for bit. At most the
+/// GEMM's depth kc (256 float, 128 double), so that a block of probabilities is one packed A.
+template <class T> std::int64_t attention_key_block(const AttentionGeometry& g) {
+  return std::min<std::int64_t>(g.tk >= 512 ? 256 : g.tk >= 128 ? 128 : k_attention_block, GemmConfig<T>::kc);
 }
 inline std::int64_t attention_query_block(const AttentionGeometry& g) { return g.tk >= 512 ? 128 : k_attention_block; }
 
@@ -75,7 +76,8 @@ template <class T> T row_max(const T* x, std::int64_t n) {
   return m;
 }
 
-/// x[i] = exp(x[i] - shift) for i < n (n a pad_row result); returns their sum.
+/// x[i] = exp(x[i] - shift) for i < n (n a pad_row result; shift at least every x[i]); returns
+/// their sum.
 template <class T> T exp_shifted(T* x, std::int64_t n, T shift) {
   T sum = 0;
   std::int64_t i = 0;
@@ -85,7 +87,7 @@ template <class T> T exp_shifted(T* x, std::int64_t n, T shift) {
     const B s(shift);
     B acc(T(0));
     for (; i + L <= n; i += L) {
-      const B e = math::exp(B::load_unaligned(x + i) - s);
+      const B e = math::exp_nonpositive(B::load_unaligned(x + i) - s);
       e.store_unaligned(x + i);
       acc += e;
     }
@@ -104,14 +106,20 @@ template <class T> void scale_row(T* x, std::int64_t n, T factor) {
 /// denominator (with the maximum it was computed from added back) into lse[0, rows) when lse is.
 template <class T> void attention_rows(const AttentionGeometry& g, std::int64_t n, const T* q, const T* k, const T* v,
                                        std::int64_t i0, std::int64_t rows, T* out, T* lse) {
-  const std::int64_t BK = attention_key_block(g);
+  const std::int64_t BK = attention_key_block<T>(g);
   const auto qr = g.q_rows(n), kr = g.k_rows(n), vr = g.v_rows(n), outr = g.out_rows(n);
   q += qr.start + i0 * qr.stride;
   k += kr.start;
   v = v ? v + vr.start : nullptr;
   out = out ? out + outr.start + i0 * outr.stride : nullptr;
   auto& ws = attention_workspace<T>();
-  T* s = ws.scores.get(rows * BK);
+  // The scores, then probabilities, laid out as the GEMM packs its A: the product with v reads
+  // them in place. Rows past `rows`, up to a whole micro-panel, are zeros it may read.
+  using cfg = GemmConfig<T>;
+  constexpr std::int64_t LD = cfg::a_row_stride;
+  const std::int64_t panel_rows = (rows + cfg::mr - 1) / cfg::mr * cfg::mr;
+  T* s = ws.scores.get(panel_rows * LD);
+  std::fill(s + rows * LD, s + panel_rows * LD, T(0));
   T* shift = ws.shift.get(rows);
   T* total = ws.total.get(rows);
   constexpr T none = -std::numeric_limits<T>::infinity();  // no key seen yet
@@ -123,9 +131,9 @@ template <class T> void attention_rows(const AttentionGeometry& g, std::int64_t 
   const std::int64_t end = g.key_end(i0 + rows - 1);  // the last query sees the most keys
   for (std::int64_t j0 = 0; j0 < end; j0 += BK) {
     const std::int64_t n_keys = std::min(BK, end - j0);
-    gemm<T>(rows, n_keys, g.d, scale, q, qr.stride, 1, k + j0 * kr.stride, 1, kr.stride, T(0), s, BK);
+    gemm<T>(rows, n_keys, g.d, scale, q, qr.stride, 1, k + j0 * kr.stride, 1, kr.stride, T(0), s, LD);
     for (std::int64_t r = 0; r < rows; ++r) {
-      T* row = s + r * BK;
+      T* row = s + r * LD;
       const std::int64_t seen = std::clamp<std::int64_t>(g.key_end(i0 + r) - j0, 0, n_keys);
       const std::int64_t padded = pad_row(row, seen, BK);
       if (padded < n_keys) std::fill(row + padded, row + n_keys, T(0));  // keys this query does not see weigh nothing
@@ -148,13 +156,13 @@ template <class T> void attention_rows(const AttentionGeometry& g, std::int64_t 
     bool finite = true;
     for (std::int64_t j = j0 + shared; finite && j < j0 + n_keys; ++j) finite = all_finite(v + j * vr.stride, g.dv);
     if (finite) {
-      gemm<T>(rows, g.dv, n_keys, T(1), s, BK, 1, v + j0 * vr.stride, vr.stride, 1, T(1), out, outr.stride);
+      gemm_packed_a<T>(rows, g.dv, n_keys, T(1), s, v + j0 * vr.stride, vr.stride, 1, T(1), out, outr.stride);
       continue;
     }
     for (std::int64_t r = 0; r < rows; ++r) {
       const std::int64_t seen = std::clamp<std::int64_t>(g.key_end(i0 + r) - j0, 0, n_keys);
       for (std::int64_t j = 0; j < seen; ++j)
-        for (std::int64_t c = 0; c < g.dv; ++c) out[r * outr.stride + c] += s[r * BK + j] * v[(j0 + j) * vr.stride + c];
+        for (std::int64_t c = 0; c < g.dv; ++c) out[r * outr.stride + c] += s[r * LD + j] * v[(j0 + j) * vr.stride + c];
     }
   }
   for (std::int64_t r = 0; r < rows; ++r) {
@@ -206,8 +214,13 @@ template <class T> void attention_backward_item(const AttentionGeometry& g, std:
     for (std::int64_t c = 0; c < g.dv; ++c) sum += gy[i * outr.stride + c] * out[i * outr.stride + c];
     dot[i] = sum;
   }
+  // ds in pack_a's layout (see attention_rows): the product with k reads it in place.
+  using cfg = GemmConfig<T>;
+  constexpr std::int64_t LD = cfg::a_row_stride;
+  constexpr std::int64_t panel_rows = (BK + cfg::mr - 1) / cfg::mr * cfg::mr;
   T* p = ws.scores.get(BK * BK);
-  T* ds = ws.scores_grad.get(BK * BK);
+  T* ds = ws.scores_grad.get(panel_rows * LD);
+  std::fill(ds, ds + panel_rows * LD, T(0));
   const T scale = static_cast<T>(g.scale);
   for (std::int64_t j0 = 0; j0 < g.tk; j0 += BK) {
     const std::int64_t n_keys = std::min(BK, g.tk - j0);
@@ -225,17 +238,18 @@ template <class T> void attention_backward_item(const AttentionGeometry& g, std:
       }
       // dv += p^T gy; d(scores) = p * (gy v^T - dot); dq += scale ds k; dk += scale ds^T q.
       gemm<T>(n_keys, g.dv, rows, T(1), p, 1, BK, gyi, outr.stride, 1, T(1), dv + j0 * dvr.stride, dvr.stride);
-      gemm<T>(rows, n_keys, g.dv, T(1), gyi, outr.stride, 1, v + j0 * vr.stride, 1, vr.stride, T(0), ds, BK);
+      gemm<T>(rows, n_keys, g.dv, T(1), gyi, outr.stride, 1, v + j0 * vr.stride, 1, vr.stride, T(0), ds, LD);
       for (std::int64_t r = 0; r < rows; ++r) {
         const std::int64_t seen = std::clamp<std::int64_t>(g.key_end(i0 + r) - j0, 0, n_keys);
-        T* row = ds + r * BK;
+        T* row = ds + r * LD;
         const T* prob = p + r * BK;
         for (std::int64_t c = 0; c < seen; ++c) row[c] = prob[c] * (row[c] - dot[i0 + r]);
         std::fill(row + seen, row + n_keys, T(0));
       }
-      gemm<T>(rows, g.d, n_keys, scale, ds, BK, 1, k + j0 * kr.stride, kr.stride, 1, T(1), dq + i0 * dqr.stride,
-              dqr.stride);
-      gemm<T>(n_keys, g.d, rows, scale, ds, 1, BK, qi, qr.stride, 1, T(1), dk + j0 * dkr.stride, dkr.stride);
+      if (rows < BK) std::fill(ds + rows * LD, ds + panel_rows * LD, T(0));  // a last, short block
+      gemm_packed_a<T>(rows, g.d, n_keys, scale, ds, k + j0 * kr.stride, kr.stride, 1, T(1), dq + i0 * dqr.stride,
+                       dqr.stride);
+      gemm<T>(n_keys, g.d, rows, scale, ds, 1, LD, qi, qr.stride, 1, T(1), dk + j0 * dkr.stride, dkr.stride);
     }
   }
 }

@@ -373,12 +373,11 @@ template <class T> void scale_c(int64_t m, int64_t n, T beta, T* c, int64_t ldc)
   }
 }
 
-/// Single-threaded blocked GEMM on the calling thread (m, n, k > 0). `done`, when given, is
-/// called on each block of C once its last k-block is added, with C's rows and columns
-/// counted from (row0, col0).
-template <class T> void gemm_serial(int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t ars, int64_t acs,
-                                    const T* b, int64_t brs, int64_t bcs, T beta, T* c, int64_t ldc,
-                                    const GemmBlockDone* done = nullptr, int64_t row0 = 0, int64_t col0 = 0) {
+/// The blocked GEMM of gemm_serial; with packed_a, A is read from there as pack_a lays it out
+/// (rows a_row_stride apart, k at most kc) instead of from a, ars, acs.
+template <class T> void gemm_blocked(int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t ars, int64_t acs,
+                                     const T* packed_a, const T* b, int64_t brs, int64_t bcs, T beta, T* c, int64_t ldc,
+                                     const GemmBlockDone* done, int64_t row0, int64_t col0) {
   using cfg = GemmConfig<T>;
   constexpr int MR = cfg::mr;
   constexpr int NB = cfg::nb;
@@ -386,12 +385,12 @@ template <class T> void gemm_serial(int64_t m, int64_t n, int64_t k, T alpha, co
   constexpr int64_t L = cfg::lanes;
   constexpr int64_t a_panel = MR * cfg::a_row_stride;  // elements per packed A micro-panel
 
-  const int64_t kc_max = balanced_block(k, cfg::kc, 1);
+  const int64_t kc_max = packed_a ? k : balanced_block(k, cfg::kc, 1);
   const int64_t mc_max = balanced_block(m, cfg::mc, MR);
   const int64_t nc_max = balanced_block(n, cfg::nc, NR);
 
   auto& ws = gemm_workspace<T>();
-  T* pa_buf = ws.m_a.get((mc_max + MR - 1) / MR * a_panel);
+  T* pa_buf = packed_a ? nullptr : ws.m_a.get((mc_max + MR - 1) / MR * a_panel);
   T* pb_buf = ws.m_b.get((nc_max + NR - 1) / NR * NR * kc_max);
   // With one or two micro-panels of A rows, each element of B is used at most twice: the
   // micro-kernel reads B's whole panels in place (rows brs apart), which costs less than
@@ -414,10 +413,11 @@ template <class T> void gemm_serial(int64_t m, int64_t n, int64_t k, T alpha, co
       pack_b<T, NR>(kc, nc - whole, b_block + whole * bcs, brs, bcs, pb_buf);
       for (int64_t ic = 0; ic < m; ic += mc_max) {
         const int64_t mc = std::min(mc_max, m - ic);
-        pack_a<T>(mc, kc, a + ic * ars + pc * acs, ars, acs, pa_buf);
+        const T* a_panels = packed_a ? packed_a + ic * cfg::a_row_stride : pa_buf;
+        if (!packed_a) pack_a<T>(mc, kc, a + ic * ars + pc * acs, ars, acs, pa_buf);
         // Each A micro-panel stays in L1 while the packed B block streams past it.
         for (int64_t ir = 0; ir < mc; ir += MR) {
-          const T* pa = pa_buf + ir / MR * a_panel;
+          const T* pa = a_panels + ir / MR * a_panel;
           const int64_t rows = std::min<int64_t>(MR, mc - ir);
           T* c_row = c + (ic + ir) * ldc + jc;
           for (int64_t jr = 0; jr < nc; jr += NR) {
@@ -437,6 +437,26 @@ template <class T> void gemm_serial(int64_t m, int64_t n, int64_t k, T alpha, co
       }
     }
   }
+}
+
+/// Single-threaded blocked GEMM on the calling thread (m, n, k > 0). `done`, when given, is
+/// called on each block of C once its last k-block is added, with C's rows and columns
+/// counted from (row0, col0).
+template <class T> void gemm_serial(int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t ars, int64_t acs,
+                                    const T* b, int64_t brs, int64_t bcs, T beta, T* c, int64_t ldc,
+                                    const GemmBlockDone* done = nullptr, int64_t row0 = 0, int64_t col0 = 0) {
+  gemm_blocked(m, n, k, alpha, a, ars, acs, static_cast<const T*>(nullptr), b, brs, bcs, beta, c, ldc, done, row0,
+               col0);
+}
+
+/// C = alpha A B + beta C on the calling thread (m, n > 0, 0 < k <= GemmConfig<T>::kc) for an A
+/// already in pack_a's layout: row i at packed_a + i * GemmConfig<T>::a_row_stride, rows up to
+/// the next multiple of GemmConfig<T>::mr readable (zeros). A producer that writes A there
+/// (attention's blocks of probabilities) saves the copy.
+template <class T> void gemm_packed_a(int64_t m, int64_t n, int64_t k, T alpha, const T* packed_a, const T* b,
+                                      int64_t brs, int64_t bcs, T beta, T* c, int64_t ldc) {
+  gemm_blocked(m, n, k, alpha, static_cast<const T*>(nullptr), 0, 0, packed_a, b, brs, bcs, beta, c, ldc, nullptr, 0,
+               0);
 }
 
 /// C[m x n] = A B on the calling thread, where B(p, j) = b[b_rows[p] + j]: B's rows are windows
