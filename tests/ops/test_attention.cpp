@@ -164,6 +164,30 @@ TEST_CASE("thrust: attention in blocks of scores equals the naive form at double
   }
 }
 
+TEST_CASE("attention: the eager gradient, from the log-denominators its forward kept, has the compiled one's bits") {
+  // Eagerly the recorded forward keeps each query's log-denominator for its gradient; compiled at
+  // O0 the gradient works them out again, at O2 the pair of ops passes them along (JIT.md). The
+  // three must agree bit for bit, in the blocks of T = 600.
+  for (bool causal : {false, true}) {
+    CAPTURE(causal);
+    const auto q = xg::randn<float>({2, 600, 16}, 1), k = xg::randn<float>({2, 600, 16}, 2),
+               v = xg::randn<float>({2, 600, 8}, 3), w = xg::randn<float>({2, 600, 8}, 4);
+    const auto gradients = xg::grad(
+        [&](const xg::Tensor<float>& a, const xg::Tensor<float>& b, const xg::Tensor<float>& c) {
+          return xg::sum(xg::scaled_dot_product_attention(a, b, c, {.causal = causal}) * w);
+        },
+        xg::argnums<0, 1, 2>);
+    const auto eager = gradients(q, k, v);
+    for (const xg::JitLevel level : {xg::JitLevel::O0, xg::JitLevel::O2}) {
+      CAPTURE(static_cast<int>(level));
+      const auto compiled = xg::jit(gradients, {.level = level, .strict = true})(q, k, v);
+      CHECK(std::get<0>(compiled).to_vector() == std::get<0>(eager).to_vector());
+      CHECK(std::get<1>(compiled).to_vector() == std::get<1>(eager).to_vector());
+      CHECK(std::get<2>(compiled).to_vector() == std::get<2>(eager).to_vector());
+    }
+  }
+}
+
 TEST_CASE("attention: the fused gradient is one op, and the second derivative comes from the composite") {
   auto q = xg::randn<double>({2, 5, 4}, 1).set_requires_grad(true);
   const auto k = xg::randn<double>({2, 6, 4}, 2), v = xg::randn<double>({2, 6, 3}, 3);

@@ -450,6 +450,11 @@ struct Attention {
   static constexpr Needs<3> differentiable{true, true, true}, saved{true, true, true};
   static constexpr bool reads_output = true;
   cpu::AttentionGeometry geometry;
+  /// Set eagerly when the tape records the op: run leaves each query's log-denominator ([batch,
+  /// tq]) here, and the gradient reads it (AttentionGradWithLse) instead of working it out
+  /// again, as PyTorch's eager forward keeps its logsumexp. Never while tracing: a graph pairs
+  /// the two ops itself (fuse). Not part of the op's identity.
+  std::shared_ptr<TensorBase> saved_lse;
   std::vector<ir::Attr> attrs() const {
     std::vector<ir::Attr> a{{"causal", geometry.causal ? "true" : "false"}, {"scale", detail::concat(geometry.scale)}};
     if (geometry.heads)
@@ -457,7 +462,7 @@ struct Attention {
                                            geometry.q_column, ", ", geometry.k_column, ", ", geometry.v_column)});
     return a;
   }
-  bool operator==(const Attention&) const = default;
+  bool operator==(const Attention& other) const { return geometry == other.geometry; }
   Shape output_shape() const {
     const auto& g = geometry;
     return g.heads ? Shape{g.batch / g.heads, g.tq, g.heads * g.dv} : Shape{g.batch, g.tq, g.dv};
@@ -475,7 +480,10 @@ struct Attention {
   }
   template <class T>
   void run(Device d, const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v, Tensor<T>& out) const {
-    kernels::attention_forward(d, geometry, q.data(), k.data(), v.data(), out.data());
+    if (!saved_lse) return kernels::attention_forward(d, geometry, q.data(), k.data(), v.data(), out.data());
+    auto lse = Tensor<T>::empty({geometry.batch, geometry.tq}, d);
+    kernels::attention_forward(d, geometry, q.data(), k.data(), v.data(), out.data(), lse.data());
+    *saved_lse = lse;
   }
   template <class T> autograd::Grads grad(const Tensor<T>& g, const Tensor<T>& out, Needs<3>, SourceLoc loc,
                                           const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v) const;
@@ -535,6 +543,7 @@ struct AttentionGradWithLse {
   cpu::AttentionGeometry geometry;
   std::vector<ir::Attr> attrs() const { return Attention{geometry}.attrs(); }
   bool operator==(const AttentionGradWithLse&) const = default;
+  Shape output_shape() const { return AttentionGrad{geometry}.output_shape(); }
   template <class T> void run(Device d, const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v,
                               const Tensor<T>& out, const Tensor<T>& g, const Tensor<T>& lse, Tensor<T>& grads) const {
     if (grads.numel() == 0) return;
@@ -837,7 +846,9 @@ template <class T> autograd::Grads op::Attention::grad(const Tensor<T>& g, const
     const auto ds = mul(mul(p, sub(dp, sum(mul(p, dp, loc), {2}, true, loc), loc), loc), static_cast<T>(s.scale), loc);
     return {matmul(ds, k, loc), matmul(ds, q, true, false, loc), matmul(p, g, true, false, loc)};
   }
-  const auto grads = detail::apply<T>(AttentionGrad{s}, loc, q, k, v, out, g);
+  const bool lse_saved = saved_lse && saved_lse->defined();
+  const auto grads = lse_saved ? detail::apply<T>(AttentionGradWithLse{s}, loc, q, k, v, out, g, Tensor<T>(*saved_lse))
+                               : detail::apply<T>(AttentionGrad{s}, loc, q, k, v, out, g);
   auto part = [&](std::int64_t begin, std::int64_t rows, std::int64_t width) {
     return reshape(slice(grads, {0, begin}, {s.batch, rows * width}, loc), {s.batch, rows, width}, loc);
   };
@@ -909,9 +920,10 @@ template <FloatingPoint T> Tensor<T> scaled_dot_product_attention(const Tensor<T
   const std::string_view row = "the gradient's row tq * d + tk * (d + dv)";
   detail::checked_add(op, loc, row, detail::checked_mul(op, loc, row, tq, d),
                       detail::checked_mul(op, loc, row, tk, detail::checked_add(op, loc, row, d, dv)));
-  const cpu::AttentionGeometry geometry{batch, tq, tk, d, dv, scale, options.causal};
-  const auto out = detail::apply<T>(op::Attention{geometry}, loc, reshape(q, {batch, tq, d}, loc),
-                                    reshape(k, {batch, tk, d}, loc), reshape(v, {batch, tk, dv}, loc));
+  op::Attention attention{cpu::AttentionGeometry{batch, tq, tk, d, dv, scale, options.causal}};
+  if (!is_tracing() && detail::should_record(q, k, v)) attention.saved_lse = std::make_shared<TensorBase>();
+  const auto out = detail::apply<T>(attention, loc, reshape(q, {batch, tq, d}, loc), reshape(k, {batch, tk, d}, loc),
+                                    reshape(v, {batch, tk, dv}, loc));
   std::vector<std::int64_t> dims(qs.begin(), qs.end());
   dims.back() = dv;
   return reshape(out, dims, loc);
