@@ -188,6 +188,40 @@ TEST_CASE("attention: the eager gradient, from the log-denominators its forward 
   }
 }
 
+TEST_CASE("attention: heads of size 0 (d or dv) give empty or zero results, with their gradients") {
+  // The products of a block with v (or of ds with k) have no columns then (found by the fuzzer).
+  for (const bool causal : {false, true}) {
+    CAPTURE(causal);
+    const auto q = xg::randn<float>({2, 5, 3}, 1), k = xg::randn<float>({2, 5, 3}, 2);
+    const auto no_values = xg::zeros<float>({2, 5, 0});
+    CHECK(xg::scaled_dot_product_attention(q, k, no_values, {.causal = causal}).shape() == xg::Shape{2, 5, 0});
+    // d = 0: every score is 0, so each query averages the values it sees.
+    const auto empty = xg::zeros<float>({2, 5, 0});
+    const auto v = xg::randn<float>({2, 5, 2}, 3);
+    const auto out = xg::scaled_dot_product_attention(empty, empty, v, {.causal = causal}).to_vector();
+    const auto values = v.to_vector();
+    for (std::int64_t i = 0; i < 5; ++i) {
+      const std::int64_t seen = causal ? i + 1 : 5;
+      double mean = 0;
+      for (std::int64_t j = 0; j < seen; ++j) mean += values[(5 + j) * 2 + 1];
+      CHECK(out[(5 + i) * 2 + 1] == doctest::Approx(mean / seen).epsilon(1e-6));
+    }
+    const auto grads = xg::grad(
+        [&](const xg::Tensor<float>& a, const xg::Tensor<float>& b, const xg::Tensor<float>& c) {
+          return xg::sum(xg::scaled_dot_product_attention(a, b, c, {.causal = causal}));
+        },
+        xg::argnums<0, 1, 2>)(empty, empty, v);
+    CHECK(std::get<0>(grads).shape() == xg::Shape{2, 5, 0});
+    CHECK(std::get<1>(grads).shape() == xg::Shape{2, 5, 0});
+    // d(sum of the means)/dv_j: the sum over the queries that see key j of 1 / (keys they see).
+    for (std::int64_t j = 0; j < 5; ++j) {
+      double want = 0;
+      for (std::int64_t i = causal ? j : 0; i < 5; ++i) want += 1.0 / (causal ? i + 1 : 5);
+      CHECK(std::get<2>(grads).to_vector()[j * 2] == doctest::Approx(want).epsilon(1e-6));
+    }
+  }
+}
+
 TEST_CASE("attention: the fused gradient is one op, and the second derivative comes from the composite") {
   auto q = xg::randn<double>({2, 5, 4}, 1).set_requires_grad(true);
   const auto k = xg::randn<double>({2, 6, 4}, 2), v = xg::randn<double>({2, 6, 3}, 3);

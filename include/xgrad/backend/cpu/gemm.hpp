@@ -449,12 +449,14 @@ template <class T> void gemm_serial(int64_t m, int64_t n, int64_t k, T alpha, co
                col0);
 }
 
-/// C = alpha A B + beta C on the calling thread (m, n > 0, 0 < k <= GemmConfig<T>::kc) for an A
-/// already in pack_a's layout: row i at packed_a + i * GemmConfig<T>::a_row_stride, rows up to
-/// the next multiple of GemmConfig<T>::mr readable (zeros). A producer that writes A there
-/// (attention's blocks of probabilities) saves the copy.
+/// C = alpha A B + beta C on the calling thread (k <= GemmConfig<T>::kc) for an A already in
+/// pack_a's layout: row i at packed_a + i * GemmConfig<T>::a_row_stride, rows up to the next
+/// multiple of GemmConfig<T>::mr readable (zeros). A producer that writes A there (attention's
+/// blocks of probabilities) saves the copy.
 template <class T> void gemm_packed_a(int64_t m, int64_t n, int64_t k, T alpha, const T* packed_a, const T* b,
                                       int64_t brs, int64_t bcs, T beta, T* c, int64_t ldc) {
+  if (m <= 0 || n <= 0) return;
+  if (k <= 0) return scale_c(m, n, beta, c, ldc);
   gemm_blocked(m, n, k, alpha, static_cast<const T*>(nullptr), 0, 0, packed_a, b, brs, bcs, beta, c, ldc, nullptr, 0,
                0);
 }
