@@ -281,14 +281,15 @@ template <class T> struct IsFiniteFn {
 template <class T> bool all_finite(const T* x, std::int64_t n) {
   return thrust::transform_reduce(thrust::device, x, x + n, IsFiniteFn<T>{}, true, thrust::logical_and<bool>());
 }
-/// Whether q, k and v (and gy) hold finite values only, in the whole of their buffers.
+/// Whether q, k and v (when given) and gy (likewise) hold finite values only, in the whole of
+/// their buffers.
 template <class T>
 bool finite_operands(const cpu::AttentionGeometry& g, const T* q, const T* k, const T* v, const T* gy = nullptr) {
   const std::int64_t sequences = g.heads ? g.batch / g.heads : g.batch;
   const std::int64_t q_size = g.heads ? sequences * g.tq * g.width : g.batch * g.tq * g.d;
   const std::int64_t k_size = g.heads ? sequences * g.tk * g.width : g.batch * g.tk * g.d;
   const std::int64_t v_size = g.heads ? sequences * g.tk * g.width : g.batch * g.tk * g.dv;
-  return all_finite(q, q_size) && all_finite(k, k_size) && all_finite(v, v_size) &&
+  return all_finite(q, q_size) && all_finite(k, k_size) && (!v || all_finite(v, v_size)) &&
          (!gy || all_finite(gy, g.batch * g.tq * g.dv));
 }
 
