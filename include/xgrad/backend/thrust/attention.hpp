@@ -184,8 +184,9 @@ template <class F> void for_each_attention_block(const cpu::AttentionGeometry& g
 }
 
 /// The distance between consecutive items' matrices of an operand in a block.
-template <class Rows> std::int64_t item_step(const AttentionBlock& b, Rows rows) {
-  return b.count > 1 ? rows(b.n0 + 1).start - rows(b.n0).start : 0;
+using RowsOf = cpu::AttentionGeometry::Rows (cpu::AttentionGeometry::*)(std::int64_t) const;
+inline std::int64_t item_step(const cpu::AttentionGeometry& g, const AttentionBlock& b, RowsOf rows) {
+  return b.count > 1 ? (g.*rows)(b.n0 + 1).start - (g.*rows)(b.n0).start : 0;
 }
 
 /// Partial sums per row of the log-denominators: lane c of a row takes keys c, c + lanes, ...,
@@ -271,8 +272,8 @@ template <class T>
 void block_scores(const cpu::AttentionGeometry& g, const AttentionBlock& b, const T* q, const T* k, T* s) {
   const auto qr = g.q_rows(b.n0), kr = g.k_rows(b.n0);
   strided_gemm<T>(b.count, b.rows, b.keys, g.d, static_cast<T>(g.scale), q + qr.start + b.i0 * qr.stride, qr.stride, 1,
-                  item_step(b, [&](std::int64_t n) { return g.q_rows(n); }), k + kr.start, 1, kr.stride,
-                  item_step(b, [&](std::int64_t n) { return g.k_rows(n); }), T(0), s, b.keys, b.rows * b.keys);
+                  item_step(g, b, &cpu::AttentionGeometry::q_rows), k + kr.start, 1, kr.stride,
+                  item_step(g, b, &cpu::AttentionGeometry::k_rows), T(0), s, b.keys, b.rows * b.keys);
 }
 
 template <class T> struct IsFiniteFn {
@@ -317,9 +318,9 @@ void attention_forward(const cpu::AttentionGeometry& g, const T* q, const T* k, 
                      detail::BlockProbabilityFn<T>{g, b, scores.data(), lse_out});
     const auto vr = g.v_rows(b.n0), outr = g.out_rows(b.n0);
     strided_gemm<T>(b.count, b.rows, g.dv, b.keys, T(1), scores.data(), b.keys, 1, b.rows * b.keys, v + vr.start,
-                    vr.stride, 1, detail::item_step(b, [&](std::int64_t n) { return g.v_rows(n); }), T(0),
+                    vr.stride, 1, detail::item_step(g, b, &cpu::AttentionGeometry::v_rows), T(0),
                     out + outr.start + b.i0 * outr.stride, outr.stride,
-                    detail::item_step(b, [&](std::int64_t n) { return g.out_rows(n); }));
+                    detail::item_step(g, b, &cpu::AttentionGeometry::out_rows));
   });
 }
 
@@ -358,16 +359,13 @@ template <class T> void attention_backward(const cpu::AttentionGeometry& g, cons
     if (!saved_lse)  // the forward's blocks and arithmetic: its lse, bit for bit
       detail::block_lse(g, b, p.data(), made.data());
     thrust::for_each(thrust::device, first, first + b.scores(), detail::BlockProbabilityFn<T>{g, b, p.data(), lse});
-    const auto step = [&](auto rows) { return detail::item_step(b, rows); };
+    const auto step = [&](detail::RowsOf rows) { return detail::item_step(g, b, rows); };
     const auto qr = g.q_rows(b.n0), kr = g.k_rows(b.n0), vr = g.v_rows(b.n0), outr = g.out_rows(b.n0);
     const auto dqr = g.dq_rows(b.n0), dkr = g.dk_rows(b.n0), dvr = g.dv_rows(b.n0);
-    const std::int64_t q_step = step([&](std::int64_t n) { return g.q_rows(n); }),
-                       k_step = step([&](std::int64_t n) { return g.k_rows(n); }),
-                       v_step = step([&](std::int64_t n) { return g.v_rows(n); }),
-                       out_step = step([&](std::int64_t n) { return g.out_rows(n); }),
-                       dq_step = step([&](std::int64_t n) { return g.dq_rows(n); }),
-                       dk_step = step([&](std::int64_t n) { return g.dk_rows(n); }),
-                       dv_step = step([&](std::int64_t n) { return g.dv_rows(n); });
+    using G = cpu::AttentionGeometry;
+    const std::int64_t q_step = step(&G::q_rows), k_step = step(&G::k_rows), v_step = step(&G::v_rows),
+                       out_step = step(&G::out_rows), dq_step = step(&G::dq_rows), dk_step = step(&G::dk_rows),
+                       dv_step = step(&G::dv_rows);
     const std::int64_t block_step = b.rows * b.keys;
     const T* q_block = q + qr.start + b.i0 * qr.stride;
     const T* gy_block = gy + outr.start + b.i0 * outr.stride;
