@@ -920,6 +920,24 @@ TEST_CASE("passes: fuse runs a layer norm or a softmax as one row group, each ro
   CHECK(same_bits(je, ee));
   CHECK(same_bits(jm, em));
 
+  // Rows of a block each (999 or 1000 floats: a block holds at least one whole row): the ops
+  // along a row read its maximum, sum or a per-row input where it is, not repeated along the
+  // row; a row's tail (not a whole vector) as eagerly.
+  for (const std::int64_t length : {999, 1000}) {
+    CAPTURE(length);
+    auto u = xg::randn<float>({7, length}, 15), v = xg::randn<float>({7, length}, 16);
+    auto scale = xg::randn<float>({7, 1}, 17);
+    CHECK(body(xg::jit(soft).lower(u, v).ir()).find("ops=\"ReduceMax, Sub, Exp, SumTo, Div, Mul, SumTo") !=
+          std::string::npos);
+    CHECK(same_bits(xg::jit(soft, {.strict = true})(u, v), soft(u, v)));
+    auto shifted = [](xg::Tensor<float> a, xg::Tensor<float> r) {
+      return xg::exp(a * r - xg::max(a, {-1}, true)) + xg::sum(a, {-1}, true) * r;
+    };
+    CHECK(same_bits(xg::jit(shifted, {.strict = true})(u, scale), shifted(u, scale)));
+    Threads two(2);
+    CHECK(same_bits(xg::jit(soft, {.strict = true})(u, v), soft(u, v)));
+  }
+
   // Rows longer than a row group takes: the reductions run on their own.
   auto long_rows = xg::randn<float>({2, 10000}, 14);
   auto plain = [](xg::Tensor<float> u) { return xg::softmax(u, -1); };

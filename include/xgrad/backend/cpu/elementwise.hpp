@@ -11,6 +11,9 @@
 #include <utility>
 
 #include <xsimd/xsimd.hpp>
+#if defined(__AVX__)
+#include <immintrin.h>
+#endif
 
 // Without optimization GCC's AVX-512 intrinsics are macros whose casts reject xsimd 8's batch
 // types (xsimd::log alone fails to compile): say so instead of a page of template errors.
@@ -134,6 +137,73 @@ template <class T> xsimd::batch_bool<T> load_mask(const bool* p) {
   }
 }
 
+#if defined(__AVX__)
+/// AVX's mask for the first n lanes of a 256-bit vector of T: all ones in those lanes.
+template <class T> __m256i head_mask_avx(std::int64_t n) {
+  using Int = std::conditional_t<sizeof(T) == 4, std::int32_t, std::int64_t>;
+  constexpr std::size_t lanes = 32 / sizeof(T);
+  static constexpr auto ones_then_zeros = [] {
+    std::array<Int, 2 * lanes> t{};
+    for (std::size_t l = 0; l < lanes; ++l) t[l] = -1;
+    return t;
+  }();
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ones_then_zeros.data() + lanes - n));
+}
+#endif
+
+/// The first n (0 <= n <= batch size) elements at p as a batch whose other lanes are 0, and the
+/// first n lanes of v stored to p: a run's tail. Masked moves where the target has them; a copy
+/// through a stack buffer there would leave narrow stores that the wide load cannot take its
+/// data from (a blocked store forward: stalls that took a quarter of a softmax over rows of 1000).
+template <class T> xsimd::batch<T> load_head(const T* p, std::int64_t n) {
+  using V = xsimd::batch<T>;
+  using Arch = typename V::arch_type;
+#if defined(__AVX512F__)
+  if constexpr (std::is_base_of_v<xsimd::avx512f, Arch>) {
+    if constexpr (std::is_same_v<T, float>)
+      return _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << n) - 1), p);
+    else
+      return _mm512_maskz_loadu_pd(static_cast<__mmask8>((1u << n) - 1), p);
+  }
+#endif
+#if defined(__AVX__)
+  if constexpr (std::is_base_of_v<xsimd::avx, Arch>) {
+    if constexpr (std::is_same_v<T, float>)
+      return _mm256_maskload_ps(p, head_mask_avx<T>(n));
+    else
+      return _mm256_maskload_pd(p, head_mask_avx<T>(n));
+  }
+#endif
+  alignas(Arch::alignment()) T lanes[V::size] = {};
+  std::copy(p, p + n, lanes);
+  return V::load_aligned(lanes);
+}
+template <class T> void store_head(const xsimd::batch<T>& v, T* p, std::int64_t n) {
+  using V = xsimd::batch<T>;
+  using Arch = typename V::arch_type;
+#if defined(__AVX512F__)
+  if constexpr (std::is_base_of_v<xsimd::avx512f, Arch>) {
+    if constexpr (std::is_same_v<T, float>)
+      _mm512_mask_storeu_ps(p, static_cast<__mmask16>((1u << n) - 1), v);
+    else
+      _mm512_mask_storeu_pd(p, static_cast<__mmask8>((1u << n) - 1), v);
+    return;
+  }
+#endif
+#if defined(__AVX__)
+  if constexpr (std::is_base_of_v<xsimd::avx, Arch>) {
+    if constexpr (std::is_same_v<T, float>)
+      _mm256_maskstore_ps(p, head_mask_avx<T>(n), v);
+    else
+      _mm256_maskstore_pd(p, head_mask_avx<T>(n), v);
+    return;
+  }
+#endif
+  alignas(Arch::alignment()) T lanes[V::size];
+  v.store_aligned(lanes);
+  std::copy(lanes, lanes + n, p);
+}
+
 /// A ternary op's first operand as a batch: a mask when it is bool (where's condition).
 template <class C, class T> inline constexpr bool simd_first = std::is_same_v<C, T> || std::is_same_v<C, bool>;
 template <class C, class T> using FirstBatch =
@@ -166,12 +236,7 @@ template <class Op, class T, class R> void unary_run(const T* x, R* y, std::int6
     // The tail goes through the batch code too: xsimd's batch exp and std::exp can differ in
     // the last bit, and an element must get the same bits wherever a run (eager's, or a fused
     // block's) happens to end.
-    if (i < n) {
-      alignas(V::arch_type::alignment()) T lanes[V::size] = {};
-      std::copy(x + i, x + n, lanes);
-      Op::apply(V::load_aligned(lanes)).store_aligned(lanes);
-      std::copy(lanes, lanes + (n - i), y + i);
-    }
+    if (i < n) store_head(Op::apply(load_head(x + i, n - i)), y + i, n - i);
   } else {
     for (std::int64_t i = 0; i < n; ++i) y[i] = static_cast<R>(Op::apply(x[i]));
   }
@@ -199,13 +264,8 @@ void binary_run(const A* a, std::int64_t sa, const B* b, std::int64_t sb, R* out
     else
       batches(broadcast(a), broadcast(b));
     if (i < n) {  // the tail through the same batch code (see unary_run)
-      alignas(V::arch_type::alignment()) A la[V::size] = {}, lb[V::size] = {};
-      for (std::int64_t j = i; j < n; ++j) {
-        la[j - i] = a[j * sa];
-        lb[j - i] = b[j * sb];
-      }
-      Op::apply(V::load_aligned(la), V::load_aligned(lb)).store_aligned(la);
-      std::copy(la, la + (n - i), out + i);
+      auto head = [&](const A* p, std::int64_t stride) { return stride ? load_head(p + i, n - i) : V(p[0]); };
+      store_head(Op::apply(head(a, sa), head(b, sb)), out + i, n - i);
     }
   } else {
     with_loaders(
@@ -235,15 +295,16 @@ template <class Op, class C, class A, class B, class R> void ternary_run(const C
     std::int64_t i = 0;
     for (; i + w <= n; i += w) Op::apply(load(c, sc, i), load(a, sa, i), load(b, sb, i)).store_unaligned(out + i);
     if (i < n) {  // the tail through the same batch code (see unary_run)
-      alignas(V::arch_type::alignment()) C lc[V::size] = {};
-      alignas(V::arch_type::alignment()) A la[V::size] = {}, lb[V::size] = {};
-      for (std::int64_t j = i; j < n; ++j) {
-        lc[j - i] = c[j * sc];
-        la[j - i] = a[j * sa];
-        lb[j - i] = b[j * sb];
-      }
-      Op::apply(load(lc, 1, 0), V::load_aligned(la), V::load_aligned(lb)).store_aligned(la);
-      std::copy(la, la + (n - i), out + i);
+      auto head = [&]<class P>(const P* p, std::int64_t stride) {
+        if constexpr (std::is_same_v<P, bool>) {
+          bool lanes[V::size] = {};
+          for (std::int64_t j = i; j < n; ++j) lanes[j - i] = p[j * stride];
+          return load_mask<A>(lanes);
+        } else {
+          return stride ? load_head(p + i, n - i) : V(p[0]);
+        }
+      };
+      store_head(Op::apply(head(c, sc), head(a, sa), head(b, sb)), out + i, n - i);
     }
   } else {
     with_loaders(
@@ -382,11 +443,8 @@ void merged_run(const void* const* in, const std::int64_t* stride, T* out, std::
     for (std::size_t k = 0; k < K; ++k) p[k] += step[k];
   }
   if (i < n) {
-    alignas(V::arch_type::alignment()) T lanes[K][V::size] = {};
-    for (std::size_t k = 0; k < K; ++k)
-      for (std::int64_t j = i; j < n; ++j) lanes[k][j - i] = static_cast<const T*>(in[k])[j * stride[k]];
-    batch(operands, [&](std::size_t k) { return V::load_aligned(lanes[k]); }).store_aligned(lanes[0]);
-    std::copy(lanes[0], lanes[0] + (n - i), out + i);
+    const auto head = [&](std::size_t k) { return stride[k] ? load_head(p[k], n - i) : V::load_aligned(p[k]); };
+    store_head(batch(operands, head), out + i, n - i);
   }
 }
 

@@ -194,7 +194,9 @@ class FusedKernel {
       m_slots[static_cast<std::size_t>(m_outputs[j])].source = Source::output;
       m_slots[static_cast<std::size_t>(m_outputs[j])].output = static_cast<int>(j);
     }
-    assign_scratch(m_num_inputs);
+    std::vector<int> read_as(m_slots.size());  // the slot a step reads for each slot
+    for (std::size_t i = 0; i < read_as.size(); ++i) read_as[i] = static_cast<int>(i);
+    assign_scratch(read_as);
     std::size_t bytes_per_element = static_cast<std::size_t>(m_num_scratch) * sizeof(double);
     for (const Slot& slot : m_slots)
       if (slot.source == Source::input || slot.source == Source::output) bytes_per_element += slot.elem_size;
@@ -205,14 +207,27 @@ class FusedKernel {
     } else {
       m_block = std::clamp<std::int64_t>(fits / kBlockUnit, 1, kMaxBlock / kBlockUnit) * kBlockUnit;
     }
+    // A block of one row holds one value per row: a step reads it with stride 0 instead of its
+    // repetition along the row, which is then not made (its reader keeps the value's block).
+    if (m_row_length > 0 && m_block == m_row_length) {
+      for (const Step& step : m_steps)
+        if (step.repeat_rows) {
+          read_as[static_cast<std::size_t>(step.result)] = step.args[0];
+          m_slots[static_cast<std::size_t>(step.result)].source = Source::unused;
+        }
+      assign_scratch(read_as);
+    }
     for (const Step& step : m_steps) {
       if (step.args.size() > 3) throw std::logic_error("xgrad internal error: fused step with more than 3 inputs");
       StepArgs& a = m_step_args.emplace_back();
       a.count = static_cast<int>(step.args.size());
+      a.skip = read_as[static_cast<std::size_t>(step.result)] != step.result;
       for (int j = 0; j < a.count; ++j) {
-        a.slot[static_cast<std::size_t>(j)] = step.args[static_cast<std::size_t>(j)];
+        const int arg = step.args[static_cast<std::size_t>(j)];
+        const int slot = read_as[static_cast<std::size_t>(arg)];
+        a.slot[static_cast<std::size_t>(j)] = slot;
         a.stride[static_cast<std::size_t>(j)] =
-            m_slots[static_cast<std::size_t>(step.args[static_cast<std::size_t>(j)])].source == Source::scalar ? 0 : 1;
+            slot != arg || m_slots[static_cast<std::size_t>(slot)].source == Source::scalar ? 0 : 1;
       }
     }
   }
@@ -248,7 +263,7 @@ class FusedKernel {
   }
 
  private:
-  // unused: an anchor's input, which only the anchor reads.
+  // unused: an anchor's input, which only the anchor reads, or a repetition not made.
   enum class Source { input, scalar, gather, scratch, output, unused };
   struct Slot {
     DType dtype = DType::float32;
@@ -261,11 +276,14 @@ class FusedKernel {
   };
 
   /// Gives each gathered input and each intermediate a scratch block, reusing the block of a
-  /// value no later step reads.
-  void assign_scratch(int num_inputs) {
+  /// value no later step reads; a step reads slot read_as[a] for its argument a.
+  void assign_scratch(std::span<const int> read_as) {
+    m_num_scratch = 0;
+    for (Slot& s : m_slots) s.scratch = -1;
     std::vector<int> last_read(m_slots.size(), -1);
     for (std::size_t k = 0; k < m_steps.size(); ++k)
-      for (int a : m_steps[k].args) last_read[static_cast<std::size_t>(a)] = static_cast<int>(k);
+      for (int a : m_steps[k].args) last_read[static_cast<std::size_t>(read_as[static_cast<std::size_t>(a)])] =
+          static_cast<int>(k);
     std::vector<int> free;
     auto take = [&] {
       if (free.empty()) return m_num_scratch++;
@@ -273,13 +291,14 @@ class FusedKernel {
       free.pop_back();
       return s;
     };
-    for (int i = 0; i < num_inputs; ++i)
+    for (int i = 0; i < m_num_inputs; ++i)
       if (m_slots[static_cast<std::size_t>(i)].source == Source::gather)
         m_slots[static_cast<std::size_t>(i)].scratch = take();
     for (std::size_t k = 0; k < m_steps.size(); ++k) {
       Slot& result = m_slots[static_cast<std::size_t>(m_steps[k].result)];
       if (result.source == Source::scratch) result.scratch = take();
-      for (int a : m_steps[k].args) {
+      for (int arg : m_steps[k].args) {
+        const int a = read_as[static_cast<std::size_t>(arg)];
         Slot& s = m_slots[static_cast<std::size_t>(a)];
         if (s.scratch >= 0 && last_read[static_cast<std::size_t>(a)] == static_cast<int>(k) &&
             std::count(free.begin(), free.end(), s.scratch) == 0)
@@ -376,6 +395,7 @@ class FusedKernel {
       for (std::size_t k = 0; k < m_steps.size(); ++k) {
         const Step& step = m_steps[k];
         const StepArgs& a = m_step_args[k];
+        if (a.skip) continue;
         std::byte* result = ptr[static_cast<std::size_t>(step.result)];
         if (step.kernel) {
           for (int j = 0; j < a.count; ++j) args[j] = ptr[a.slot[j]];
@@ -395,6 +415,7 @@ class FusedKernel {
     std::array<int, 3> slot{};
     std::array<std::int64_t, 3> stride{};
     int count = 0;
+    bool skip = false;  // a repetition that no step reads
   };
 
   /// A row group's shape with its last axis 1: values per row.

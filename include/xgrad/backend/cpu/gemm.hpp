@@ -29,6 +29,8 @@ inline constexpr std::int64_t kGemmParallelWork = std::int64_t{1} << 17;
 
 /// The bytes of B up to which a product reads B in place however many rows A has.
 inline constexpr std::int64_t kGemmSmallB = 16 * 1024;
+/// The bytes of A (k within one depth block) up to which a product reads A in place.
+inline constexpr std::int64_t kGemmSmallA = 16 * 1024;
 
 /// Told that rows [row, row + rows) and columns [col, col + cols) of C are final.
 using GemmBlockDone = std::function<void(int64_t row, int64_t rows, int64_t col, int64_t cols)>;
@@ -255,17 +257,17 @@ template <class T, int64_t NR> void pack_b(int64_t kc, int64_t nc, const T* b, i
 }
 
 /// Register-blocked tile: C[rows x cols] = alpha * A_panel * B_panel + beta * C, computing MK
-/// rows x NK vectors (MK >= rows, NK * lanes >= cols). A(i,p) is at pa[i * a_row_stride + p]
-/// (see pack_a), B row p at pb + p * ldb: NB * lanes in a packed panel (see pack_b), or B's own
+/// rows x NK vectors (MK >= rows, NK * lanes >= cols). A(i,p) is at pa[i * lda + p]: lda is
+/// a_row_stride in a packed panel (see pack_a), or A's own row stride when it is read in place
+/// (MK rows must be readable). B row p at pb + p * ldb: NB * lanes in a packed panel (see pack_b), or B's own
 /// row stride when it is read in place; with Shifted, at pb + b_rows[p] instead (B's rows are
 /// windows of one array, see gemm_shifted). Full tiles go straight to C, edge tiles through an
 /// aligned temporary. beta == 0 never reads C.
 template <class T, int MK, int NK, int NB, bool Shifted = false>
-void micro_kernel(int64_t kc, const T* __restrict pa, const T* __restrict pb, int64_t ldb, T alpha, T beta,
-                  T* __restrict c, int64_t ldc, int64_t rows, int64_t cols, const int64_t* b_rows = nullptr) {
+void micro_kernel(int64_t kc, const T* __restrict pa, int64_t lda, const T* __restrict pb, int64_t ldb, T alpha,
+                  T beta, T* __restrict c, int64_t ldc, int64_t rows, int64_t cols, const int64_t* b_rows = nullptr) {
   using batch = xsimd::batch<T>;
   constexpr int64_t L = static_cast<int64_t>(batch::size);
-  constexpr int64_t AS = GemmConfig<T>::a_row_stride;
 
   batch acc[MK][NK];
 #pragma GCC unroll 32
@@ -281,7 +283,7 @@ void micro_kernel(int64_t kc, const T* __restrict pa, const T* __restrict pb, in
     for (int j = 0; j < NK; ++j) bv[j] = batch::load_unaligned(brow + j * L);
 #pragma GCC unroll 32
     for (int i = 0; i < MK; ++i) {
-      const batch av(pa[i * AS]);
+      const batch av(pa[i * lda]);
 #pragma GCC unroll 4
       for (int j = 0; j < NK; ++j) acc[i][j] = xsimd::fma(av, bv[j], acc[i][j]);
     }
@@ -333,8 +335,8 @@ void micro_kernel(int64_t kc, const T* __restrict pa, const T* __restrict pb, in
   }
 }
 
-template <class T> using MicroKernelFn = void (*)(int64_t, const T*, const T*, int64_t, T, T, T*, int64_t, int64_t,
-                                                  int64_t, const int64_t*);
+template <class T> using MicroKernelFn = void (*)(int64_t, const T*, int64_t, const T*, int64_t, T, T, T*, int64_t,
+                                                  int64_t, int64_t, const int64_t*);
 
 /// Kernels for edge tiles, indexed by [rows - 1][vectors - 1]. Row counts round up to even so
 /// the table stays small; a short tile then wastes at most one row of work.
@@ -394,13 +396,19 @@ template <class T> void gemm_blocked(int64_t m, int64_t n, int64_t k, T alpha, c
   T* pb_buf = ws.m_b.get((nc_max + NR - 1) / NR * NR * kc_max);
   // With one or two micro-panels of A rows, each element of B is used at most twice: the
   // micro-kernel reads B's whole panels in place (rows brs apart), which costs less than
-  // copying them first (LeNet5's conv GEMMs: 6 or 16 rows). So does a B narrower than a panel
+  // copying them first (LeNet5's conv GEMMs: 6 or 16 rows). So does a B at most a panel wide
   // and small enough to stay in L1 (attention's blocks: 64 x 32, whose packing cost as much
-  // as their product). A last, partial panel is packed unless its rows are whole vectors:
+  // as their product; a 64 x 64 float B, one panel already laid out as packing would lay it
+  // out). A last, partial panel is packed unless its rows are whole vectors:
   // else they would be read past their end.
   const bool b_in_place =
-      bcs == 1 && (m <= 2 * MR || (n < NR && k * n * static_cast<int64_t>(sizeof(T)) <= kGemmSmallB));
+      bcs == 1 && (m <= 2 * MR || (n <= NR && k * n * static_cast<int64_t>(sizeof(T)) <= kGemmSmallB));
   const bool b_whole_vectors = n % L == 0;
+  // A small A with contiguous rows is read in place as well (its packing cost a tenth of a 64 x
+  // 64 x 64 product); only a last micro-panel of an odd number of rows is packed, since the
+  // edge kernels read rows up to an even count.
+  const bool a_in_place = !packed_a && acs == 1 && k <= kc_max &&
+                          m * k * static_cast<int64_t>(sizeof(T)) <= kGemmSmallA;
 
   for (int64_t jc = 0; jc < n; jc += nc_max) {
     const int64_t nc = std::min(nc_max, n - jc);
@@ -414,11 +422,21 @@ template <class T> void gemm_blocked(int64_t m, int64_t n, int64_t k, T alpha, c
       for (int64_t ic = 0; ic < m; ic += mc_max) {
         const int64_t mc = std::min(mc_max, m - ic);
         const T* a_panels = packed_a ? packed_a + ic * cfg::a_row_stride : pa_buf;
-        if (!packed_a) pack_a<T>(mc, kc, a + ic * ars + pc * acs, ars, acs, pa_buf);
+        if (!packed_a && !a_in_place) pack_a<T>(mc, kc, a + ic * ars + pc * acs, ars, acs, pa_buf);
         // Each A micro-panel stays in L1 while the packed B block streams past it.
         for (int64_t ir = 0; ir < mc; ir += MR) {
-          const T* pa = a_panels + ir / MR * a_panel;
           const int64_t rows = std::min<int64_t>(MR, mc - ir);
+          const T* pa = a_panels + ir / MR * a_panel;
+          int64_t lda = cfg::a_row_stride;
+          if (a_in_place) {
+            pa = a + (ic + ir) * ars;
+            lda = ars;
+            if (rows % 2 != 0 && rows < MR) {
+              pack_a<T>(rows, kc, pa, ars, acs, pa_buf);
+              pa = pa_buf;
+              lda = cfg::a_row_stride;
+            }
+          }
           T* c_row = c + (ic + ir) * ldc + jc;
           for (int64_t jr = 0; jr < nc; jr += NR) {
             const int64_t cols = std::min(NR, nc - jr);
@@ -426,10 +444,10 @@ template <class T> void gemm_blocked(int64_t m, int64_t n, int64_t k, T alpha, c
             const T* pb = in_place ? b_block + jr : pb_buf + (jr - whole) * kc;
             const int64_t ldb = in_place ? brs : NR;
             if (rows == MR && cols == NR) {
-              micro_kernel<T, MR, NB, NB>(kc, pa, pb, ldb, alpha, beta_eff, c_row + jr, ldc, rows, cols);
+              micro_kernel<T, MR, NB, NB>(kc, pa, lda, pb, ldb, alpha, beta_eff, c_row + jr, ldc, rows, cols);
             } else {
               const auto fn = k_kernel_table<T, NB, MR>[rows - 1][(cols + L - 1) / L - 1];
-              fn(kc, pa, pb, ldb, alpha, beta_eff, c_row + jr, ldc, rows, cols, nullptr);
+              fn(kc, pa, lda, pb, ldb, alpha, beta_eff, c_row + jr, ldc, rows, cols, nullptr);
             }
           }
         }
@@ -506,11 +524,11 @@ template <class T> void gemm_shifted(int64_t m, int64_t n, int64_t k, const T* a
         T* c_row = c + (ic + ir) * ldc;
         const auto shifted = k_kernel_table<T, NB, MR, true>[rows - 1][NB - 1];
         for (int64_t jr = 0; jr < whole; jr += NR)
-          shifted(kc, pa, b + jr, 0, T(1), beta, c_row + jr, ldc, rows, NR, rows_pc);
+          shifted(kc, pa, AS, b + jr, 0, T(1), beta, c_row + jr, ldc, rows, NR, rows_pc);
         if (whole < n) {
           const int64_t cols = n - whole;
-          k_kernel_table<T, NB, MR>[rows - 1][(cols + L - 1) / L - 1](kc, pa, pb_buf, NR, T(1), beta, c_row + whole,
-                                                                      ldc, rows, cols, nullptr);
+          k_kernel_table<T, NB, MR>[rows - 1][(cols + L - 1) / L - 1](kc, pa, AS, pb_buf, NR, T(1), beta,
+                                                                      c_row + whole, ldc, rows, cols, nullptr);
         }
       }
     }
