@@ -36,7 +36,8 @@ sys.path.insert(0, HERE)
 import report  # noqa: E402
 from workloads import PEER_IMPORT, PEER_MODES, PEER_REFERENCES, SUITES, WORKLOADS  # noqa: E402
 
-PIN_CORES = {"jax": True}  # peers whose worker is pinned to as many cores as the workload's threads
+# Peers whose worker is pinned to as many cores as the workload's threads (Peer, below).
+PIN_CORES = {"jax": True, "mindspore": True}
 PEER_TIMEOUT_S = 900  # one request; a first torch.compile of a train step takes tens of seconds
 
 
@@ -60,10 +61,12 @@ class Peer:
             env[variable] = str(threads)
         if preload:
             env["LD_PRELOAD"] = preload
-        # JAX's worker may run on `threads` cores only: XLA's thread flags do not bound its CPU
-        # runtime (a 1-thread matmul_1024 ran faster than one core can compute it). The others'
-        # knobs bind, and pinning them would hurt their helper threads: MindSpore's runtime hands
-        # every op between threads, which on one core took ~1.7 ms per op.
+        # JAX's and MindSpore's workers may run on `threads` cores only: XLA's thread flags do not
+        # bound its CPU runtime (a 1-thread matmul_1024 ran faster than one core can compute it),
+        # nor does MindSpore 2.10's threads_num its matmul (1-thread GRAPH matmul_1024: 9.4 ms on
+        # two cores' time, 2 s of CPU a second; 17.2 ms pinned to one), though its runtime then
+        # hands every op between threads on one core (~1.7 ms an op): its cost on one core.
+        # PyTorch's and LibTorch's knobs bind, and pinning would hurt their helper threads.
         cores = sorted(os.sched_getaffinity(0))[:threads] if PIN_CORES.get(name) else sorted(os.sched_getaffinity(0))
         self.stderr = open(os.path.join(log_dir, f"{name}_t{threads}.log"), "w")
         self.process = subprocess.Popen(

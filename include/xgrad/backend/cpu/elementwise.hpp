@@ -152,9 +152,10 @@ template <class T> __m256i head_mask_avx(std::int64_t n) {
 #endif
 
 /// The first n (0 <= n <= batch size) elements at p as a batch whose other lanes are 0, and the
-/// first n lanes of v stored to p: a run's tail. Masked moves where the target has them; a copy
-/// through a stack buffer there would leave narrow stores that the wide load cannot take its
-/// data from (a blocked store forward: stalls that took a quarter of a softmax over rows of 1000).
+/// first n lanes of v stored to p: a run's tail. Masked moves where the target has them (AVX,
+/// AVX-512): a copy through a stack buffer leaves narrow stores that the wide load cannot take
+/// its data from (a blocked store forward: stalls that took a quarter of a fused softmax over
+/// rows of 1000); elsewhere that copy.
 template <class T> xsimd::batch<T> load_head(const T* p, std::int64_t n) {
   using V = xsimd::batch<T>;
   using Arch = typename V::arch_type;

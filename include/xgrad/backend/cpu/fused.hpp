@@ -282,8 +282,8 @@ class FusedKernel {
     for (Slot& s : m_slots) s.scratch = -1;
     std::vector<int> last_read(m_slots.size(), -1);
     for (std::size_t k = 0; k < m_steps.size(); ++k)
-      for (int a : m_steps[k].args) last_read[static_cast<std::size_t>(read_as[static_cast<std::size_t>(a)])] =
-          static_cast<int>(k);
+      for (int a : m_steps[k].args)
+        last_read[static_cast<std::size_t>(read_as[static_cast<std::size_t>(a)])] = static_cast<int>(k);
     std::vector<int> free;
     auto take = [&] {
       if (free.empty()) return m_num_scratch++;

@@ -259,13 +259,13 @@ template <class T, int64_t NR> void pack_b(int64_t kc, int64_t nc, const T* b, i
 /// Register-blocked tile: C[rows x cols] = alpha * A_panel * B_panel + beta * C, computing MK
 /// rows x NK vectors (MK >= rows, NK * lanes >= cols). A(i,p) is at pa[i * lda + p]: lda is
 /// a_row_stride in a packed panel (see pack_a), or A's own row stride when it is read in place
-/// (MK rows must be readable). B row p at pb + p * ldb: NB * lanes in a packed panel (see pack_b), or B's own
-/// row stride when it is read in place; with Shifted, at pb + b_rows[p] instead (B's rows are
-/// windows of one array, see gemm_shifted). Full tiles go straight to C, edge tiles through an
-/// aligned temporary. beta == 0 never reads C.
+/// (MK rows must be readable). B row p at pb + p * ldb: NB * lanes in a packed panel (see
+/// pack_b), or B's own row stride when it is read in place; with Shifted, at pb + b_rows[p]
+/// instead (B's rows are windows of one array, see gemm_shifted). Full tiles go straight to C,
+/// edge tiles through an aligned temporary. beta == 0 never reads C.
 template <class T, int MK, int NK, int NB, bool Shifted = false>
-void micro_kernel(int64_t kc, const T* __restrict pa, int64_t lda, const T* __restrict pb, int64_t ldb, T alpha,
-                  T beta, T* __restrict c, int64_t ldc, int64_t rows, int64_t cols, const int64_t* b_rows = nullptr) {
+void micro_kernel(int64_t kc, const T* __restrict pa, int64_t lda, const T* __restrict pb, int64_t ldb, T alpha, T beta,
+                  T* __restrict c, int64_t ldc, int64_t rows, int64_t cols, const int64_t* b_rows = nullptr) {
   using batch = xsimd::batch<T>;
   constexpr int64_t L = static_cast<int64_t>(batch::size);
 
@@ -407,8 +407,8 @@ template <class T> void gemm_blocked(int64_t m, int64_t n, int64_t k, T alpha, c
   // A small A with contiguous rows is read in place as well (its packing cost a tenth of a 64 x
   // 64 x 64 product); only a last micro-panel of an odd number of rows is packed, since the
   // edge kernels read rows up to an even count.
-  const bool a_in_place = !packed_a && acs == 1 && k <= kc_max &&
-                          m * k * static_cast<int64_t>(sizeof(T)) <= kGemmSmallA;
+  const bool a_in_place =
+      !packed_a && acs == 1 && k <= kc_max && m * k * static_cast<int64_t>(sizeof(T)) <= kGemmSmallA;
 
   for (int64_t jc = 0; jc < n; jc += nc_max) {
     const int64_t nc = std::min(nc_max, n - jc);
@@ -527,8 +527,8 @@ template <class T> void gemm_shifted(int64_t m, int64_t n, int64_t k, const T* a
           shifted(kc, pa, AS, b + jr, 0, T(1), beta, c_row + jr, ldc, rows, NR, rows_pc);
         if (whole < n) {
           const int64_t cols = n - whole;
-          k_kernel_table<T, NB, MR>[rows - 1][(cols + L - 1) / L - 1](kc, pa, AS, pb_buf, NR, T(1), beta,
-                                                                      c_row + whole, ldc, rows, cols, nullptr);
+          k_kernel_table<T, NB, MR>[rows - 1][(cols + L - 1) / L - 1](kc, pa, AS, pb_buf, NR, T(1), beta, c_row + whole,
+                                                                      ldc, rows, cols, nullptr);
         }
       }
     }
