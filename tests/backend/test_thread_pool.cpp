@@ -4,7 +4,11 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <bit>
+#include <chrono>
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <mutex>
 #include <set>
 #include <stdexcept>
@@ -268,4 +272,49 @@ TEST_CASE("a reduction over a middle axis splits its columns over threads and gi
       CHECK(y == want);
     }
   }
+}
+
+TEST_CASE("set_flush_denormal: denormals flushed to zero on the caller and on the pool's workers, then not") {
+  ThreadCountGuard threads(2);
+  struct Restore {
+    bool was = xgrad::cpu::flush_denormal();
+    ~Restore() { xgrad::cpu::set_flush_denormal(was); }
+  } restore;
+  const float tiny = std::numeric_limits<float>::denorm_min() * 1000.0f;
+  REQUIRE(std::fpclassify(tiny) == FP_SUBNORMAL);
+  const std::int64_t n = 1 << 16;
+  std::vector<float> x(static_cast<std::size_t>(n), tiny), y(static_cast<std::size_t>(n), -1.0f);
+  std::set<std::thread::id> ran_on;
+  std::mutex m;
+  // Two halves, each held until the other has started, so the worker runs one.
+  const auto triple = [&] {
+    std::atomic<int> arrived{0};
+    xgrad::cpu::parallel_for(0, 2, 1, [&](std::int64_t half, std::int64_t) {
+      {
+        std::lock_guard lock(m);
+        ran_on.insert(std::this_thread::get_id());
+      }
+      arrived.fetch_add(1);
+      for (int i = 0; i < 2000 && arrived.load() < 2; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      for (std::int64_t i = half * n / 2; i < (half + 1) * n / 2; ++i)
+        y[static_cast<std::size_t>(i)] = x[static_cast<std::size_t>(i)] * 3.0f;
+    });
+  };
+  CHECK_FALSE(xgrad::cpu::flush_denormal());  // IEEE by default
+  REQUIRE(xgrad::cpu::set_flush_denormal(true));
+  CHECK(xgrad::cpu::flush_denormal());
+  triple();
+  // By their bits: with inputs read as zero (DAZ), a denormal would compare equal to 0 here.
+  const auto count_bits = [&](float value) {
+    return std::count_if(y.begin(), y.end(), [&](float v) {
+      return std::bit_cast<std::uint32_t>(v) == std::bit_cast<std::uint32_t>(value);
+    });
+  };
+  CHECK(ran_on.size() == 2);  // the worker took part, in the caller's mode
+  CHECK(count_bits(0.0f) == n);
+  REQUIRE(xgrad::cpu::set_flush_denormal(false));
+  CHECK_FALSE(xgrad::cpu::flush_denormal());
+  triple();
+  CHECK(count_bits(tiny * 3.0f) == n);
+  CHECK(tiny * 3.0f > 0.0f);
 }

@@ -1,4 +1,5 @@
-// xgrad CPU backend: persistent worker thread pool, thread-count control and parallel_for.
+// xgrad CPU backend: persistent worker thread pool, thread-count control, parallel_for and the
+// flush-denormal mode its regions carry to the workers.
 #pragma once
 
 #include <algorithm>
@@ -29,12 +30,49 @@ namespace detail {
 /// parallel_for runs inline when set, so nested calls cannot deadlock.
 inline constinit thread_local bool t_in_parallel = false;
 
+#if defined(__x86_64__) || defined(__i386__)
+inline constexpr unsigned kFlushBits = (1u << 15) | (1u << 6);  // MXCSR: FTZ, DAZ
+#elif defined(__aarch64__)
+inline constexpr std::uint64_t kFlushBits = std::uint64_t{1} << 24;  // FPCR: FZ
+#endif
+
 /// Hint to the core that we are spin-waiting.
 inline void cpu_relax() noexcept {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
 #elif defined(__aarch64__)
   asm volatile("yield" ::: "memory");
+#endif
+}
+
+/// Whether the calling thread flushes denormal floats to zero, as results and as inputs (x86
+/// MXCSR's FTZ and DAZ, AArch64 FPCR's FZ).
+inline bool thread_flushes_denormals() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  return (__builtin_ia32_stmxcsr() & kFlushBits) != 0;
+#elif defined(__aarch64__)
+  std::uint64_t fpcr = 0;
+  asm volatile("mrs %0, fpcr" : "=r"(fpcr));
+  return (fpcr & kFlushBits) != 0;
+#else
+  return false;
+#endif
+}
+
+/// Sets the calling thread's flush-to-zero mode; false where this CPU has none to set.
+inline bool set_thread_flushes_denormals(bool on) noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  const unsigned csr = __builtin_ia32_stmxcsr();
+  __builtin_ia32_ldmxcsr(on ? csr | kFlushBits : csr & ~kFlushBits);
+  return true;
+#elif defined(__aarch64__)
+  std::uint64_t fpcr = 0;
+  asm volatile("mrs %0, fpcr" : "=r"(fpcr));
+  fpcr = on ? fpcr | kFlushBits : fpcr & ~kFlushBits;
+  asm volatile("msr fpcr, %0" : : "r"(fpcr));
+  return true;
+#else
+  return !on;
 #endif
 }
 
@@ -72,7 +110,8 @@ struct Job {
   int64_t m_size = 0;
   int64_t m_num_chunks = 0;
   int m_slots = 1;
-  int m_helpers = 0;  // workers that take part (ids below it), the caller besides
+  int m_helpers = 0;               // workers that take part (ids below it), the caller besides
+  bool m_flush_denormals = false;  // the caller's mode, which each worker takes on for the region
   std::array<Slot, kSlots> m_slot;
   std::atomic<bool> m_failed{false};
   std::exception_ptr m_error;
@@ -195,6 +234,7 @@ class ThreadPool {
 
   void worker_loop(int id) {
     t_in_parallel = true;
+    bool flushes = thread_flushes_denormals();
     uint64_t seen = 0;
     for (;;) {
       for (int i = 0; i < k_spin_iters && m_generation.load(std::memory_order_acquire) == seen; ++i) cpu_relax();
@@ -207,7 +247,13 @@ class ThreadPool {
       if (m_stop.load()) return;
       seen = m_generation.load();
       m_active.fetch_add(1);
-      if (Job* job = m_job.load(); job && id < job->m_helpers) job->run(id + 1);
+      if (Job* job = m_job.load(); job && id < job->m_helpers) {
+        if (job->m_flush_denormals != flushes) {
+          set_thread_flushes_denormals(job->m_flush_denormals);
+          flushes = job->m_flush_denormals;
+        }
+        job->run(id + 1);
+      }
       m_active.fetch_sub(1);
     }
   }
@@ -285,6 +331,18 @@ inline void set_num_threads(int n) {
   // `old` (if last owner) joins its workers here, outside the lock.
 }
 
+/// Whether floats too small to be normal (denormals, below 1.2e-38 for float) are flushed to
+/// zero, as results and as inputs, by kernels run from the calling thread: on it and on the
+/// pool's workers, which take on the mode of the thread that starts each parallel region.
+/// Off by default (IEEE arithmetic, as PyTorch's set_flush_denormal). On, arithmetic on
+/// denormals runs at full speed: a model trained long on the same data can drive its values
+/// into denormals, where each operation can take a hundred cycles. Returns false, changing
+/// nothing, where the CPU has no such mode (x86 and AArch64 have). Other threads keep theirs.
+inline bool set_flush_denormal(bool on) noexcept { return detail::set_thread_flushes_denormals(on); }
+
+/// The calling thread's mode of set_flush_denormal.
+inline bool flush_denormal() noexcept { return detail::thread_flushes_denormals(); }
+
 namespace detail {
 /// parallel_for for every loop body alike: `invoke(ctx, lo, hi)` runs the body on one range.
 /// The body reaches it as a function pointer, so that each loop's code is generated once,
@@ -309,6 +367,7 @@ inline void parallel_for_erased(int64_t begin, int64_t end, int64_t grain, void 
   job.m_begin = begin;
   job.m_size = n;
   job.plan(chunks, static_cast<int>(std::min<int64_t>(threads, chunks)));
+  job.m_flush_denormals = thread_flushes_denormals();
   const std::shared_ptr<ThreadPool> pool = get_pool();
   // Another thread owns the pool: do the work here rather than wait for it.
   if (!pool->try_run(job)) return invoke(ctx, begin, end);
