@@ -914,3 +914,57 @@ TEST_CASE_TEMPLATE("gradients through max pooling meet an infinity as the dense 
     CHECK(bits_equal(got_gx, want_gx));
   }
 }
+
+TEST_CASE_TEMPLATE("a convnet block's forward pools each image in cache with the three kernels' bits", T, float,
+                   double) {
+  // conv2d_relu_max_pool against conv2d_forward, a bias or none, ReLU and max_pool2d_argmax
+  // (drop_nonpositive) in turn: the direct kernel (output channels filling half a vector or more) and the shifted
+  // product (few), odd output sizes whose last row or column no window covers, a pointwise
+  // kernel, and geometries the in-cache route does not serve (stride 2, a 3 x 3 pool), which run
+  // the three kernels. Small integers make ties and maxima at 0 or below (argmax -1); a NaN, an
+  // infinity and -0 reach some windows. 1 and 3 threads.
+  struct Block {
+    int64_t c_in, c_out, k, h, w, stride, pool;
+  };
+  constexpr int64_t L = static_cast<int64_t>(xsimd::batch<T>::size);
+  const int saved = cpu::num_threads();
+  uint32_t seed = 1200;
+  for (int threads : {1, 3})
+    for (const Block b : {Block{1, 6, 5, 32, 32, 1, 2}, Block{6, 16, 5, 14, 14, 1, 2}, Block{3, L, 3, 13, 12, 1, 2},
+                          Block{2, 5, 3, 11, 12, 1, 2}, Block{4, 3, 1, 6, 7, 1, 2}, Block{2, 4, 3, 13, 13, 2, 2},
+                          Block{2, 16, 3, 12, 12, 1, 3}}) {
+      cpu::set_num_threads(threads);
+      const int64_t n = 5, oh = (b.h - b.k) / b.stride + 1, ow = (b.w - b.k) / b.stride + 1;
+      const cpu::Conv2dGeometry conv{n, b.c_in, b.h, b.w, b.c_out, b.k, b.k, b.stride, b.stride, 0, 0, 1, 1, oh, ow};
+      const cpu::Pool2dGeometry pool{n,      b.c_out, oh, ow, b.pool,      b.pool,
+                                     b.pool, b.pool,  0,  0,  oh / b.pool, ow / b.pool};
+      INFO("threads ", threads, ", c_in ", b.c_in, ", c_out ", b.c_out, ", window ", b.k, ", stride ", b.stride,
+           ", pool ", b.pool);
+      CHECK(cpu::detail::conv_relu_max_pool_suits(conv, pool) == (b.stride == 1 && b.pool == 2));
+      auto x = cast_vec<T>(random_ints(x_size(conv), ++seed, -2, 2));
+      const auto w = cast_vec<T>(random_ints(w_size(conv), ++seed, -1, 1));
+      x[7] = std::numeric_limits<T>::quiet_NaN();
+      x[x.size() / 2] = std::numeric_limits<T>::infinity();
+      x[x.size() - 9] = -T(0);
+      const auto bias = cast_vec<T>(random_vec(b.c_out, ++seed));
+      for (const T* b_or_none : {static_cast<const T*>(nullptr), bias.data()}) {
+        INFO("bias ", b_or_none != nullptr);
+        std::vector<T> y(static_cast<std::size_t>(y_size(conv)));
+        cpu::conv2d_forward(conv, x.data(), w.data(), y.data());
+        for (std::size_t e = 0; e < y.size(); ++e) {
+          if (b_or_none) y[e] += b_or_none[e / static_cast<std::size_t>(oh * ow) % static_cast<std::size_t>(b.c_out)];
+          y[e] = xgrad::math::max(y[e], T(0));
+        }
+        const auto pooled = static_cast<std::size_t>(n * b.c_out * pool.out_h * pool.out_w);
+        std::vector<T> want_values(pooled), got_values = nan_vec<T>(static_cast<int64_t>(pooled));
+        std::vector<int32_t> want_idx(pooled), got_idx(pooled, INT32_MIN);
+        cpu::max_pool2d_argmax(pool, y.data(), want_idx.data(), want_values.data(), true);
+        cpu::conv2d_relu_max_pool(conv, pool, x.data(), w.data(), b_or_none, got_values.data(), got_idx.data());
+        CHECK(std::count(want_idx.begin(), want_idx.end(), -1) > 0);
+        CHECK(std::any_of(want_values.begin(), want_values.end(), [](T v) { return std::isnan(v); }));
+        CHECK(got_idx == want_idx);
+        CHECK(std::memcmp(got_values.data(), want_values.data(), pooled * sizeof(T)) == 0);
+      }
+    }
+  cpu::set_num_threads(saved);
+}

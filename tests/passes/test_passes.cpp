@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -10,6 +11,7 @@
 #include <sstream>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -408,6 +410,7 @@ TEST_CASE("passes: fuse takes a convolution's gradients through max pooling from
   CHECK(count(ir, "f32[3, 4, 12, 11] = Conv2DInputGradPooled(") == 1);
   CHECK(count(ir, "f32[6, 4, 5, 5] = Conv2DWeightGradPooled(") == 1);
   CHECK(count(ir, "= MaxPoolPut(") == 0);
+  CHECK(count(ir, "= Conv2DReLUMaxPool(") == 1);
   const auto [got_x, got_w] = xg::jit(f)(x, w);
   close(got_x, want_x);
   close(got_w, want_w);
@@ -416,10 +419,72 @@ TEST_CASE("passes: fuse takes a convolution's gradients through max pooling from
     const std::string kept = optimized(f, config, x, w);
     CHECK(count(kept, "= MaxPoolPut(") == 1);
     CHECK(count(kept, "Pooled(") == 0);
+    // The forward block is exact: strict fuses it too (and its gradients keep eager's bits).
+    CHECK(count(kept, "= Conv2DReLUMaxPool(") == (config.strict ? 1 : 0));
     const auto [exact_x, exact_w] = xg::jit(f, config)(x, w);
     CHECK(exact_x.to_vector() == want_x.to_vector());
     CHECK(exact_w.to_vector() == want_w.to_vector());
   }
+}
+
+TEST_CASE("passes: fuse pools a convnet block's convolution in cache, in inference and in a train step") {
+  // max_pool2d(relu(conv2d(x, w) [+ b])) as one Conv2DReLUMaxPool node, the convolution's output
+  // never stored whole: with the pooled values bit for bit as eager's, float and double, including
+  // a NaN, an infinity and windows whose maximum is not above 0. Not when another op reads the
+  // ReLU's output (it must then be stored), nor for 3 x 3 pooling (no in-cache route).
+  const auto count = [](const std::string& text, const std::string& what) {
+    std::size_t n = 0;
+    for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+    return n;
+  };
+  auto check = [&]<class T>(std::type_identity<T>) {
+    auto block = [](xg::Tensor<T> x, xg::Tensor<T> w) {
+      return xg::max_pool2d(xg::relu(xg::conv2d(x, w, {.pad_mode = xg::PadMode::valid})), 2, 2);
+    };
+    for (const std::int64_t c_out : {3, 16}) {  // the shifted product, the direct kernel
+      CAPTURE(c_out);
+      auto x = xg::randn<T>({3, 2, 13, 12}, 7);
+      auto w = xg::randn<T>({c_out, 2, 3, 3}, 8);
+      std::vector<T> xs = x.to_vector();
+      xs[5] = std::numeric_limits<T>::quiet_NaN();
+      xs[40] = std::numeric_limits<T>::infinity();
+      x = xg::tensor<T>(xs, {3, 2, 13, 12});
+      const auto want = block(x, w).to_vector();
+      CHECK(std::count_if(want.begin(), want.end(), [](T v) { return v == T(0); }) > 0);
+      CHECK(std::count_if(want.begin(), want.end(), [](T v) { return std::isnan(v); }) > 0);
+      const std::string ir = optimized(block, xg::JitConfig{}, x, w);
+      CHECK(count(ir, "= Conv2DReLUMaxPool(") == 1);
+      CHECK(count(ir, "Conv2D(") == 0);
+      const auto got = xg::jit(block)(x, w).to_vector();
+      REQUIRE(got.size() == want.size());
+      CHECK(std::memcmp(got.data(), want.data(), want.size() * sizeof(T)) == 0);
+      // With a bias (bias_add, as nn::Conv2d adds one): the add goes into the block too.
+      auto biased = [](xg::Tensor<T> x, xg::Tensor<T> w, xg::Tensor<T> b) {
+        return xg::max_pool2d(xg::relu(xg::bias_add(xg::conv2d(x, w, {.pad_mode = xg::PadMode::valid}), b)), 2, 2);
+      };
+      const auto b = xg::randn<T>({c_out}, 9);
+      const std::string biased_ir = optimized(biased, xg::JitConfig{}, x, w, b);
+      CHECK(count(biased_ir, "= Conv2DReLUMaxPool(") == 1);
+      CHECK(count(biased_ir, "= Add(") == 0);
+      const auto want_biased = biased(x, w, b).to_vector(), got_biased = xg::jit(biased)(x, w, b).to_vector();
+      REQUIRE(got_biased.size() == want_biased.size());
+      CHECK(std::memcmp(got_biased.data(), want_biased.data(), want_biased.size() * sizeof(T)) == 0);
+    }
+  };
+  check(std::type_identity<float>{});
+  check(std::type_identity<double>{});
+
+  const auto x = xg::randn<float>({2, 1, 12, 12}, 1), w = xg::randn<float>({4, 1, 5, 5}, 2);
+  auto relu_read_twice = [](xg::Tensor<float> v, xg::Tensor<float> u) {
+    auto r = xg::relu(xg::conv2d(v, u, {.pad_mode = xg::PadMode::valid}));
+    return xg::sum(xg::max_pool2d(r, 2, 2)) + xg::sum(r);
+  };
+  CHECK(count(optimized(relu_read_twice, xg::JitConfig{}, x, w), "Conv2DReLUMaxPool(") == 0);
+  CHECK(xg::jit(relu_read_twice)(x, w).item() == doctest::Approx(relu_read_twice(x, w).item()).epsilon(1e-5));
+  auto wide_pool = [](xg::Tensor<float> v, xg::Tensor<float> u) {
+    return xg::max_pool2d(xg::relu(xg::conv2d(v, u, {.pad_mode = xg::PadMode::valid})), 3, 3);
+  };
+  CHECK(count(optimized(wide_pool, xg::JitConfig{}, x, w), "Conv2DReLUMaxPool(") == 0);
 }
 
 TEST_CASE("passes: optimized graphs compute what eager computes; bad pass names are refused") {

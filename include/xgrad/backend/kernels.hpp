@@ -126,18 +126,14 @@ template <class T> void conv2d_backward_weight_pooled(Device device, const cpu::
 /// See cpu::max_pool2d_argmax.
 template <class T> void max_pool2d_argmax(Device device, const cpu::Pool2dGeometry& g, const T* x, std::int32_t* idx,
                                           T* values = nullptr, bool drop_nonpositive = false) {
-#if defined(XGRAD_WITH_THRUST)
-  if (device == Device::thrust) {  // the window maxima, and the drop, by passes of their own there
-    thrust_backend::max_pool2d_argmax(g, x, idx);
-    if (values) thrust_backend::max_pool2d_take(g, idx, x, values);
-    if (drop_nonpositive)
-      thrust_backend::tabulate(idx, g.n * g.c * g.out_h * g.out_w,
-                               cpu::DropNonpositive<T>{x, idx, g.h * g.w, g.out_h * g.out_w});
-    return;
-  }
-#endif
-  (void)device;
+  XGRAD_ON_THRUST(device, max_pool2d_argmax(g, x, idx, values, drop_nonpositive));
   cpu::max_pool2d_argmax(g, x, idx, values, drop_nonpositive);
+}
+/// See cpu::conv2d_relu_max_pool.
+template <class T> void conv2d_relu_max_pool(Device device, const cpu::Conv2dGeometry& g, const cpu::Pool2dGeometry& p,
+                                             const T* x, const T* w, const T* bias, T* values, std::int32_t* idx) {
+  XGRAD_ON_THRUST(device, conv2d_relu_max_pool(g, p, x, w, bias, values, idx));
+  cpu::conv2d_relu_max_pool(g, p, x, w, bias, values, idx);
 }
 template <class T>
 void max_pool2d_take(Device device, const cpu::Pool2dGeometry& g, const std::int32_t* idx, const T* v, T* out) {

@@ -224,10 +224,11 @@ struct MaxPoolPut : Windowed<cpu::Pool2dGeometry> {
                                           const Tensor<T>&) const;
 };
 
-/// A convolution's gradients through max pooling, without the put: Conv2DInputGrad(
-/// MaxPoolPut(idx, gp), w) and Conv2DWeightGrad(x, MaxPoolPut(idx, gp)) summed over the pooled
-/// elements only (backend/cpu/conv_pooled.hpp; the pool's input is the convolution's output).
-/// Fusion makes them (passes/fuse.hpp), after differentiation: no derivative or batching rules.
+/// A convolution whose output goes through max pooling, in one node (backend/cpu/conv_pooled.hpp;
+/// the pool's input is the convolution's output): the forward with the ReLU between them, and
+/// the gradients without the put, Conv2DInputGrad(MaxPoolPut(idx, gp), w) and
+/// Conv2DWeightGrad(x, MaxPoolPut(idx, gp)) summed over the pooled elements only. Fusion makes
+/// them (passes/fuse.hpp), after differentiation: no derivative or batching rules.
 struct ThroughMaxPool {
   cpu::Conv2dGeometry conv;
   cpu::Pool2dGeometry pool;
@@ -237,6 +238,16 @@ struct ThroughMaxPool {
     return out;
   }
   bool operator==(const ThroughMaxPool&) const = default;
+};
+/// MaxPoolWithArgmax(ReLU(Conv2D(x, w) + b)) with drop_nonpositive, b of each channel or none
+/// (inputs: x, w, and b when given; outputs: values, then argmax): each image's convolution
+/// pooled while in cache, never stored whole.
+struct Conv2DReLUMaxPool : ThroughMaxPool {
+  static constexpr std::string_view name = "Conv2DReLUMaxPool";
+  template <class T> void run(Device d, const Tensor<T>& x, const Tensor<T>& w, const T* bias, Tensor<T>& values,
+                              Tensor<std::int32_t>& idx) const {
+    kernels::conv2d_relu_max_pool(d, conv, pool, x.data(), w.data(), bias, values.data(), idx.data());
+  }
 };
 /// gx from the pooled gradient (inputs: idx, gp, w).
 struct Conv2DInputGradPooled : ThroughMaxPool {

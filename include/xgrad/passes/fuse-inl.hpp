@@ -274,14 +274,19 @@ template <class Run> void with_float_type(DType dtype, Run&& run) {
     run(std::type_identity<float>{});
 }
 
-/// A MaxPoolWithArgmax node's kernel: values and argmax, each into its planned buffer.
-inline ir::Kernel max_pool_with_argmax_kernel(const op::MaxPoolWithArgmax& def, const Shape& shape) {
+/// The kernel of a node making max pooling's values and argmax (MaxPoolWithArgmax,
+/// Conv2DReLUMaxPool): `def` run on the node's float inputs, each output into its planned buffer.
+template <class Def> ir::Kernel max_pool_with_argmax_kernel(const Def& def, const Shape& shape) {
   return [def, shape](std::span<const TensorBase> in, std::span<TensorBase> out) {
     const Device device = in[0].device();
     auto run = [&]<class T>(std::type_identity<T>) {
       Tensor<T> values = xgrad::detail::output<T>(out[0], shape, device);
       Tensor<std::int32_t> idx = xgrad::detail::output<std::int32_t>(out[1], shape, device);
-      def.run(device, Tensor<T>(in[0]), values, idx);
+      if constexpr (std::is_same_v<Def, op::Conv2DReLUMaxPool>)
+        def.run(device, Tensor<T>(in[0]), Tensor<T>(in[1]), in.size() > 2 ? Tensor<T>(in[2]).data() : nullptr, values,
+                idx);
+      else
+        def.run(device, Tensor<T>(in[0]), values, idx);
       out[0] = values;
       out[1] = idx;
     };
@@ -483,6 +488,55 @@ inline bool conv_gradients_through_max_pool(ir::Graph& g) {
   return !puts.empty();
 }
 
+/// MaxPoolWithArgmax(ReLU(Conv2D(x, w) [+ b])) -> Conv2DReLUMaxPool(x, w [, b]), making the
+/// pool's two outputs, with b a bias of the convolution's channels ([c, 1, 1], as bias_add adds
+/// it), where the argmax carries the ReLU's mask (drop_nonpositive: a train step) or no one reads
+/// it (inference), no one else reads the convolution's, the add's or the ReLU's output, and the
+/// CPU kernel pools each image in cache (cpu::detail::conv_relu_max_pool_suits): the full-size
+/// output is neither written nor read again, and the ReLU runs on the maxima. Exact (the same
+/// bits). True when it rewrote.
+inline bool conv_relu_max_pool(ir::Graph& g) {
+  std::unordered_set<const ir::Node*> dead;
+  // The producer of v when one node alone reads v.
+  auto only_reader = [&](const ir::Value* v) { return readers(g, v) == 1 ? v->producer : nullptr; };
+  for (auto& node : g.nodes) {
+    if (!node->is<op::MaxPoolWithArgmax>() ||
+        !(node->params<op::MaxPoolWithArgmax>().drop_nonpositive || readers(g, node->outputs[1]) == 0))
+      continue;
+    const ir::Node* relu = only_reader(node->inputs[0]);
+    if (!relu || !relu->is<op::Relu>()) continue;
+    const ir::Node* add = nullptr;
+    const ir::Node* conv = only_reader(relu->inputs[0]);
+    ir::Value* bias = nullptr;
+    if (conv && conv->is<op::Add>()) {
+      add = conv;
+      for (int side : {0, 1}) {
+        const ir::Node* c = only_reader(add->inputs[static_cast<std::size_t>(side)]);
+        ir::Value* b = add->inputs[static_cast<std::size_t>(1 - side)];
+        if (c && c->is<op::Conv2D>() && b->dtype == c->outputs[0]->dtype &&
+            b->shape == Shape{c->outputs[0]->shape[1], 1, 1}) {
+          conv = c;
+          bias = b;
+          break;
+        }
+      }
+      if (!bias) continue;
+    }
+    if (!conv || !conv->is<op::Conv2D>()) continue;
+    const op::Conv2DReLUMaxPool def{
+        {conv->params<op::Conv2D>().geometry, node->params<op::MaxPoolWithArgmax>().geometry}};
+    if (!cpu::detail::conv_relu_max_pool_suits(def.conv, def.pool)) continue;
+    node->inputs = conv->inputs;
+    if (bias) node->inputs.push_back(bias);
+    node->primitive = ir::make_primitive(def);
+    node->kernel = max_pool_with_argmax_kernel(def, node->outputs[0]->shape);
+    dead.insert({relu, conv});
+    if (add) dead.insert(add);
+  }
+  erase_nodes(g, dead);
+  return !dead.empty();
+}
+
 /// Ops of another group a group recomputes, at most for one value it reads: a few cheap steps
 /// cost less than the writes and reads they save.
 inline constexpr std::size_t k_max_recomputed_ops = 8;
@@ -657,6 +711,7 @@ inline void recompute_in_readers(const ir::Graph& g, const std::unordered_map<co
 XGRAD_API bool fuse(ir::Graph& g, const PassContext& ctx) {
   const bool paired = detail::pair_max_pool(g) | detail::pair_attention(g);
   const bool pooled = !ctx.strict && detail::conv_gradients_through_max_pool(g);
+  const bool blocks = detail::conv_relu_max_pool(g);
   const std::size_t n = g.nodes.size();
   std::unordered_map<const ir::Node*, std::size_t> index;
   for (std::size_t i = 0; i < n; ++i) index[g.nodes[i].get()] = i;
@@ -891,7 +946,8 @@ XGRAD_API bool fuse(ir::Graph& g, const PassContext& ctx) {
     }
   }
 
-  if (std::none_of(group_of_item.begin(), group_of_item.end(), [](int G) { return G >= 0; })) return paired || pooled;
+  if (std::none_of(group_of_item.begin(), group_of_item.end(), [](int G) { return G >= 0; }))
+    return paired || pooled || blocks;
   std::vector<int> home(n, -1);
   for (std::size_t i = 0; i < n; ++i)
     if (group[i] >= 0 && fused(static_cast<std::size_t>(group[i]))) home[i] = group[i];

@@ -23,6 +23,10 @@
 // with zeros (a quarter of the work for 2 x 2 windows), and the put goes. Not under strict: the
 // sums run in another order.
 //
+// Such a block's forward, max pooling 2 x 2 of ReLU(conv [+ bias]) whose argmax carries ReLU's
+// mask or is not read, becomes one Conv2DReLUMaxPool node: each image's convolution is pooled
+// while in cache, never stored whole, and ReLU runs on the maxima. Exact, so strict too.
+//
 // A group never becomes a cycle: it stays convex (no outside node on a path between two of its
 // nodes). The fused nodes and the rest are then put in an order where every value is made
 // before it is read, keeping the original order where it can.

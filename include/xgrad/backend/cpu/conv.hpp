@@ -626,32 +626,49 @@ void forward_image(const Conv2dGeometry& g, const T* x, const T* wt, int64_t ld,
   for (; ow < g.out_w; ++ow) forward_columns<V, KW, 8, 1>(g, x, wt, ld, ow, out);
 }
 
-/// conv2d_forward for conv_direct_suits: the weights are laid tap-major (a vector of output
-/// channels per tap), each output accumulates in a register over every tap with x's elements
-/// broadcast, and each image's position-major result is transposed into y. No column matrix,
-/// and no multiply on a position that is not an output.
-template <class T>
-void conv2d_forward_direct(const Conv2dGeometry& g, const T* x, const T* w, T* y, const RangeDone* done) {
+/// The direct kernels' weights: w [c_out, k] laid tap-major, a vector of output channels per
+/// tap (ld lanes, zero past c_out).
+template <class T> struct DirectWeights {
+  int64_t ld;
+  std::vector<T, xsimd::aligned_allocator<T>> taps;
+
+  DirectWeights(const Conv2dGeometry& g, const T* w) {
+    constexpr auto L = static_cast<int64_t>(xsimd::batch<T>::size);
+    const int64_t k = g.c_in * g.kh * g.kw;
+    ld = (g.c_out + L - 1) / L * L;
+    taps.assign(static_cast<std::size_t>(k * ld), T(0));
+    for (int64_t co = 0; co < g.c_out; ++co)
+      for (int64_t t = 0; t < k; ++t) taps[static_cast<std::size_t>(t * ld + co)] = w[co * k + t];
+  }
+};
+
+/// One image's outputs for conv_direct_suits, position-major into out [ohw][wt.ld]: each
+/// output accumulates in a register over every tap with x's elements broadcast.
+template <class T> void forward_direct_image(const Conv2dGeometry& g, const T* x, const DirectWeights<T>& wt, T* out) {
   using V = xsimd::batch<T>;
   constexpr auto L = static_cast<int64_t>(V::size);
+  for (int64_t cv = 0; cv < wt.ld; cv += L) {
+    if (g.kw == 5)
+      forward_image<V, 5>(g, x, wt.taps.data() + cv, wt.ld, out + cv);
+    else
+      forward_image<V, 3>(g, x, wt.taps.data() + cv, wt.ld, out + cv);
+  }
+}
+
+/// conv2d_forward for conv_direct_suits: forward_direct_image, each image's result transposed
+/// into y. No column matrix, and no multiply on a position that is not an output.
+template <class T>
+void conv2d_forward_direct(const Conv2dGeometry& g, const T* x, const T* w, T* y, const RangeDone* done) {
   const int64_t k = g.c_in * g.kh * g.kw;
   const int64_t ohw = g.out_h * g.out_w;
   const int64_t x_img = g.c_in * g.h * g.w;
   const int64_t y_img = g.c_out * ohw;
-  const int64_t ld = (g.c_out + L - 1) / L * L;
-  std::vector<T, xsimd::aligned_allocator<T>> wt(static_cast<std::size_t>(k * ld), T(0));
-  for (int64_t co = 0; co < g.c_out; ++co)
-    for (int64_t t = 0; t < k; ++t) wt[static_cast<std::size_t>(t * ld + co)] = w[co * k + t];
+  const DirectWeights<T> wt(g, w);
   conv_for_batch(g.n, g.c_out * k * ohw, [&](int64_t lo, int64_t hi) {
-    T* out = conv_workspace<T>().m_mat.get(ohw * ld);
+    T* out = conv_workspace<T>().m_mat.get(ohw * wt.ld);
     for (int64_t i = lo; i < hi; ++i) {
-      for (int64_t cv = 0; cv < ld; cv += L) {
-        if (g.kw == 5)
-          forward_image<V, 5>(g, x + i * x_img, wt.data() + cv, ld, out + cv);
-        else
-          forward_image<V, 3>(g, x + i * x_img, wt.data() + cv, ld, out + cv);
-      }
-      positions_to_channels(out, ohw, g.c_out, ld, y + i * y_img);
+      forward_direct_image(g, x + i * x_img, wt, out);
+      positions_to_channels(out, ohw, g.c_out, wt.ld, y + i * y_img);
       if (done) (*done)(i * y_img, (i + 1) * y_img);
     }
   });

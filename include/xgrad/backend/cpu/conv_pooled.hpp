@@ -1,8 +1,10 @@
-// xgrad CPU backend: a convolution's gradients when its output went through max pooling. The
-// gradient reaching the convolution is then max_pool2d_put(argmax, gp): zero except at each
-// window's argmax. These kernels take the argmax and the pooled gradient gp instead, and sum
-// over the pooled elements only: for 2 x 2 pooling a quarter of the dense kernels' work, and no
-// put. A graph makes them from Conv2DInputGrad / Conv2DWeightGrad of a put (passes/fuse.hpp).
+// xgrad CPU backend: a convolution whose output goes through ReLU and max pooling, forward and
+// backward. The forward pools each image's convolution while it is in cache, so the full-size
+// output never reaches memory. The gradient reaching the convolution is
+// max_pool2d_put(argmax, gp): zero except at each window's argmax. The backward kernels take
+// the argmax and the pooled gradient gp instead, and sum over the pooled elements only: for
+// 2 x 2 pooling a quarter of the dense kernels' work, and no put. A graph makes all three
+// (passes/fuse.hpp).
 #pragma once
 
 #include <algorithm>
@@ -18,6 +20,7 @@
 #include "xgrad/backend/cpu/conv.hpp"
 #include "xgrad/backend/cpu/elementwise.hpp"
 #include "xgrad/backend/cpu/pool.hpp"
+#include "xgrad/backend/math.hpp"
 
 namespace xgrad::cpu {
 
@@ -28,6 +31,12 @@ namespace detail {
 /// the put and the dense kernels.
 inline bool conv_pooled_suits(const Conv2dGeometry& g) {
   return conv_is_shifted(g) && g.kh == g.kw && (g.kh == 3 || g.kh == 5);
+}
+
+/// Whether conv2d_relu_max_pool pools each image in cache: a convolution the direct or the
+/// shifted kernel computes, pooled 2 x 2 / 2.
+inline bool conv_relu_max_pool_suits(const Conv2dGeometry& g, const Pool2dGeometry& p) {
+  return conv_is_shifted(g) && pool_is_2x2(p) && p.n == g.n && p.c == g.c_out && p.h == g.out_h && p.w == g.out_w;
 }
 
 /// The layout the sparse kernels read windows in: an image channels-last, [h * w][c_in], so that
@@ -372,6 +381,131 @@ template <class T> void conv2d_backward_input_pooled(const Conv2dGeometry& g, co
       else
         detail::input_windows_pooled<T, 3>(win, order, count.data(), listed_co, listed_g, per_position, wt, gxt);
       detail::positions_to_channels(gxt, g.h * g.w, g.c_in, g.c_in, gx + i * image);
+    }
+  });
+}
+
+namespace detail {
+
+/// The block's pooling for one image held position-major, pos [ohw][ld] (lanes = output
+/// channels), as the direct kernel leaves it: each window's four positions meet in row-major
+/// order through pool_takes_later, so each lane keeps the first maximum (a NaN before any
+/// number), as max_pool_argmax_2x2 does on planes. Into maxima and at, position-major
+/// [pooled][ld]: the maximum, and its offset in the plane as a number (-1 where the maximum is
+/// not above 0).
+template <class T>
+void max_pool_positions(const Conv2dGeometry& g, const Pool2dGeometry& p, const T* pos, int64_t ld, T* maxima, T* at) {
+  using V = xsimd::batch<T>;
+  constexpr auto L = static_cast<int64_t>(V::size);
+  const V zero(T(0)), none(T(-1));
+  for (int64_t ph = 0; ph < p.out_h; ++ph)
+    for (int64_t pw = 0; pw < p.out_w; ++pw) {
+      const int64_t q = 2 * ph * g.out_w + 2 * pw;
+      const int64_t o = (ph * p.out_w + pw) * ld;
+      for (int64_t cv = 0; cv < ld; cv += L) {
+        V best = V::load_aligned(pos + q * ld + cv);
+        V best_at(static_cast<T>(q));
+        for (const int64_t d : {int64_t{1}, g.out_w, g.out_w + 1}) {
+          const V v = V::load_aligned(pos + (q + d) * ld + cv);
+          const auto take = pool_takes_later(v, best);
+          best = xsimd::select(take, v, best);
+          best_at = xsimd::select(take, V(static_cast<T>(q + d)), best_at);
+        }
+        xsimd::select(best > zero, best_at, none).store_aligned(at + o + cv);
+        best.store_aligned(maxima + o + cv);
+      }
+    }
+}
+
+}  // namespace detail
+
+/// values, idx = max_pool2d_argmax(p, relu(conv2d_forward(g, x, w) + bias), drop_nonpositive =
+/// true): a convnet block's forward. x [n, c_in, h, w], w [c_out, c_in, kh, kw], bias [c_out]
+/// added to each channel (none when null); values and idx [n, c_out, p.out_h, p.out_w]
+/// overwritten, p's input the convolution's output. Where conv_relu_max_pool_suits, each
+/// image's convolution is biased and pooled while it is in cache and never stored whole, and
+/// the ReLU, which commutes with max, runs on the maxima only: the same bits as the kernels one
+/// after another, which run otherwise.
+template <class T> void conv2d_relu_max_pool(const Conv2dGeometry& g, const Pool2dGeometry& p, const T* x, const T* w,
+                                             const T* bias, T* values, int32_t* idx) {
+  using V = xsimd::batch<T>;
+  constexpr auto L = static_cast<int64_t>(V::size);
+  const int64_t pooled = p.out_h * p.out_w;
+  const int64_t pooled_image = g.c_out * pooled;
+  if (g.n <= 0 || pooled_image == 0) return;
+  const int64_t k = g.c_in * g.kh * g.kw;
+  const int64_t ohw = g.out_h * g.out_w;
+  auto relu = [](T* v, int64_t count) {
+    int64_t j = 0;
+    if constexpr (detail::simd_type<T>)  // math::max is a device function too: no batch in nvcc's device pass
+      for (; j + L <= count; j += L) math::max(V::load_unaligned(v + j), V(T(0))).store_unaligned(v + j);
+    for (; j < count; ++j) v[j] = math::max(v[j], T(0));
+  };
+  if (!detail::conv_relu_max_pool_suits(g, p) || k == 0) {
+    std::vector<T> y(static_cast<std::size_t>(g.n * g.c_out * ohw));
+    conv2d_forward(g, x, w, y.data());
+    if (bias)
+      for (int64_t plane = 0; plane < g.n * g.c_out; ++plane)
+        for (int64_t q = 0; q < ohw; ++q) y[static_cast<std::size_t>(plane * ohw + q)] += bias[plane % g.c_out];
+    relu(y.data(), static_cast<int64_t>(y.size()));
+    max_pool2d_argmax(p, y.data(), idx, values, true);
+    return;
+  }
+  const int64_t x_img = g.c_in * g.h * g.w;
+  const int64_t work_per_image = g.c_out * k * ohw;
+  if (detail::conv_direct_suits<T>(g)) {
+    // Position-major from the kernel to the pooled maxima; only those are transposed.
+    const detail::DirectWeights<T> wt(g, w);
+    std::vector<T, xsimd::aligned_allocator<T>> lanes(static_cast<std::size_t>(wt.ld), T(0));  // the bias by lane
+    if (bias) std::copy(bias, bias + g.c_out, lanes.begin());
+    detail::conv_for_batch(g.n, work_per_image, [&](int64_t lo, int64_t hi) {
+      auto& ws = detail::conv_workspace<T>();
+      T* positions = ws.m_mat.get(ohw * wt.ld);
+      T* maxima = ws.m_col.get(2 * pooled * wt.ld);
+      T* at = maxima + pooled * wt.ld;
+      for (int64_t i = lo; i < hi; ++i) {
+        detail::forward_direct_image(g, x + i * x_img, wt, positions);
+        if (bias)
+          for (int64_t q = 0; q < ohw; ++q)
+            for (int64_t cv = 0; cv < wt.ld; cv += L)
+              (V::load_aligned(positions + q * wt.ld + cv) + V::load_aligned(lanes.data() + cv))
+                  .store_aligned(positions + q * wt.ld + cv);
+        detail::max_pool_positions(g, p, positions, wt.ld, maxima, at);
+        detail::positions_to_channels(maxima, pooled, g.c_out, wt.ld, values + i * pooled_image);
+        relu(values + i * pooled_image, pooled_image);
+        detail::positions_to_channels(at, pooled, g.c_out, wt.ld, positions);
+        for (int64_t j = 0; j < pooled_image; ++j) idx[i * pooled_image + j] = static_cast<int32_t>(positions[j]);
+      }
+    });
+    return;
+  }
+  // The shifted product leaves each plane on x's grid, rows w apart; the pool's vectors may
+  // read 2L past a row.
+  const std::vector<int64_t> taps = detail::conv_tap_offsets(g);
+  const int64_t plane = g.out_h * g.w;
+  const int64_t planes_size = g.c_out * plane + 2 * L;
+  const Pool2dGeometry image_pool{1,          p.c,        p.h,       p.w,        p.kh,    p.kw,
+                                  p.stride_h, p.stride_w, p.pad_top, p.pad_left, p.out_h, p.out_w};
+  detail::conv_for_batch(g.n, work_per_image, [&](int64_t lo, int64_t hi) {
+    T* planes = detail::conv_workspace<T>().m_col.get(planes_size);
+    // What no image writes is read by the pool's vectors past the rows: zeros, never a NaN
+    // that would send its steps to the scalar rules.
+    std::fill(planes + g.c_out * plane, planes + planes_size, T(0));
+    for (int64_t c = 0; c < g.c_out; ++c)
+      std::fill(planes + c * plane + detail::conv_grid(g), planes + (c + 1) * plane, T(0));
+    const detail::PoolInput<T> in{planes, planes + planes_size, g.w, plane};
+    for (int64_t i = lo; i < hi; ++i) {
+      detail::gemm_shifted(g.c_out, detail::conv_grid(g), k, w, k, x + i * x_img, taps.data(), planes, plane);
+      if (bias)
+        for (int64_t c = 0; c < g.c_out; ++c) {
+          const V b(bias[c]);
+          T* row = planes + c * plane;
+          int64_t q = 0;
+          for (; q + L <= detail::conv_grid(g); q += L) (V::load_unaligned(row + q) + b).store_unaligned(row + q);
+          for (; q < detail::conv_grid(g); ++q) row[q] += bias[c];
+        }
+      detail::max_pool_argmax_2x2(image_pool, in, 0, g.c_out, idx + i * pooled_image, values + i * pooled_image, true);
+      relu(values + i * pooled_image, pooled_image);
     }
   });
 }

@@ -310,14 +310,24 @@ template <class T> inline constexpr bool has_deinterleave = false;
 template <class V> std::array<V, 2> deinterleave(const V&, const V&) { return {}; }
 #endif
 
-/// max_pool2d_argmax for pool_is_2x2 on planes [first, first + count) (x_end bounds the tensor),
-/// and when `values` is given each window's maximum there too. Each column of a row pair keeps
-/// its first maximum of the two rows; then each window's left column meets its right one: with
-/// AVX-512, 2L columns are split into their even and odd columns (L windows a step); elsewhere
-/// the odd lanes are swapped beside the even ones and the even lanes' results gathered to the
-/// front (L / 2 windows a step). Narrow rows run into the next rows' elements, whose windows are
-/// stored over later; a step that would read past x_end goes scalar.
-template <class T> void max_pool_argmax_2x2(const Pool2dGeometry& g, const T* x, const T* x_end, int64_t first,
+/// Where max_pool_argmax_2x2 reads its input: rows `row` elements apart and planes `plane`
+/// apart (g.w and g.h * g.w for a dense tensor; a convolution's rows on its input's grid are
+/// wider). x_end bounds what may be read. The argmax is an offset in the dense plane whatever
+/// the layout.
+template <class T> struct PoolInput {
+  const T* x;
+  const T* x_end;
+  int64_t row, plane;
+};
+
+/// max_pool2d_argmax for pool_is_2x2 on planes [first, first + count), and when `values` is
+/// given each window's maximum there too. Each column of a row pair keeps its first maximum of
+/// the two rows; then each window's left column meets its right one: with AVX-512, 2L columns
+/// are split into their even and odd columns (L windows a step); elsewhere the odd lanes are
+/// swapped beside the even ones and the even lanes' results gathered to the front (L / 2
+/// windows a step). Narrow rows run into the next rows' elements, whose windows are stored over
+/// later; a step that would read past x_end goes scalar.
+template <class T> void max_pool_argmax_2x2(const Pool2dGeometry& g, const PoolInput<T>& in, int64_t first,
                                             int64_t count, int32_t* idx, T* values, bool drop_nonpositive) {
   using V = xsimd::batch<T>;
   using U = xsimd::batch<xsimd::as_unsigned_integer_t<T>>;
@@ -337,7 +347,6 @@ template <class T> void max_pool_argmax_2x2(const Pool2dGeometry& g, const T* x,
   // The column of lane l's window's left element, from the step's first column.
   const V lane_column = wide ? lane_indices<V>() * V(T(2)) : lane_indices<V>();
   const V row_step(static_cast<T>(g.w)), zero(T(0)), one(T(1));
-  const int64_t in_plane = g.h * g.w;
   const int64_t out_plane = g.out_h * g.out_w;
   const int64_t end_output = (first + count) * out_plane;
   // Stores the first `outputs` of a step's window offsets and maxima (in lanes [0, outputs)):
@@ -358,9 +367,9 @@ template <class T> void max_pool_argmax_2x2(const Pool2dGeometry& g, const T* x,
     if (values) std::copy_n(max.data(), outputs, values + o);
   };
   for (int64_t p = first; p < first + count; ++p) {
-    const T* xp = x + p * in_plane;
+    const T* xp = in.x + p * in.plane;
     for (int64_t oh = 0; oh < g.out_h; ++oh) {
-      const T* top = xp + 2 * oh * g.w;
+      const T* top = xp + 2 * oh * in.row;
       for (int64_t ow = 0; ow < g.out_w; ow += step_windows) {
         const int64_t outputs = std::min(step_windows, g.out_w - ow);
         const int64_t o = p * out_plane + oh * g.out_w + ow;
@@ -368,12 +377,16 @@ template <class T> void max_pool_argmax_2x2(const Pool2dGeometry& g, const T* x,
         const T* a = top + col;
         auto scalar_step = [&] {
           for (int64_t t = 0; t < outputs; ++t) {
-            const int32_t at = static_cast<int32_t>(top - xp + col + 2 * t) + first_max_2x2(a + 2 * t, g.w);
-            idx[o + t] = drop_nonpositive && !(xp[at] > T(0)) ? -1 : at;
-            if (values) values[o + t] = xp[at];
+            const int32_t at = first_max_2x2(a + 2 * t, in.row);  // from the window's top left, as read
+            const T max = a[2 * t + at];
+            const int64_t lower = at >= in.row;
+            idx[o + t] = drop_nonpositive && !(max > T(0))
+                             ? -1
+                             : static_cast<int32_t>((2 * oh + lower) * g.w + col + 2 * t + at - lower * in.row);
+            if (values) values[o + t] = max;
           }
         };
-        if (a + g.w + step_columns > x_end) {
+        if (a + in.row + step_columns > in.x_end) {
           scalar_step();
           continue;
         }
@@ -386,8 +399,8 @@ template <class T> void max_pool_argmax_2x2(const Pool2dGeometry& g, const T* x,
         };
         V left, left_r, right, right_r;
         if (wide) {
-          const V u0 = V::load_unaligned(a), l0 = V::load_unaligned(a + g.w);
-          const V u1 = V::load_unaligned(a + L), l1 = V::load_unaligned(a + g.w + L);
+          const V u0 = V::load_unaligned(a), l0 = V::load_unaligned(a + in.row);
+          const V u1 = V::load_unaligned(a + L), l1 = V::load_unaligned(a + in.row + L);
           // A NaN anywhere (or inf - inf, harmlessly) sends the step to the scalar rules.
           if (xsimd::any(xsimd::isnan((u0 + l0) + (u1 + l1)))) {
             scalar_step();
@@ -400,7 +413,7 @@ template <class T> void max_pool_argmax_2x2(const Pool2dGeometry& g, const T* x,
           const auto [re, ro] = deinterleave(r0, r1);
           left = ve, left_r = re, right = vo, right_r = ro;
         } else {
-          const V u = V::load_unaligned(a), l = V::load_unaligned(a + g.w);
+          const V u = V::load_unaligned(a), l = V::load_unaligned(a + in.row);
           if (xsimd::any(xsimd::isnan(u + l))) {
             scalar_step();
             continue;
@@ -410,7 +423,8 @@ template <class T> void max_pool_argmax_2x2(const Pool2dGeometry& g, const T* x,
         }
         // The right column wins with a greater value, or an equal one in an earlier row.
         const auto takes_right = (right > left) | ((right == left) & (right_r < left_r));
-        V offset = xsimd::select(takes_right, right_r + one, left_r) + lane_column + V(static_cast<T>(top - xp + col));
+        V offset =
+            xsimd::select(takes_right, right_r + one, left_r) + lane_column + V(static_cast<T>(2 * oh * g.w + col));
         V value = xsimd::select(takes_right, right, left);
         if (drop_nonpositive) offset = xsimd::select(value > zero, offset, V(T(-1)));
         if (!wide) {
@@ -505,7 +519,8 @@ template <class T> void max_pool2d_argmax(const Pool2dGeometry& g, const T* x, i
     const T* x_end = x + g.n * g.c * in_plane;
     parallel_for(0, g.n * g.c, std::max<int64_t>(1, detail::k_pool_min_parallel_work / std::max<int64_t>(1, in_plane)),
                  [&](int64_t lo, int64_t hi) {
-                   detail::max_pool_argmax_2x2(g, x, x_end, lo, hi - lo, idx, values, drop_nonpositive);
+                   detail::max_pool_argmax_2x2(g, detail::PoolInput<T>{x, x_end, g.w, in_plane}, lo, hi - lo, idx,
+                                               values, drop_nonpositive);
                  });
     return;
   }

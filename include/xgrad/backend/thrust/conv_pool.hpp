@@ -19,6 +19,7 @@
 
 #include "xgrad/backend/cpu/conv.hpp"
 #include "xgrad/backend/cpu/pool.hpp"
+#include "xgrad/backend/math.hpp"
 #include "xgrad/backend/thrust/gemm.hpp"
 #include "xgrad/backend/thrust/memory.hpp"
 
@@ -213,6 +214,15 @@ template <class T> struct AvgPoolBackwardFn {
   }
 };
 
+/// Element i of y [n, c, plane] plus its channel's bias (none when null), through ReLU
+/// (math::max(y, 0): NaN stays, -0 becomes +0).
+template <class T> struct BiasReluFn {
+  const T* y;
+  const T* bias;
+  std::int64_t c, plane;
+  XGRAD_HD T operator()(std::int64_t i) const { return math::max(bias ? y[i] + bias[i / plane % c] : y[i], T(0)); }
+};
+
 }  // namespace detail
 
 /// y[n] = w (c_out x K) @ col[n] (K x P), per chunk of images.
@@ -257,11 +267,17 @@ template <class T> void conv2d_backward_weight(const cpu::Conv2dGeometry& g, con
   });
 }
 
-template <class T> void max_pool2d_argmax(const cpu::Pool2dGeometry& g, const T* x, std::int32_t* idx) {
-  detail::for_outputs(g.n * g.c * g.out_h * g.out_w, idx, detail::MaxPoolArgmaxFn<T>{g, x});
-}
 template <class T> void max_pool2d_take(const cpu::Pool2dGeometry& g, const std::int32_t* idx, const T* v, T* out) {
   detail::for_outputs(g.n * g.c * g.out_h * g.out_w, out, detail::MaxPoolTakeFn<T>{g, idx, v});
+}
+/// cpu::max_pool2d_argmax: the window maxima, and the drop, by passes of their own.
+template <class T> void max_pool2d_argmax(const cpu::Pool2dGeometry& g, const T* x, std::int32_t* idx,
+                                          T* values = nullptr, bool drop_nonpositive = false) {
+  const std::int64_t outputs = g.n * g.c * g.out_h * g.out_w;
+  detail::for_outputs(outputs, idx, detail::MaxPoolArgmaxFn<T>{g, x});
+  if (values) thrust_backend::max_pool2d_take(g, idx, x, values);
+  if (drop_nonpositive)
+    detail::for_outputs(outputs, idx, cpu::DropNonpositive<T>{x, idx, g.h * g.w, g.out_h * g.out_w});
 }
 template <class T> void max_pool2d_put(const cpu::Pool2dGeometry& g, const std::int32_t* idx, const T* gy, T* gx) {
   detail::for_outputs(g.n * g.c * g.h * g.w, gx, detail::MaxPoolPutFn<T>{g, idx, gy});
@@ -279,6 +295,17 @@ template <class T> void conv2d_backward_weight_pooled(const cpu::Conv2dGeometry&
   Scratch<T> gy(static_cast<std::size_t>(p.n * p.c * p.h * p.w));
   thrust_backend::max_pool2d_put(p, idx, gp, gy.data());
   thrust_backend::conv2d_backward_weight(g, x, gy.data(), gw);
+}
+/// A convnet block's forward (cpu::conv2d_relu_max_pool): the convolution into scratch, its
+/// bias and ReLU in place, then the pooling with its argmax keeping ReLU's mask.
+template <class T> void conv2d_relu_max_pool(const cpu::Conv2dGeometry& g, const cpu::Pool2dGeometry& p, const T* x,
+                                             const T* w, const T* bias, T* values, std::int32_t* idx) {
+  const std::int64_t plane = g.out_h * g.out_w;
+  const std::int64_t size = g.n * g.c_out * plane;
+  Scratch<T> y(static_cast<std::size_t>(size));
+  thrust_backend::conv2d_forward(g, x, w, y.data());
+  detail::for_outputs(size, y.data(), detail::BiasReluFn<T>{y.data(), bias, g.c_out, plane});
+  thrust_backend::max_pool2d_argmax(p, y.data(), idx, values, true);
 }
 template <class T> void avg_pool2d_forward(const cpu::Pool2dGeometry& g, const T* x, T* y) {
   detail::for_outputs(g.n * g.c * g.out_h * g.out_w, y, detail::AvgPoolFn<T>{g, x});
