@@ -602,9 +602,9 @@ std::vector<OpCase> build_table() {
   t.push_back(make_case(
       "max_pool2d/overlap", Shapes{{1, 2, 7, 7}}, [](const auto& in) { return max_pool2d(in[0], 3, 2); },
       [](const std::vector<Ref>& r) { return pool_ref(r[0], 3, 2, true); }));
-  // A convnet's block: a compiled gradient moves ReLU's mask into the pooling's argmax
-  // (passes/fuse.hpp). Few output channels (the shifted product), and enough to fill half a
-  // vector (the direct kernel).
+  // A convnet's block: compiled, its forward is one Conv2DReLUMaxPool node and its gradient
+  // moves ReLU's mask into the pooling's argmax (passes/fuse.hpp). Few output channels (the
+  // shifted product), enough to fill half a vector (the direct kernel), and a bias.
   auto conv_relu_pool_ref = [](const Ref& x, const Ref& w, std::int64_t oh, std::int64_t ow) {
     Ref y = conv_ref(x, w, 1, 0, 0, 1, oh, ow);
     for (double& v : y.data) v = v > 0 || std::isnan(v) ? v : 0;  // relu keeps NaN
@@ -618,6 +618,20 @@ std::vector<OpCase> build_table() {
       "conv2d_relu_max_pool/direct", Shapes{{2, 2, 10, 9}, {10, 2, 3, 3}},
       [](const auto& in) { return max_pool2d(relu(conv2d(in[0], in[1], {.pad_mode = PadMode::valid})), 2, 2); },
       [=](const std::vector<Ref>& r) { return conv_relu_pool_ref(r[0], r[1], 8, 7); }));
+  t.push_back(make_case(
+      "conv2d_bias_relu_max_pool/direct", Shapes{{2, 2, 10, 9}, {10, 2, 3, 3}, {10}},
+      [](const auto& in) {
+        return max_pool2d(relu(bias_add(conv2d(in[0], in[1], {.pad_mode = PadMode::valid}), in[2])), 2, 2);
+      },
+      [](const std::vector<Ref>& r) {
+        Ref y = conv_ref(r[0], r[1], 1, 0, 0, 1, 8, 7);
+        for (std::int64_t i = 0; i < y.numel(); ++i) {
+          double& v = y.data[static_cast<std::size_t>(i)];
+          v += r[2].data[static_cast<std::size_t>((i / 56) % 10)];  // 8 x 7 outputs a channel
+          v = v > 0 || std::isnan(v) ? v : 0;                       // relu keeps NaN
+        }
+        return pool_ref(y, 2, 2, true);
+      }));
   t.push_back(make_case(
       "avg_pool2d", Shapes{{2, 2, 6, 4}}, [](const auto& in) { return avg_pool2d(in[0], 2, 2); },
       [](const std::vector<Ref>& r) { return pool_ref(r[0], 2, 2, false); }));
