@@ -968,3 +968,49 @@ TEST_CASE_TEMPLATE("a convnet block's forward pools each image in cache with the
     }
   cpu::set_num_threads(saved);
 }
+
+TEST_CASE_TEMPLATE("kernels whose threads lay out the weights themselves read each call's weights", T, float, double) {
+  // The direct forward, the convnet block's forward and the pooled input gradient lay w out per
+  // thread, once per call: a second call with new weights in the same buffer must read the new
+  // ones on every thread, not the layout a thread kept from the first call. Output channels that
+  // fill a vector take the direct kernels; 1 and 3 threads.
+  constexpr int64_t L = static_cast<int64_t>(xsimd::batch<T>::size);
+  const int saved = cpu::num_threads();
+  const int64_t n = 6, c_in = 3, k = 5, h = 14, w_extent = 13, oh = h - k + 1, ow = w_extent - k + 1;
+  const cpu::Conv2dGeometry conv{n, c_in, h, w_extent, L, k, k, 1, 1, 0, 0, 1, 1, oh, ow};
+  const cpu::Pool2dGeometry pool{n, L, oh, ow, 2, 2, 2, 2, 0, 0, oh / 2, ow / 2};
+  const auto pooled = static_cast<std::size_t>(n * L * pool.out_h * pool.out_w);
+  const Vec x = through<T>(random_vec(x_size(conv), 1300));
+  const auto xt = cast_vec<T>(x);
+  for (int threads : {1, 3}) {
+    cpu::set_num_threads(threads);
+    std::vector<T> weights(static_cast<std::size_t>(w_size(conv)));  // one buffer, two calls
+    for (uint32_t seed : {1301u, 1302u}) {
+      INFO("threads ", threads, ", weights ", seed);
+      const Vec w = through<T>(random_vec(w_size(conv), seed));
+      std::copy(w.begin(), w.end(), weights.begin());
+      REQUIRE(cpu::detail::conv_direct_suits<T>(conv));
+      const Vec y = naive_conv_forward(conv, x, w);
+      auto got_y = nan_vec<T>(y_size(conv));
+      cpu::conv2d_forward(conv, xt.data(), weights.data(), got_y.data());
+      check_close(got_y, y, naive_conv_forward(conv, abs_vec(x), abs_vec(w)), "forward");
+      // The block's forward against max_pool2d_argmax of the forward's own result after ReLU.
+      for (T& v : got_y) v = xgrad::math::max(v, T(0));
+      std::vector<T> want_values(pooled), got_values = nan_vec<T>(static_cast<int64_t>(pooled));
+      std::vector<int32_t> want_idx(pooled), got_idx(pooled, INT32_MIN);
+      cpu::max_pool2d_argmax(pool, got_y.data(), want_idx.data(), want_values.data(), true);
+      cpu::conv2d_relu_max_pool(conv, pool, xt.data(), weights.data(), static_cast<const T*>(nullptr),
+                                got_values.data(), got_idx.data());
+      CHECK(got_idx == want_idx);
+      CHECK(std::memcmp(got_values.data(), want_values.data(), pooled * sizeof(T)) == 0);
+      const Vec gp = through<T>(random_vec(static_cast<int64_t>(pooled), seed + 10));
+      const auto gpt = cast_vec<T>(gp);
+      const Vec gy = naive_put(pool, want_idx, gp);
+      auto gx = nan_vec<T>(x_size(conv));
+      cpu::conv2d_backward_input_pooled(conv, pool, want_idx.data(), gpt.data(), weights.data(), gx.data());
+      check_close(gx, naive_conv_backward_input(conv, gy, w), naive_conv_backward_input(conv, abs_vec(gy), abs_vec(w)),
+                  "input gradient");
+    }
+  }
+  cpu::set_num_threads(saved);
+}

@@ -627,20 +627,27 @@ void forward_image(const Conv2dGeometry& g, const T* x, const T* wt, int64_t ld,
 }
 
 /// The direct kernels' weights: w [c_out, k] laid tap-major, a vector of output channels per
-/// tap (ld lanes, zero past c_out).
+/// tap (ld lanes, zero past c_out); each thread's own, laid out for the call `stamp`.
 template <class T> struct DirectWeights {
-  int64_t ld;
+  int64_t ld = 0;
   std::vector<T, xsimd::aligned_allocator<T>> taps;
-
-  DirectWeights(const Conv2dGeometry& g, const T* w) {
-    constexpr auto L = static_cast<int64_t>(xsimd::batch<T>::size);
-    const int64_t k = g.c_in * g.kh * g.kw;
-    ld = (g.c_out + L - 1) / L * L;
-    taps.assign(static_cast<std::size_t>(k * ld), T(0));
-    for (int64_t co = 0; co < g.c_out; ++co)
-      for (int64_t t = 0; t < k; ++t) taps[static_cast<std::size_t>(t * ld + co)] = w[co * k + t];
-  }
+  std::uint64_t stamp = 0;
 };
+
+/// The calling thread's DirectWeights of w for the call `stamp` (new_call_stamp), laid out on
+/// the thread's first use in that call.
+template <class T> const DirectWeights<T>& direct_weights(const Conv2dGeometry& g, const T* w, std::uint64_t stamp) {
+  static thread_local DirectWeights<T> wt;
+  if (wt.stamp == stamp) return wt;
+  constexpr auto L = static_cast<int64_t>(xsimd::batch<T>::size);
+  const int64_t k = g.c_in * g.kh * g.kw;
+  wt.ld = (g.c_out + L - 1) / L * L;
+  wt.taps.assign(static_cast<std::size_t>(k * wt.ld), T(0));
+  for (int64_t co = 0; co < g.c_out; ++co)
+    for (int64_t t = 0; t < k; ++t) wt.taps[static_cast<std::size_t>(t * wt.ld + co)] = w[co * k + t];
+  wt.stamp = stamp;
+  return wt;
+}
 
 /// One image's outputs for conv_direct_suits, position-major into out [ohw][wt.ld]: each
 /// output accumulates in a register over every tap with x's elements broadcast.
@@ -663,8 +670,9 @@ void conv2d_forward_direct(const Conv2dGeometry& g, const T* x, const T* w, T* y
   const int64_t ohw = g.out_h * g.out_w;
   const int64_t x_img = g.c_in * g.h * g.w;
   const int64_t y_img = g.c_out * ohw;
-  const DirectWeights<T> wt(g, w);
+  const std::uint64_t stamp = new_call_stamp();
   conv_for_batch(g.n, g.c_out * k * ohw, [&](int64_t lo, int64_t hi) {
+    const DirectWeights<T>& wt = direct_weights(g, w, stamp);
     T* out = conv_workspace<T>().m_mat.get(ohw * wt.ld);
     for (int64_t i = lo; i < hi; ++i) {
       forward_direct_image(g, x + i * x_img, wt, out);

@@ -59,14 +59,16 @@ struct PooledWindows {
   }
 };
 
-/// What one call of the sparse kernels works in, per thread and kept between calls (a train
-/// step's calls then allocate nothing): the window offsets, the input gradient's store order and
-/// its weights laid out by window rows (the caller's, read by every thread), and the pooled
-/// elements listed per output position (each thread's own).
+/// What one thread works in during a call of the sparse kernels, kept between calls (a train
+/// step's calls then allocate nothing): the window offsets; for the input gradient, its store
+/// order and its weights laid out by window rows (`win`, `order` and `wt` laid out for the call
+/// `stamp`), and the pooled elements listed per output position.
 template <class T> struct PooledScratch {
   std::vector<int32_t> at, order, count, listed_co;
   std::vector<T> listed_g;
   ScratchBuffer<T> wt;
+  PooledWindows win{};
+  std::uint64_t stamp = 0;
 };
 template <class T> PooledScratch<T>& pooled_scratch() {
   static thread_local PooledScratch<T> scratch;
@@ -259,16 +261,17 @@ template <class V, class T = typename V::value_type> bool weight_pooled(const Co
                                                                         const Pool2dGeometry& p, const T* x,
                                                                         const int32_t* idx, const T* gp, T* gw) {
   constexpr int64_t L = static_cast<int64_t>(V::size);
-  const PooledWindows win = PooledWindows::of<V>(g, pooled_scratch<T>().at);
+  const int64_t chunks = (g.kw * g.c_in + L - 1) / L;
   const int64_t image = g.c_in * g.h * g.w;
   const int64_t pooled_plane = p.out_h * p.out_w;
-  const int64_t part_size = g.c_out * g.kh * win.chunks * L;
+  const int64_t part_size = g.c_out * g.kh * chunks * L;
   const int64_t gw_size = g.c_out * g.c_in * g.kh * g.kw;
-  const int64_t work_per_image = g.c_out * pooled_plane * g.kh * win.chunks * L;
+  const int64_t work_per_image = g.c_out * pooled_plane * g.kh * chunks * L;
   const int64_t per_pass = std::max<int64_t>(1, k_pooled_images_bytes / (image * static_cast<int64_t>(sizeof(T))));
   std::atomic<bool> finite{true};
   sum_over_image_blocks(g.n, direct_weight_blocks(g.n, work_per_image), gw_size, work_per_image, gw,
                         [&](int64_t first, int64_t last, T* out) {
+                          const PooledWindows win = PooledWindows::of<V>(g, pooled_scratch<T>().at);
                           auto& ws = conv_workspace<T>();
                           T* part = ws.m_col.get(part_size);
                           std::fill(part, part + part_size, T(0));
@@ -334,19 +337,8 @@ template <class T> void conv2d_backward_input_pooled(const Conv2dGeometry& g, co
   if (!detail::conv_pooled_suits(g) || g.kw * g.c_in < L || !detail::all_finite(w, g.c_out * g.c_in * g.kh * g.kw) ||
       g.n <= 0 || g.c_out == 0)
     return detail::through_put(p, idx, gp, dense);
-  auto& shared = detail::pooled_scratch<T>();  // the caller's: read by every thread
-  const detail::PooledWindows win = detail::PooledWindows::of<V>(g, shared.at);
-  const int64_t wrow = win.chunks * L;
-  // w as [c_out][kh][kw * c_in], each row padded to whole vectors with zeros (aligned).
-  T* wt = shared.wt.get(g.c_out * g.kh * wrow);
-  std::fill(wt, wt + g.c_out * g.kh * wrow, T(0));
-  for (int64_t co = 0; co < g.c_out; ++co)
-    for (int64_t c = 0; c < g.c_in; ++c)
-      for (int64_t a = 0; a < g.kh; ++a)
-        for (int64_t b = 0; b < g.kw; ++b)
-          wt[(co * g.kh + a) * wrow + b * g.c_in + c] = w[((co * g.c_in + c) * g.kh + a) * g.kw + b];
-  detail::pooled_store_order(g, shared.order);
-  const std::vector<int32_t>& order = shared.order;
+  const int64_t wrow = (g.kw * g.c_in + L - 1) / L * L;
+  const std::uint64_t stamp = detail::new_call_stamp();
   const int64_t positions = g.out_h * g.out_w;
   const int64_t pooled_plane = p.out_h * p.out_w;
   const int64_t image = g.c_in * g.h * g.w;
@@ -355,6 +347,22 @@ template <class T> void conv2d_backward_input_pooled(const Conv2dGeometry& g, co
       g.c_out * ((p.kh + p.stride_h - 1) / p.stride_h) * ((p.kw + p.stride_w - 1) / p.stride_w);
   detail::conv_for_batch(g.n, g.c_out * pooled_plane * g.kh * wrow, [&](int64_t lo, int64_t hi) {
     auto& own = detail::pooled_scratch<T>();
+    if (own.stamp != stamp) {
+      own.win = detail::PooledWindows::of<V>(g, own.at);
+      // w as [c_out][kh][kw * c_in], each row padded to whole vectors with zeros (aligned).
+      T* wt = own.wt.get(g.c_out * g.kh * wrow);
+      std::fill(wt, wt + g.c_out * g.kh * wrow, T(0));
+      for (int64_t co = 0; co < g.c_out; ++co)
+        for (int64_t c = 0; c < g.c_in; ++c)
+          for (int64_t a = 0; a < g.kh; ++a)
+            for (int64_t b = 0; b < g.kw; ++b)
+              wt[(co * g.kh + a) * wrow + b * g.c_in + c] = w[((co * g.c_in + c) * g.kh + a) * g.kw + b];
+      detail::pooled_store_order(g, own.order);
+      own.stamp = stamp;
+    }
+    const detail::PooledWindows& win = own.win;
+    const std::vector<int32_t>& order = own.order;
+    const T* wt = own.wt.get(g.c_out * g.kh * wrow);
     std::vector<int32_t>& count = own.count;
     count.resize(static_cast<std::size_t>(positions));
     own.listed_co.resize(static_cast<std::size_t>(positions * per_position));
@@ -455,10 +463,12 @@ template <class T> void conv2d_relu_max_pool(const Conv2dGeometry& g, const Pool
   const int64_t work_per_image = g.c_out * k * ohw;
   if (detail::conv_direct_suits<T>(g)) {
     // Position-major from the kernel to the pooled maxima; only those are transposed.
-    const detail::DirectWeights<T> wt(g, w);
-    std::vector<T, xsimd::aligned_allocator<T>> lanes(static_cast<std::size_t>(wt.ld), T(0));  // the bias by lane
+    const int64_t ld = (g.c_out + L - 1) / L * L;
+    std::vector<T, xsimd::aligned_allocator<T>> lanes(static_cast<std::size_t>(ld), T(0));  // the bias by lane
     if (bias) std::copy(bias, bias + g.c_out, lanes.begin());
+    const std::uint64_t stamp = detail::new_call_stamp();
     detail::conv_for_batch(g.n, work_per_image, [&](int64_t lo, int64_t hi) {
+      const detail::DirectWeights<T>& wt = detail::direct_weights(g, w, stamp);
       auto& ws = detail::conv_workspace<T>();
       T* positions = ws.m_mat.get(ohw * wt.ld);
       T* maxima = ws.m_col.get(2 * pooled * wt.ld);

@@ -87,6 +87,16 @@ inline int default_num_threads() {
   return hw == 0 ? 1 : static_cast<int>(hw);
 }
 
+/// A number no earlier call has had. A kernel whose threads all read the same prepared data
+/// (its weights laid out for its loop) keeps that data per thread, stamped with the call it was
+/// made for, and each thread makes its own once per call: one copy the caller made for all
+/// would cost every other core a miss on each of its cache lines, and the caller, at its next
+/// call, taking each line back (LeNet5's conv2 input gradient on 2 threads: 61 -> 49 us).
+inline std::uint64_t new_call_stamp() noexcept {
+  static std::atomic<std::uint64_t> last{0};
+  return last.fetch_add(1, std::memory_order_relaxed) + 1;
+}
+
 /// The thread count parallel regions use (including the calling thread).
 inline std::atomic<int>& requested_num_threads() {
   static std::atomic<int> n{default_num_threads()};
