@@ -49,13 +49,18 @@ struct PooledWindows {
   int64_t row_step;      // w * c_in: from one window row to the next
   const int32_t* at;
 
+  /// Vectors V per window row of g.
+  template <class V> static int64_t chunks_of(const Conv2dGeometry& g) {
+    constexpr int64_t L = static_cast<int64_t>(V::size);
+    return (g.kw * g.c_in + L - 1) / L;
+  }
+
   /// The windows of g in vectors V, `at` written into `storage`.
   template <class V> static PooledWindows of(const Conv2dGeometry& g, std::vector<int32_t>& storage) {
-    constexpr int64_t L = static_cast<int64_t>(V::size);
     storage.resize(static_cast<std::size_t>(g.out_h * g.out_w));
     for (int64_t q = 0; q < g.out_h * g.out_w; ++q)
       storage[static_cast<std::size_t>(q)] = static_cast<int32_t>((q / g.out_w * g.w + q % g.out_w) * g.c_in);
-    return {g.kw * g.c_in, (g.kw * g.c_in + L - 1) / L, g.w * g.c_in, storage.data()};
+    return {g.kw * g.c_in, chunks_of<V>(g), g.w * g.c_in, storage.data()};
   }
 };
 
@@ -261,7 +266,7 @@ template <class V, class T = typename V::value_type> bool weight_pooled(const Co
                                                                         const Pool2dGeometry& p, const T* x,
                                                                         const int32_t* idx, const T* gp, T* gw) {
   constexpr int64_t L = static_cast<int64_t>(V::size);
-  const int64_t chunks = (g.kw * g.c_in + L - 1) / L;
+  const int64_t chunks = PooledWindows::chunks_of<V>(g);
   const int64_t image = g.c_in * g.h * g.w;
   const int64_t pooled_plane = p.out_h * p.out_w;
   const int64_t part_size = g.c_out * g.kh * chunks * L;
@@ -337,7 +342,7 @@ template <class T> void conv2d_backward_input_pooled(const Conv2dGeometry& g, co
   if (!detail::conv_pooled_suits(g) || g.kw * g.c_in < L || !detail::all_finite(w, g.c_out * g.c_in * g.kh * g.kw) ||
       g.n <= 0 || g.c_out == 0)
     return detail::through_put(p, idx, gp, dense);
-  const int64_t wrow = (g.kw * g.c_in + L - 1) / L * L;
+  const int64_t wrow = detail::PooledWindows::chunks_of<V>(g) * L;
   const std::uint64_t stamp = detail::new_call_stamp();
   const int64_t positions = g.out_h * g.out_w;
   const int64_t pooled_plane = p.out_h * p.out_w;
