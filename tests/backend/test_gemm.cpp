@@ -222,6 +222,58 @@ TEST_CASE_TEMPLATE("gemm with general (non-unit) strides", T, float, double) {
   CHECK(worst <= gemm_tolerance<T>());
 }
 
+TEST_CASE_TEMPLATE("gemm computes x W^T as its transpose: a dense layer's shapes", T, float, double) {
+  // B transposed and at most a panel of rows in A: C^T = W x^T with W's rows read in place
+  // (across depth blocks past kc), x packed, and C^T transposed into C through whole blocks of
+  // lanes and the edges past them; beta and a padded C; 1 to 3 threads, each taking W's rows.
+  using cfg = xgrad::cpu::detail::GemmConfig<T>;
+  REQUIRE(xgrad::cpu::detail::transposed_suits<T>(32, 120, 400, 1, 1, 400));
+  REQUIRE_FALSE(xgrad::cpu::detail::transposed_suits<T>(cfg::nr + 1, 400, 120, 1, 1, 120));  // A too tall
+  REQUIRE_FALSE(xgrad::cpu::detail::transposed_suits<T>(32, 10, 84, 1, 1, 84));              // W no larger
+  const int saved = xgrad::cpu::num_threads();
+  for (int threads : {1, 2, 3}) {
+    xgrad::cpu::set_num_threads(threads);
+    CAPTURE(threads);
+    std::vector<GemmCase> cases;
+    for (const auto& d : std::vector<std::array<int64_t, 3>>{
+             {32, 120, 400}, {32, 84, 120}, {20, 50, 2 * cfg::kc + 3}, {cfg::nr, 4 * cfg::nr + 7, 300}, {1, 300, 70}})
+      for (double beta : {0.0, 0.5}) {
+        REQUIRE(xgrad::cpu::detail::transposed_suits<T>(d[0], d[1], d[2], 1, 1, d[2]));
+        GemmCase g{d[0], d[1], d[2], false, true, 1.5, beta};
+        g.ldc_pad = 3;
+        cases.push_back(g);
+      }
+    check_shapes<T>(cases);
+  }
+  xgrad::cpu::set_num_threads(saved);
+}
+
+TEST_CASE_TEMPLATE("gemm reads A in place across depth blocks when one panel of B covers C", T, float, double) {
+  // n <= nr: each row of A is read once, so a tall A with rows k + 3 apart is read in place,
+  // a last micro-panel of an odd number of rows packed; the numbers are the packed path's, bit
+  // for bit.
+  using cfg = xgrad::cpu::detail::GemmConfig<T>;
+  std::mt19937 rng(13);
+  std::uniform_real_distribution<double> u(-1, 1);
+  for (const int64_t m : {int64_t{cfg::mr + 1}, int64_t{100}})
+    for (const int64_t n : {int64_t{5}, int64_t{cfg::nr}})
+      for (const int64_t k : {int64_t{cfg::kc + 1}, int64_t{3 * cfg::kc}}) {
+        CAPTURE(m);
+        CAPTURE(n);
+        CAPTURE(k);
+        const int64_t ars = k + 3;
+        std::vector<T> a((m - 1) * ars + k), a_t(k * m), b(k * n);
+        for (auto* v : {&a, &b})
+          for (T& x : *v) x = static_cast<T>(u(rng));
+        for (int64_t i = 0; i < m; ++i)
+          for (int64_t p = 0; p < k; ++p) a_t[p * m + i] = a[i * ars + p];
+        std::vector<T> in_place(m * n, std::numeric_limits<T>::quiet_NaN()), packed = in_place;
+        xgrad::cpu::detail::gemm_serial<T>(m, n, k, T(1), a.data(), ars, 1, b.data(), n, 1, T(0), in_place.data(), n);
+        xgrad::cpu::detail::gemm_serial<T>(m, n, k, T(1), a_t.data(), 1, m, b.data(), n, 1, T(0), packed.data(), n);
+        CHECK(in_place == packed);
+      }
+}
+
 TEST_CASE("gemm multithreaded matches single-threaded") {
   const int saved = xgrad::cpu::num_threads();
   for (int threads : {1, 2, 3}) {
@@ -235,22 +287,31 @@ TEST_CASE("gemm multithreaded matches single-threaded") {
 
 TEST_CASE("gemm tells each element of C once, when it is final") {
   // Shapes on either side of the split's choices: along n with a small C (told after the
-  // product, in whole rows), along n with a large one, along m, and serial.
+  // product, in whole rows), along n with a large one, along m, and serial; with B transposed,
+  // C computed as its transpose (a small C and a large one).
   const int saved = xgrad::cpu::num_threads();
   for (int threads : {1, 2, 3}) {
     xgrad::cpu::set_num_threads(threads);
-    for (const auto& shape : std::vector<std::array<int64_t, 3>>{
-             {32, 120, 400}, {32, 600, 300}, {120, 400, 32}, {300, 64, 200}, {8, 8, 8}}) {
+    for (const auto& shape : std::vector<std::array<int64_t, 4>>{{32, 120, 400, 0},
+                                                                 {32, 600, 300, 0},
+                                                                 {120, 400, 32, 0},
+                                                                 {300, 64, 200, 0},
+                                                                 {8, 8, 8, 0},
+                                                                 {32, 120, 400, 1},
+                                                                 {40, 1000, 64, 1}}) {
       const int64_t m = shape[0], n = shape[1], k = shape[2];
+      const bool trans_b = shape[3] != 0;
+      const int64_t brs = trans_b ? 1 : n, bcs = trans_b ? k : 1;
       CAPTURE(threads);
       CAPTURE(m);
       CAPTURE(n);
+      CAPTURE(trans_b);
       std::vector<float> a(static_cast<size_t>(m * k)), b(static_cast<size_t>(k * n)), c(static_cast<size_t>(m * n));
       for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(i % 7) - 3.0f;
       for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<float>(i % 5) - 2.0f;
       std::vector<float> reference(c.size());
       xgrad::cpu::set_num_threads(1);
-      xgrad::cpu::gemm<float>(m, n, k, 1.0f, a.data(), k, 1, b.data(), n, 1, 0.0f, reference.data(), n);
+      xgrad::cpu::gemm<float>(m, n, k, 1.0f, a.data(), k, 1, b.data(), brs, bcs, 0.0f, reference.data(), n);
       xgrad::cpu::set_num_threads(threads);
       std::vector<int> told(c.size(), 0);
       std::vector<float> seen(c.size(), -1.0f);
@@ -263,7 +324,7 @@ TEST_CASE("gemm tells each element of C once, when it is final") {
             seen[static_cast<size_t>(i * n + j)] = c[static_cast<size_t>(i * n + j)];
           }
       };
-      xgrad::cpu::gemm<float>(m, n, k, 1.0f, a.data(), k, 1, b.data(), n, 1, 0.0f, c.data(), n, &done);
+      xgrad::cpu::gemm<float>(m, n, k, 1.0f, a.data(), k, 1, b.data(), brs, bcs, 0.0f, c.data(), n, &done);
       CHECK(std::all_of(told.begin(), told.end(), [](int t) { return t == 1; }));
       CHECK(seen == reference);  // exact: small integers
     }

@@ -113,6 +113,7 @@ template <class T> class ScratchBuffer {
 template <class T> struct GemmWorkspace {
   ScratchBuffer<T> m_a;
   ScratchBuffer<T> m_b;
+  ScratchBuffer<T> m_c_transposed;  // see gemm_transposed
 };
 
 template <class T> GemmWorkspace<T>& gemm_workspace() {
@@ -243,8 +244,10 @@ template <class T, int64_t NR> void pack_b(int64_t kc, int64_t nc, const T* b, i
         const T* s = src + j * cs;
         for (int64_t p = j < blocked ? p0 : 0; p < kc; ++p) dst[p * NR + j] = s[p];
       }
-      if (cols < NR)
-        for (int64_t p = 0; p < kc; ++p) std::fill(dst + p * NR + cols, dst + (p + 1) * NR, T(0));
+      // The kernels read a partial panel's whole vectors only.
+      const int64_t read = (cols + L - 1) / L * L;
+      if (cols < read)
+        for (int64_t p = 0; p < kc; ++p) std::fill(dst + p * NR + cols, dst + p * NR + read, T(0));
     } else {
       for (int64_t p = 0; p < kc; ++p) {
         int64_t j = 0;
@@ -404,11 +407,12 @@ template <class T> void gemm_blocked(int64_t m, int64_t n, int64_t k, T alpha, c
   const bool b_in_place =
       bcs == 1 && (m <= 2 * MR || (n <= NR && k * n * static_cast<int64_t>(sizeof(T)) <= kGemmSmallB));
   const bool b_whole_vectors = n % L == 0;
-  // A small A with contiguous rows is read in place as well (its packing cost a tenth of a 64 x
-  // 64 x 64 product); only a last micro-panel of an odd number of rows is packed, since the
-  // edge kernels read rows up to an even count.
-  const bool a_in_place =
-      !packed_a && acs == 1 && k <= kc_max && m * k * static_cast<int64_t>(sizeof(T)) <= kGemmSmallA;
+  // A with contiguous rows is read in place when it is small (its packing cost a tenth of a 64 x
+  // 64 x 64 product) or when one panel of B covers C's columns, so that each row of A is read
+  // once anyway (a dense layer's W in W x^T, see gemm_transposed: fc1 of LeNet5 27 -> 20 us).
+  // Only a last micro-panel of an odd number of rows is packed, since the edge kernels read rows
+  // up to an even count.
+  const bool a_in_place = !packed_a && acs == 1 && (m * k * static_cast<int64_t>(sizeof(T)) <= kGemmSmallA || n <= NR);
 
   for (int64_t jc = 0; jc < n; jc += nc_max) {
     const int64_t nc = std::min(nc_max, n - jc);
@@ -429,7 +433,7 @@ template <class T> void gemm_blocked(int64_t m, int64_t n, int64_t k, T alpha, c
           const T* pa = a_panels + ir / MR * a_panel;
           int64_t lda = cfg::a_row_stride;
           if (a_in_place) {
-            pa = a + (ic + ir) * ars;
+            pa = a + (ic + ir) * ars + pc;
             lda = ars;
             if (rows % 2 != 0 && rows < MR) {
               pack_a<T>(rows, kc, pa, ars, acs, pa_buf);
@@ -592,6 +596,93 @@ inline bool dots_suit(int64_t m, int64_t n, int64_t k, int64_t a_col_stride, int
   return a_col_stride == 1 && b_row_stride == 1 && k >= 1024 && std::min(m, n) <= 8 && m * n <= 512;
 }
 
+/// Whether C = A op(B) is better computed as its transpose C^T = op(B)^T A^T (gemm_transposed):
+/// a dense layer's x W^T, with W [n, k] stored row-major and x a batch of at most a panel of
+/// rows. As the right operand W^T would be packed with a transpose of all of W (LeNet5's fc1:
+/// 9.5 of 31 us); as the left, W's rows are read in place, and what is transposed instead, x
+/// and C, must be smaller (attention's 64 queries by 128 keys over 64 dimensions are not:
+/// 6% slower transposed).
+template <class T> bool transposed_suits(int64_t m, int64_t n, int64_t k, int64_t a_col_stride, int64_t b_row_stride,
+                                         int64_t b_col_stride) {
+  return b_row_stride == 1 && b_col_stride != 1 && a_col_stride == 1 && m <= GemmConfig<T>::nr && n * k > m * (k + n);
+}
+
+/// Columns [lo, hi) of C = alpha A op(B) + beta C on the calling thread, as rows [lo, hi) of
+/// C^T = alpha op(B)^T A^T (op(B)^T's rows are b's, bcs apart) transposed into C.
+template <class T> void gemm_transposed_columns(int64_t m, int64_t lo, int64_t hi, int64_t k, T alpha, const T* a,
+                                                int64_t ars, const T* b, int64_t bcs, T beta, T* c, int64_t ldc) {
+  const int64_t rows = hi - lo;
+  T* ct = gemm_workspace<T>().m_c_transposed.get(rows * m);
+  gemm_serial(rows, m, k, alpha, b + lo * bcs, bcs, int64_t{1}, a, int64_t{1}, ars, T(0), ct, m);
+  c += lo;
+  auto put = [&](int64_t j0, int64_t j1, int64_t i0, int64_t i1) {  // C(j, i) = ct(i, j), one by one
+    for (int64_t j = j0; j < j1; ++j)
+      for (int64_t i = i0; i < i1; ++i)
+        c[j * ldc + i] = beta == T(0) ? ct[i * m + j] : ct[i * m + j] + beta * c[j * ldc + i];
+  };
+  int64_t whole_rows = 0, whole_cols = 0;  // what whole lanes x lanes blocks of ct cover
+  if constexpr (has_simd_transpose<T>) {
+    using V = xsimd::batch<T>;
+    constexpr int64_t L = GemmConfig<T>::lanes;
+    whole_rows = rows / L * L;
+    whole_cols = m / L * L;
+    alignas(64) T block[L * L];
+    for (int64_t i0 = 0; i0 < whole_rows; i0 += L)
+      for (int64_t j0 = 0; j0 < whole_cols; j0 += L) {
+        if (beta == T(0)) {
+          transpose_block(ct + i0 * m + j0, m, c + j0 * ldc + i0, ldc);
+          continue;
+        }
+        transpose_block(ct + i0 * m + j0, m, block, L);
+        for (int64_t r = 0; r < L; ++r) {
+          T* row = c + (j0 + r) * ldc + i0;
+          xsimd::fma(V(beta), V::load_unaligned(row), V::load_aligned(block + r * L)).store_unaligned(row);
+        }
+      }
+  }
+  put(whole_cols, m, 0, whole_rows);
+  put(0, m, whole_rows, rows);
+}
+
+/// Whether a product split among threads along C's columns tells `done` of C after the product,
+/// in whole rows shared among the threads, instead of each block's rows one call each as the
+/// block is finished (each call costs about as much as re-packing 256 elements): a C of at most
+/// 64 KiB, still in cache when read again (a dense layer's output, [32, 120]).
+template <class T> bool done_after_product(int64_t m, int64_t n) {
+  return static_cast<double>(m) * static_cast<double>(n) * sizeof(T) <= 64.0 * 1024.0;
+}
+
+/// Tells `done` of C's rows [0, m) x columns [0, n), in whole rows shared among the threads.
+inline void tell_rows_done(int64_t m, int64_t n, const GemmBlockDone& done) {
+  const int64_t nt = num_threads();
+  parallel_for(0, m, (m + nt - 1) / nt, [&](int64_t lo, int64_t hi) { done(lo, hi - lo, 0, n); });
+}
+
+/// gemm for a product transposed_suits, on `threads` threads: each computes whole micro-tiles of
+/// C^T's rows (W's rows, the partition a dense layer's weight gradient and update use too).
+template <class T> void gemm_transposed(int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t ars, const T* b,
+                                        int64_t bcs, T beta, T* c, int64_t ldc, int threads,
+                                        const GemmBlockDone* done) {
+  constexpr int64_t tile = GemmConfig<T>::mr;
+  const int64_t tiles = (n + tile - 1) / tile;
+  const int64_t blocks = std::min<int64_t>(threads, tiles);
+  if (blocks == 1) {
+    gemm_transposed_columns(m, 0, n, k, alpha, a, ars, b, bcs, beta, c, ldc);
+    if (done) (*done)(0, m, 0, n);
+    return;
+  }
+  const GemmBlockDone* block_done = done_after_product<T>(m, n) ? nullptr : done;
+  parallel_for(0, blocks, 1, [&](int64_t first, int64_t last) {
+    for (int64_t blk = first; blk < last; ++blk) {
+      const int64_t lo = tiles * blk / blocks * tile;
+      const int64_t hi = std::min(n, tiles * (blk + 1) / blocks * tile);
+      gemm_transposed_columns(m, lo, hi, k, alpha, a, ars, b, bcs, beta, c, ldc);
+      if (block_done) (*block_done)(0, m, lo, hi - lo);
+    }
+  });
+  if (done && !block_done) tell_rows_done(m, n, *done);
+}
+
 }  // namespace detail
 
 /// C[m x n] = alpha * A[m x k] * B[k x n] + beta * C, with A(i,p) = a[i*a_row_stride +
@@ -626,12 +717,21 @@ template <class T> void gemm(int64_t m, int64_t n, int64_t k, T alpha, const T* 
 
   using cfg = detail::GemmConfig<T>;
   const double work = static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
-  if (num_threads() <= 1 || work <= static_cast<double>(kGemmParallelWork) || detail::t_in_parallel) {
-    if (detail::dots_suit(m, n, k, a_col_stride, b_row_stride)) {
-      detail::gemm_dots(m, n, k, alpha, a, a_row_stride, b, b_col_stride, beta, c, ldc);
-      if (done) (*done)(0, m, 0, n);
-      return;
-    }
+  const bool serial = num_threads() <= 1 || work <= static_cast<double>(kGemmParallelWork) || detail::t_in_parallel;
+  if (serial && detail::dots_suit(m, n, k, a_col_stride, b_row_stride)) {
+    detail::gemm_dots(m, n, k, alpha, a, a_row_stride, b, b_col_stride, beta, c, ldc);
+    if (done) (*done)(0, m, 0, n);
+    return;
+  }
+  if (detail::transposed_suits<T>(m, n, k, a_col_stride, b_row_stride, b_col_stride)) {
+    // Each thread packs all of A here: split, LeNet5's fc2 (32 x 84 x 120) took 5.5 us against
+    // 4.6 on one thread.
+    const bool split = !serial && work > static_cast<double>(4 * kGemmParallelWork);
+    detail::gemm_transposed(m, n, k, alpha, a, a_row_stride, b, b_col_stride, beta, c, ldc, split ? num_threads() : 1,
+                            done);
+    return;
+  }
+  if (serial) {
     detail::gemm_serial(m, n, k, alpha, a, a_row_stride, a_col_stride, b, b_row_stride, b_col_stride, beta, c, ldc,
                         done);
     return;
@@ -647,11 +747,9 @@ template <class T> void gemm(int64_t m, int64_t n, int64_t k, T alpha, const T* 
   const double repack_split_n = static_cast<double>(nt * column_blocks((n + nt - 1) / nt) - column_blocks(n)) *
                                 static_cast<double>(m) * static_cast<double>(k);
   // A caller told of finished blocks (a fused epilogue) is told each row of a block along n
-  // on its own, each call costing about as much as re-packing 256 elements; along m, whole rows
-  // at once (a dense layer's weight gradient, [120, 400] from 32 rows: along m). A C of at most
-  // 64 KiB is told after the product instead, in whole rows shared among the threads: read
-  // again, it is still in cache (a dense layer's output, [32, 120] from [32, 400]: along n).
-  const bool small_c = static_cast<double>(m) * static_cast<double>(n) * sizeof(T) <= 64.0 * 1024.0;
+  // on its own; along m, whole rows at once (a dense layer's weight gradient, [120, 400] from
+  // 32 rows: along m). See done_after_product.
+  const bool small_c = detail::done_after_product<T>(m, n);
   const double row_calls = done && !small_c ? static_cast<double>(nt) * static_cast<double>(m) * 256.0 : 0.0;
   const bool split_n = repack_split_n + row_calls <= repack_split_m || (m + cfg::mr - 1) / cfg::mr < nt;
   const GemmBlockDone* block_done = split_n && small_c ? nullptr : done;
@@ -673,8 +771,7 @@ template <class T> void gemm(int64_t m, int64_t n, int64_t k, T alpha, const T* 
       }
     }
   });
-  if (done && !block_done)
-    parallel_for(0, m, (m + nt - 1) / nt, [&](int64_t lo, int64_t hi) { (*done)(lo, hi - lo, 0, n); });
+  if (done && !block_done) detail::tell_rows_done(m, n, *done);
 }
 
 /// `count` products C_i[m x n] = A_i B_i (C packed, one matrix after another), where `plan`
