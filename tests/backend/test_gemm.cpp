@@ -274,6 +274,61 @@ TEST_CASE_TEMPLATE("gemm reads A in place across depth blocks when one panel of 
       }
 }
 
+TEST_CASE_TEMPLATE("gemm sums a dense layer's input gradient in two halves of k: the same bits on any thread count", T,
+                   float, double) {
+  // g W with W [k, n] row-major and k >= 3 m: the second half of k is added to the first, on
+  // one thread as on two or three (each half then also split along n), so the results are
+  // equal bit for bit, and close to the reference.
+  using cfg = xgrad::cpu::detail::GemmConfig<T>;
+  REQUIRE(xgrad::cpu::detail::k_halves_split<T>(32, 120, T(1), 1) == 60);
+  REQUIRE(xgrad::cpu::detail::k_halves_split<T>(32, 120, T(2), 1) == 0);          // alpha is not 1
+  REQUIRE(xgrad::cpu::detail::k_halves_split<T>(64, 120, T(1), 1) == 0);          // k < 3 m
+  REQUIRE(xgrad::cpu::detail::k_halves_split<T>(32, 3 * cfg::kc, T(1), 1) == 0);  // more than two blocks
+  std::mt19937 rng(14);
+  std::uniform_real_distribution<double> u(-1, 1);
+  const int saved = xgrad::cpu::num_threads();
+  for (const auto& d : std::vector<std::array<int64_t, 3>>{{32, 400, 120}, {5, 77, 2 * cfg::kc - 13}, {16, 250, 96}})
+    for (const T beta : {T(0), T(0.5)}) {
+      const int64_t m = d[0], n = d[1], k = d[2];
+      CAPTURE(m);
+      CAPTURE(n);
+      CAPTURE(k);
+      CAPTURE(beta);
+      REQUIRE(xgrad::cpu::detail::k_halves_split<T>(m, k, T(1), 1) > 0);
+      std::vector<T> a(m * k), b(k * n), c0(m * (n + 2));
+      for (auto* v : {&a, &b, &c0})
+        for (T& x : *v) x = static_cast<T>(u(rng));
+      std::vector<std::vector<T>> results;
+      for (int threads : {1, 2, 3}) {
+        xgrad::cpu::set_num_threads(threads);
+        std::vector<T> c = c0;
+        xgrad::cpu::gemm<T>(m, n, k, T(1), a.data(), k, 1, b.data(), n, 1, beta, c.data(), n + 2);
+        results.push_back(c);
+      }
+      CHECK(results[1] == results[0]);
+      CHECK(results[2] == results[0]);
+      double worst = 0.0;
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < n + 2; ++j) {
+          double want = static_cast<double>(c0[i * (n + 2) + j]);
+          if (j < n) {
+            double sum = 0.0, mag = 0.0;
+            for (int64_t p = 0; p < k; ++p) {
+              const double t = static_cast<double>(a[i * k + p]) * static_cast<double>(b[p * n + j]);
+              sum += t;
+              mag += std::abs(t);
+            }
+            want = sum + static_cast<double>(beta) * want;
+            worst = std::max(worst, std::abs(static_cast<double>(results[0][i * (n + 2) + j]) - want) / (mag + 1.0));
+          } else {
+            CHECK(results[0][i * (n + 2) + j] == c0[i * (n + 2) + j]);  // C's padding untouched
+          }
+        }
+      CHECK(worst <= gemm_tolerance<T>());
+    }
+  xgrad::cpu::set_num_threads(saved);
+}
+
 TEST_CASE("gemm multithreaded matches single-threaded") {
   const int saved = xgrad::cpu::num_threads();
   for (int threads : {1, 2, 3}) {

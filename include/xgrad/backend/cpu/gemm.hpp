@@ -114,6 +114,7 @@ template <class T> struct GemmWorkspace {
   ScratchBuffer<T> m_a;
   ScratchBuffer<T> m_b;
   ScratchBuffer<T> m_c_transposed;  // see gemm_transposed
+  ScratchBuffer<T> m_second_half;   // see gemm_k_halves
 };
 
 template <class T> GemmWorkspace<T>& gemm_workspace() {
@@ -683,6 +684,57 @@ template <class T> void gemm_transposed(int64_t m, int64_t n, int64_t k, T alpha
   if (done && !block_done) tell_rows_done(m, n, *done);
 }
 
+/// Where gemm_k_halves splits k (0: it does not apply): a dense layer's input gradient g W, with
+/// W [k, n] stored row-major, at least three times C's size and within two depth blocks.
+template <class T> int64_t k_halves_split(int64_t m, int64_t k, T alpha, int64_t b_col_stride) {
+  constexpr int64_t tile = GemmConfig<T>::mr;
+  const int64_t split = (k / 2 + tile - 1) / tile * tile;
+  const bool suits = alpha == T(1) && b_col_stride == 1 && k >= 3 * m && split <= GemmConfig<T>::kc &&
+                     k - split <= GemmConfig<T>::kc && split < k;
+  return suits ? split : 0;
+}
+
+/// C = A B + beta C as two sums over k, [0, split) and [split, k), the second added to the first:
+/// on one thread, as gemm_serial adds depth blocks; on several, the halves at once (and each
+/// along n when there are more than two threads), the second into a partial product added
+/// afterwards by rows. The same bits either way. Split along k, each core reads only its half
+/// of W's rows, the partition the layer's forward (gemm_transposed) and weight gradient (split
+/// along m) use as well: split along n, each core read half of every row, and the update then
+/// took those lines back (LeNet5's fc1 on 2 threads: ~96 KiB of W between the cores a step).
+template <class T> void gemm_k_halves(int64_t m, int64_t n, int64_t k, int64_t split, const T* a, int64_t ars,
+                                      int64_t acs, const T* b, int64_t brs, T beta, T* c, int64_t ldc, int threads,
+                                      const GemmBlockDone* done) {
+  if (threads <= 1) {
+    gemm_serial(m, n, split, T(1), a, ars, acs, b, brs, int64_t{1}, beta, c, ldc);
+    gemm_serial(m, n, k - split, T(1), a + split * acs, ars, acs, b + split * brs, brs, int64_t{1}, T(1), c, ldc, done);
+    return;
+  }
+  constexpr int64_t tile = GemmConfig<T>::nr;
+  const int64_t tiles = (n + tile - 1) / tile;
+  const int64_t parts = std::clamp<int64_t>(threads / 2, 1, tiles);  // column blocks of each half
+  T* second = gemm_workspace<T>().m_second_half.get(m * n);
+  parallel_for(0, 2 * parts, 1, [&](int64_t first, int64_t last) {
+    for (int64_t blk = first; blk < last; ++blk) {
+      const int64_t half = blk / parts, part = blk % parts;
+      const int64_t lo = tiles * part / parts * tile, hi = std::min(n, tiles * (part + 1) / parts * tile);
+      const int64_t p0 = half == 0 ? 0 : split, depth = half == 0 ? split : k - split;
+      if (half == 0)
+        gemm_serial(m, hi - lo, depth, T(1), a, ars, acs, b + lo, brs, int64_t{1}, beta, c + lo, ldc);
+      else
+        gemm_serial(m, hi - lo, depth, T(1), a + p0 * acs, ars, acs, b + p0 * brs + lo, brs, int64_t{1}, T(0),
+                    second + lo, n);
+    }
+  });
+  parallel_for(0, m, (m + threads - 1) / threads, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      T* row = c + i * ldc;
+      const T* add = second + i * n;
+      for (int64_t j = 0; j < n; ++j) row[j] += add[j];
+    }
+    if (done) (*done)(lo, hi - lo, 0, n);
+  });
+}
+
 }  // namespace detail
 
 /// C[m x n] = alpha * A[m x k] * B[k x n] + beta * C, with A(i,p) = a[i*a_row_stride +
@@ -729,6 +781,11 @@ template <class T> void gemm(int64_t m, int64_t n, int64_t k, T alpha, const T* 
     const bool split = !serial && work > static_cast<double>(4 * kGemmParallelWork);
     detail::gemm_transposed(m, n, k, alpha, a, a_row_stride, b, b_col_stride, beta, c, ldc, split ? num_threads() : 1,
                             done);
+    return;
+  }
+  if (const int64_t split = detail::k_halves_split(m, k, alpha, b_col_stride)) {
+    detail::gemm_k_halves(m, n, k, split, a, a_row_stride, a_col_stride, b, b_row_stride, beta, c, ldc,
+                          serial ? 1 : num_threads(), done);
     return;
   }
   if (serial) {
