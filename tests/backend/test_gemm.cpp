@@ -222,6 +222,23 @@ TEST_CASE_TEMPLATE("gemm with general (non-unit) strides", T, float, double) {
   CHECK(worst <= gemm_tolerance<T>());
 }
 
+/// gemm_serial on an A with rows k + 3 elements apart, the last ending where its buffer ends (the
+/// sanitizer build sees any read past it), against the same A stored transposed, which is
+/// packed first (pack_a): the products agree bit for bit.
+template <class T> void check_a_in_place(int64_t m, int64_t n, int64_t k, std::mt19937& rng) {
+  std::uniform_real_distribution<double> u(-1, 1);
+  const int64_t ars = k + 3;
+  std::vector<T> a((m - 1) * ars + k), a_t(k * m), b(k * n);
+  for (auto* v : {&a, &b})
+    for (T& x : *v) x = static_cast<T>(u(rng));
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t p = 0; p < k; ++p) a_t[p * m + i] = a[i * ars + p];
+  std::vector<T> in_place(m * n, std::numeric_limits<T>::quiet_NaN()), packed = in_place;
+  xgrad::cpu::detail::gemm_serial<T>(m, n, k, T(1), a.data(), ars, 1, b.data(), n, 1, T(0), in_place.data(), n);
+  xgrad::cpu::detail::gemm_serial<T>(m, n, k, T(1), a_t.data(), 1, m, b.data(), n, 1, T(0), packed.data(), n);
+  CHECK(in_place == packed);
+}
+
 TEST_CASE_TEMPLATE("gemm computes x W^T as its transpose: a dense layer's shapes", T, float, double) {
   // B transposed and at most a panel of rows in A: C^T = W x^T with W's rows read in place
   // (across depth blocks past kc), x packed, and C^T transposed into C through whole blocks of
@@ -254,23 +271,13 @@ TEST_CASE_TEMPLATE("gemm reads A in place across depth blocks when one panel of 
   // for bit.
   using cfg = xgrad::cpu::detail::GemmConfig<T>;
   std::mt19937 rng(13);
-  std::uniform_real_distribution<double> u(-1, 1);
   for (const int64_t m : {int64_t{cfg::mr + 1}, int64_t{100}})
     for (const int64_t n : {int64_t{5}, int64_t{cfg::nr}})
       for (const int64_t k : {int64_t{cfg::kc + 1}, int64_t{3 * cfg::kc}}) {
         CAPTURE(m);
         CAPTURE(n);
         CAPTURE(k);
-        const int64_t ars = k + 3;
-        std::vector<T> a((m - 1) * ars + k), a_t(k * m), b(k * n);
-        for (auto* v : {&a, &b})
-          for (T& x : *v) x = static_cast<T>(u(rng));
-        for (int64_t i = 0; i < m; ++i)
-          for (int64_t p = 0; p < k; ++p) a_t[p * m + i] = a[i * ars + p];
-        std::vector<T> in_place(m * n, std::numeric_limits<T>::quiet_NaN()), packed = in_place;
-        xgrad::cpu::detail::gemm_serial<T>(m, n, k, T(1), a.data(), ars, 1, b.data(), n, 1, T(0), in_place.data(), n);
-        xgrad::cpu::detail::gemm_serial<T>(m, n, k, T(1), a_t.data(), 1, m, b.data(), n, 1, T(0), packed.data(), n);
-        CHECK(in_place == packed);
+        check_a_in_place<T>(m, n, k, rng);
       }
 }
 
@@ -418,11 +425,8 @@ TEST_CASE_TEMPLATE("gemm reads a small A in place: the packed path's numbers bit
                    float, double) {
   using cfg = xgrad::cpu::detail::GemmConfig<T>;
   std::mt19937 rng(12);
-  std::uniform_real_distribution<double> u(-1, 1);
-  // A's rows are k of every k + 3 elements, the last ending where its buffer ends (the
-  // sanitizer build sees any read past it: a last micro-panel of an odd number of rows is
-  // packed, since the edge kernels read rows up to an even count). The same A stored
-  // transposed is packed first (pack_a), and the products agree bit for bit.
+  // A last micro-panel of an odd number of rows is packed, since the edge kernels read rows up
+  // to an even count: check_a_in_place's A ends where its buffer ends.
   for (const int64_t m : {int64_t{1}, int64_t{4}, int64_t{cfg::mr + 3}, int64_t{cfg::mr + 4}, int64_t{60}})
     for (const int64_t n : {int64_t{7}, int64_t{cfg::nr}, int64_t{cfg::nr + 5}})
       for (const int64_t k : {int64_t{5}, int64_t{32}}) {
@@ -430,15 +434,6 @@ TEST_CASE_TEMPLATE("gemm reads a small A in place: the packed path's numbers bit
         CAPTURE(n);
         CAPTURE(k);
         REQUIRE(m * k * static_cast<int64_t>(sizeof(T)) <= xgrad::cpu::kGemmSmallA);
-        const int64_t ars = k + 3;
-        std::vector<T> a((m - 1) * ars + k), a_t(k * m), b(k * n);
-        for (auto* v : {&a, &b})
-          for (T& x : *v) x = static_cast<T>(u(rng));
-        for (int64_t i = 0; i < m; ++i)
-          for (int64_t p = 0; p < k; ++p) a_t[p * m + i] = a[i * ars + p];
-        std::vector<T> in_place(m * n, std::numeric_limits<T>::quiet_NaN()), packed = in_place;
-        xgrad::cpu::detail::gemm_serial<T>(m, n, k, T(1), a.data(), ars, 1, b.data(), n, 1, T(0), in_place.data(), n);
-        xgrad::cpu::detail::gemm_serial<T>(m, n, k, T(1), a_t.data(), 1, m, b.data(), n, 1, T(0), packed.data(), n);
-        CHECK(in_place == packed);
+        check_a_in_place<T>(m, n, k, rng);
       }
 }
