@@ -243,17 +243,22 @@ TEST_CASE_TEMPLATE("gemm computes x W^T as its transpose: a dense layer's shapes
   // B transposed and at most a panel of rows in A: C^T = W x^T with W's rows read in place
   // (across depth blocks past kc), x packed, and C^T transposed into C through whole blocks of
   // lanes and the edges past them; beta and a padded C; 1 to 3 threads, each taking W's rows.
+  // A panel is 64 float rows under AVX-512, 16 under AVX2: the batch is LeNet5's 32 where it fits.
   using cfg = xgrad::cpu::detail::GemmConfig<T>;
-  REQUIRE(xgrad::cpu::detail::transposed_suits<T>(32, 120, 400, 1, 1, 400));
+  const int64_t batch = std::min<int64_t>(32, cfg::nr), short_batch = std::min<int64_t>(20, cfg::nr);
+  REQUIRE(xgrad::cpu::detail::transposed_suits<T>(batch, 120, 400, 1, 1, 400));
   REQUIRE_FALSE(xgrad::cpu::detail::transposed_suits<T>(cfg::nr + 1, 400, 120, 1, 1, 120));  // A too tall
-  REQUIRE_FALSE(xgrad::cpu::detail::transposed_suits<T>(32, 10, 84, 1, 1, 84));              // W no larger
+  REQUIRE_FALSE(xgrad::cpu::detail::transposed_suits<T>(batch, batch, 84, 1, 1, 84));        // W no larger
   const int saved = xgrad::cpu::num_threads();
   for (int threads : {1, 2, 3}) {
     xgrad::cpu::set_num_threads(threads);
     CAPTURE(threads);
     std::vector<GemmCase> cases;
-    for (const auto& d : std::vector<std::array<int64_t, 3>>{
-             {32, 120, 400}, {32, 84, 120}, {20, 50, 2 * cfg::kc + 3}, {cfg::nr, 4 * cfg::nr + 7, 300}, {1, 300, 70}})
+    for (const auto& d : std::vector<std::array<int64_t, 3>>{{batch, 120, 400},
+                                                             {batch, 84, 120},
+                                                             {short_batch, 50, 2 * cfg::kc + 3},
+                                                             {cfg::nr, 4 * cfg::nr + 7, 300},
+                                                             {1, 300, 70}})
       for (double beta : {0.0, 0.5}) {
         REQUIRE(xgrad::cpu::detail::transposed_suits<T>(d[0], d[1], d[2], 1, 1, d[2]));
         GemmCase g{d[0], d[1], d[2], false, true, 1.5, beta};
