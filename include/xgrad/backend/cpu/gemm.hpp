@@ -597,6 +597,19 @@ inline bool dots_suit(int64_t m, int64_t n, int64_t k, int64_t a_col_stride, int
   return a_col_stride == 1 && b_row_stride == 1 && k >= 1024 && std::min(m, n) <= 8 && m * n <= 512;
 }
 
+/// [0, extent) cut into near-equal blocks of whole tiles (at most max_blocks, within a tile of
+/// each other): the share of each thread of a split product.
+struct TileBlocks {
+  int64_t extent, tile, tiles, blocks;
+  TileBlocks(int64_t extent_, int64_t tile_, int64_t max_blocks)
+      : extent(extent_),
+        tile(tile_),
+        tiles((extent_ + tile_ - 1) / tile_),
+        blocks(std::clamp<int64_t>(max_blocks, 1, tiles)) {}
+  int64_t begin(int64_t blk) const { return tiles * blk / blocks * tile; }
+  int64_t end(int64_t blk) const { return std::min(extent, tiles * (blk + 1) / blocks * tile); }
+};
+
 /// Whether C = A op(B) is better computed as its transpose C^T = op(B)^T A^T (gemm_transposed):
 /// a dense layer's x W^T, with W [n, k] stored row-major and x a batch of at most a panel of
 /// rows. As the right operand W^T would be packed with a transpose of all of W (LeNet5's fc1:
@@ -664,19 +677,16 @@ inline void tell_rows_done(int64_t m, int64_t n, const GemmBlockDone& done) {
 template <class T> void gemm_transposed(int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t ars, const T* b,
                                         int64_t bcs, T beta, T* c, int64_t ldc, int threads,
                                         const GemmBlockDone* done) {
-  constexpr int64_t tile = GemmConfig<T>::mr;
-  const int64_t tiles = (n + tile - 1) / tile;
-  const int64_t blocks = std::min<int64_t>(threads, tiles);
-  if (blocks == 1) {
+  const TileBlocks rows(n, GemmConfig<T>::mr, threads);
+  if (rows.blocks == 1) {
     gemm_transposed_columns(m, 0, n, k, alpha, a, ars, b, bcs, beta, c, ldc);
     if (done) (*done)(0, m, 0, n);
     return;
   }
   const GemmBlockDone* block_done = done_after_product<T>(m, n) ? nullptr : done;
-  parallel_for(0, blocks, 1, [&](int64_t first, int64_t last) {
+  parallel_for(0, rows.blocks, 1, [&](int64_t first, int64_t last) {
     for (int64_t blk = first; blk < last; ++blk) {
-      const int64_t lo = tiles * blk / blocks * tile;
-      const int64_t hi = std::min(n, tiles * (blk + 1) / blocks * tile);
+      const int64_t lo = rows.begin(blk), hi = rows.end(blk);
       gemm_transposed_columns(m, lo, hi, k, alpha, a, ars, b, bcs, beta, c, ldc);
       if (block_done) (*block_done)(0, m, lo, hi - lo);
     }
@@ -709,20 +719,15 @@ template <class T> void gemm_k_halves(int64_t m, int64_t n, int64_t k, int64_t s
     gemm_serial(m, n, k - split, T(1), a + split * acs, ars, acs, b + split * brs, brs, int64_t{1}, T(1), c, ldc, done);
     return;
   }
-  constexpr int64_t tile = GemmConfig<T>::nr;
-  const int64_t tiles = (n + tile - 1) / tile;
-  const int64_t parts = std::clamp<int64_t>(threads / 2, 1, tiles);  // column blocks of each half
+  const TileBlocks cols(n, GemmConfig<T>::nr, threads / 2);  // of each half
   T* second = gemm_workspace<T>().m_second_half.get(m * n);
-  parallel_for(0, 2 * parts, 1, [&](int64_t first, int64_t last) {
+  parallel_for(0, 2 * cols.blocks, 1, [&](int64_t first, int64_t last) {
     for (int64_t blk = first; blk < last; ++blk) {
-      const int64_t half = blk / parts, part = blk % parts;
-      const int64_t lo = tiles * part / parts * tile, hi = std::min(n, tiles * (part + 1) / parts * tile);
-      const int64_t p0 = half == 0 ? 0 : split, depth = half == 0 ? split : k - split;
-      if (half == 0)
-        gemm_serial(m, hi - lo, depth, T(1), a, ars, acs, b + lo, brs, int64_t{1}, beta, c + lo, ldc);
-      else
-        gemm_serial(m, hi - lo, depth, T(1), a + p0 * acs, ars, acs, b + p0 * brs + lo, brs, int64_t{1}, T(0),
-                    second + lo, n);
+      const bool first_half = blk < cols.blocks;
+      const int64_t lo = cols.begin(blk % cols.blocks), hi = cols.end(blk % cols.blocks);
+      const int64_t p0 = first_half ? 0 : split, depth = first_half ? split : k - split;
+      gemm_serial(m, hi - lo, depth, T(1), a + p0 * acs, ars, acs, b + p0 * brs + lo, brs, int64_t{1},
+                  first_half ? beta : T(0), first_half ? c + lo : second + lo, first_half ? ldc : n);
     }
   });
   parallel_for(0, m, (m + threads - 1) / threads, [&](int64_t lo, int64_t hi) {
@@ -810,15 +815,11 @@ template <class T> void gemm(int64_t m, int64_t n, int64_t k, T alpha, const T* 
   const double row_calls = done && !small_c ? static_cast<double>(nt) * static_cast<double>(m) * 256.0 : 0.0;
   const bool split_n = repack_split_n + row_calls <= repack_split_m || (m + cfg::mr - 1) / cfg::mr < nt;
   const GemmBlockDone* block_done = split_n && small_c ? nullptr : done;
-  const int64_t tile = split_n ? cfg::nr : cfg::mr;
-  const int64_t extent = split_n ? n : m;
-  const int64_t tiles = (extent + tile - 1) / tile;
-  const int64_t blocks = std::min<int64_t>(nt, tiles);
+  const detail::TileBlocks split(split_n ? n : m, split_n ? cfg::nr : cfg::mr, nt);
 
-  parallel_for(0, blocks, 1, [&](int64_t first, int64_t last) {
+  parallel_for(0, split.blocks, 1, [&](int64_t first, int64_t last) {
     for (int64_t blk = first; blk < last; ++blk) {
-      const int64_t lo = tiles * blk / blocks * tile;
-      const int64_t hi = std::min(extent, tiles * (blk + 1) / blocks * tile);
+      const int64_t lo = split.begin(blk), hi = split.end(blk);
       if (split_n) {
         detail::gemm_serial(m, hi - lo, k, alpha, a, a_row_stride, a_col_stride, b + lo * b_col_stride, b_row_stride,
                             b_col_stride, beta, c + lo, ldc, block_done, 0, lo);
