@@ -176,6 +176,69 @@ TEST_CASE("parallel_for propagates exceptions") {
   }
 }
 
+TEST_CASE("a background task runs on a worker while the caller runs regions; inline with one thread") {
+  using xgrad::cpu::detail::BackgroundTask;
+  struct Probe {
+    std::thread::id ran_on;
+    std::atomic<bool> release{false};  // the caller's go-ahead, given after its region
+    bool wait_for_release = false;
+  };
+  auto invoke = [](void* ctx) {
+    auto& probe = *static_cast<Probe*>(ctx);
+    probe.ran_on = std::this_thread::get_id();
+    while (probe.wait_for_release && !probe.release.load()) std::this_thread::yield();
+  };
+  {
+    ThreadCountGuard guard(2);
+    Probe probe;
+    probe.wait_for_release = true;
+    BackgroundTask task;
+    task.m_invoke = invoke;
+    task.m_ctx = &probe;
+    xgrad::cpu::detail::run_in_background(task);
+    // The task holds its worker until the region below is done: the caller takes every chunk.
+    std::atomic<int64_t> covered{0};
+    xgrad::cpu::parallel_for(0, 1 << 16, 1, [&](int64_t lo, int64_t hi) { covered += hi - lo; });
+    CHECK(covered.load() == 1 << 16);
+    CHECK_FALSE(task.m_done.load());
+    probe.release.store(true);
+    xgrad::cpu::detail::wait_for(task);
+    CHECK(task.m_done.load());
+    CHECK(probe.ran_on != std::this_thread::get_id());
+    CHECK_FALSE(task.m_error);
+  }
+  {
+    ThreadCountGuard guard(1);
+    Probe probe;
+    BackgroundTask task;
+    task.m_invoke = invoke;
+    task.m_ctx = &probe;
+    xgrad::cpu::detail::run_in_background(task);
+    CHECK(probe.ran_on == std::this_thread::get_id());  // already run, here
+    xgrad::cpu::detail::wait_for(task);
+  }
+}
+
+TEST_CASE("a background task's exception waits in the task for its caller; the worker goes on") {
+  for (int threads : {1, 2}) {
+    ThreadCountGuard guard(threads);
+    CAPTURE(threads);
+    xgrad::cpu::detail::BackgroundTask failing, next;
+    failing.m_invoke = [](void*) { throw std::runtime_error("background boom"); };
+    std::atomic<int> runs{0};
+    next.m_invoke = [](void* ctx) { ++*static_cast<std::atomic<int>*>(ctx); };
+    next.m_ctx = &runs;
+    xgrad::cpu::detail::run_in_background(failing);
+    xgrad::cpu::detail::run_in_background(next);
+    xgrad::cpu::detail::wait_for(failing);
+    xgrad::cpu::detail::wait_for(next);
+    REQUIRE(failing.m_error);
+    CHECK_THROWS_WITH_AS(std::rethrow_exception(failing.m_error), "background boom", std::runtime_error);
+    CHECK_FALSE(next.m_error);
+    CHECK(runs.load() == 1);
+  }
+}
+
 TEST_CASE("set_num_threads and num_threads") {
   const int saved = xgrad::cpu::num_threads();
   CHECK(saved >= 1);

@@ -1195,6 +1195,101 @@ TEST_CASE("plan_memory: an optimizer's update is written straight into the param
   CHECK(b == b_copied);
 }
 
+TEST_CASE("background: an update nothing reads runs beside the nodes after it, with one thread's bits") {
+  // w's update, fused with its gradient's product (16 x 128 x 128), is cheap and no node reads
+  // what it makes; the large product after it splits among the threads. On two threads a worker
+  // runs the update while the caller goes on, and joins the large product when done.
+  auto run = [](int threads, bool plan, bool inspect) {
+    Threads guard(threads);
+    xg::Parameter<float> w(xg::randn<float>({128, 128}, 1) * 0.1f, "w"), b(xg::zeros<float>({128}), "b");
+    auto step = [&](xg::Tensor<float> x, xg::Tensor<float> big_a, xg::Tensor<float> big_b) {
+      auto [loss, grads] = xg::value_and_grad([&] { return xg::mean(xg::square(xg::tanh(xg::matmul(x, w) + b))); },
+                                              std::vector<xg::Tensor<float>>{w, b})();
+      xg::no_grad off;
+      w -= grads[0] * 0.1f;
+      b -= grads[1] * 0.1f;
+      return loss + xg::mean(xg::matmul(big_a * loss, big_b));
+    };
+    xg::JitConfig config{.name = "step"};
+    config.poison_freed_buffers = true;
+    if (!plan) config.disabled_passes = {"plan_memory"};
+    auto jitted = xg::jit(step, config);
+    auto x = xg::randn<float>({16, 128}, 2), big_a = xg::randn<float>({128, 256}, 3),
+         big_b = xg::randn<float>({256, 128}, 4);
+    if (inspect) {
+      const auto lowered = jitted.lower(x, big_a, big_b);
+      const xg::ir::Graph& g = lowered.graph();
+      INFO(lowered.ir());
+      const std::vector<bool> background = xg::backend::background_nodes(g);
+      REQUIRE(std::count(background.begin(), background.end(), true) == 1);
+      const auto k =
+          static_cast<std::size_t>(std::find(background.begin(), background.end(), true) - background.begin());
+      // It is w's update, and the large product comes after it.
+      CHECK(g.nodes[k]->outputs[0]->shape == xg::Shape{128, 128});
+      CHECK(std::any_of(g.nodes.begin() + static_cast<std::ptrdiff_t>(k) + 1, g.nodes.end(),
+                        [](const auto& n) { return n->op() == "MatMul"; }));
+      CHECK(lowered.ir().find("[background]") != std::string::npos);
+      // What it reads in the arena stays its own to the call's end: no later output takes it.
+      const xg::backend::MemoryPlan& mp = *lowered.memory_plan();
+      for (const xg::ir::Value* in : g.nodes[k]->inputs) {
+        const std::ptrdiff_t at = mp.offset[static_cast<std::size_t>(in->id)];
+        if (at == xg::backend::MemoryPlan::kNotPlanned) continue;
+        const auto end = at + static_cast<std::ptrdiff_t>(in->shape.numel() * 4);
+        for (std::size_t later = k + 1; later < g.nodes.size(); ++later)
+          for (const xg::ir::Value* out : g.nodes[later]->outputs) {
+            const std::ptrdiff_t o = mp.offset[static_cast<std::size_t>(out->id)];
+            if (o == xg::backend::MemoryPlan::kNotPlanned || g.nodes[later]->traits.view) continue;
+            CAPTURE(later);
+            CHECK((o + static_cast<std::ptrdiff_t>(out->shape.numel() * 4) <= at || o >= end));
+          }
+      }
+    }
+    std::vector<float> losses;
+    for (int call = 0; call < 4; ++call) losses.push_back(jitted(x, big_a, big_b).item());
+    return std::make_tuple(losses, xg::Tensor<float>(w).to_vector(), xg::Tensor<float>(b).to_vector());
+  };
+  const auto one_thread = run(1, true, true);
+  CHECK(run(2, true, true) == one_thread);
+  CHECK(run(2, false, false) == one_thread);
+  CHECK(run(3, true, false) == one_thread);
+}
+
+TEST_CASE("plan_memory: an update is not written into its parameter while a node in the background reads it") {
+  // v's update reads w and runs in the background (a large product follows); w's update, after
+  // the product, must not write into w while v's may still be reading it.
+  auto run = [](int threads) {
+    Threads guard(threads);
+    xg::Parameter<float> w(xg::randn<float>({128, 128}, 1), "w"), v(xg::randn<float>({128, 128}, 2), "v");
+    auto f = [&](xg::Tensor<float> x, xg::Tensor<float> y) {
+      xg::no_grad off;
+      v -= w * 0.1f;
+      auto s = xg::mean(xg::matmul(x, y));
+      w.assign(w * s);
+      return s;
+    };
+    auto x = xg::randn<float>({128, 256}, 3), y = xg::randn<float>({256, 128}, 4);
+    auto jitted = xg::jit(f);
+    const auto lowered = jitted.lower(x, y);
+    const xg::ir::Graph& g = lowered.graph();
+    INFO(lowered.ir());
+    const std::vector<bool> background = xg::backend::background_nodes(g);
+    REQUIRE(std::count(background.begin(), background.end(), true) == 1);
+    const std::size_t k =
+        static_cast<std::size_t>(std::find(background.begin(), background.end(), true) - background.begin());
+    REQUIRE(lowered.memory_plan() != nullptr);
+    for (const auto& e : g.effects) {
+      const int into = lowered.memory_plan()->written_into[static_cast<std::size_t>(e.value->id)];
+      if (e.value->producer == g.nodes[k].get())
+        CHECK(into == g.inputs[e.input]->id);  // v's own update still writes into v
+      else
+        CHECK(into == -1);
+    }
+    for (int call = 0; call < 3; ++call) jitted(x, y);
+    return std::make_pair(xg::Tensor<float>(w).to_vector(), xg::Tensor<float>(v).to_vector());
+  };
+  CHECK(run(2) == run(1));
+}
+
 TEST_CASE("plan_memory: an update is not written into its parameter while a later node still reads it") {
   // The update of w is cheap and moves (schedule) beside tanh(y), before the product that reads
   // the old w: writing it into w then would change the product.

@@ -13,6 +13,16 @@
 
 namespace xgrad::backend {
 
+struct Program::Workspace::Background {
+  Operands ops;
+  cpu::detail::BackgroundTask task;
+  const ir::Node* node = nullptr;
+  std::size_t index = 0;  // the node's in the graph
+  bool started = false;   // by this call, its results not yet kept
+};
+
+XGRAD_API Program::Workspace::~Workspace() = default;
+
 XGRAD_API Program::Program(std::shared_ptr<const ir::Graph> graph, ProgramOptions options)
     : m_graph(std::move(graph)), m_options(options), m_pools(std::make_unique<Pools>()) {
   const auto& nodes = m_graph->nodes;
@@ -26,6 +36,13 @@ XGRAD_API Program::Program(std::shared_ptr<const ir::Graph> graph, ProgramOption
   for (std::size_t id = 0; id < last_use.size(); ++id)
     if (last_use[id] >= 0) m_release[static_cast<std::size_t>(last_use[id])].push_back(static_cast<int>(id));
   m_stages = backend::stages(*m_graph);
+  const std::vector<bool> background = backend::background_nodes(*m_graph);
+  m_background_index.assign(nodes.size(), -1);
+  for (std::size_t k = 0; k < nodes.size(); ++k)
+    if (background[k]) {
+      m_background_index[k] = static_cast<std::ptrdiff_t>(m_background.size());
+      m_background.push_back(k);
+    }
   if (m_options.plan_memory) {
     m_plan = plan_memory(*m_graph);
     for (const auto& e : m_graph->effects)
@@ -48,14 +65,38 @@ XGRAD_API void Program::run(std::span<const TensorBase> inputs, std::vector<Tens
   auto& env = ws.env;
   for (std::size_t i = 0; i < g.inputs.size(); ++i) env[static_cast<std::size_t>(g.inputs[i]->id)] = inputs[i];
   bind_written_into(inputs, ws);
+  // Whatever happens, no node is left running in the background on this workspace.
+  struct WaitForBackground {
+    Workspace& ws;
+    ~WaitForBackground() {
+      for (auto& b : ws.background) {
+        cpu::detail::wait_for(b.task);
+        b.started = false;
+        b.ops.in.clear();
+        b.ops.out.clear();
+      }
+    }
+  } wait_for_background{ws};
+  // On the cpu a node in the background starts on a worker and the caller goes on without it.
+  auto in_background = [&](std::size_t k) { return device == Device::cpu && m_background_index[k] >= 0; };
   for (const Stage& stage : m_stages) {
-    if (stage.size() == 1 || device != Device::cpu) {
-      for (std::size_t k = stage.begin; k < stage.end; ++k) run_node(ws, ws.operands[0], k);
+    std::size_t in_front = stage.size();
+    for (std::size_t k = stage.begin; k < stage.end; ++k) {
+      if (!in_background(k)) continue;
+      auto& b = ws.background[static_cast<std::size_t>(m_background_index[k])];
+      gather_operands(ws, b.ops, k);
+      b.started = true;
+      cpu::detail::run_in_background(b.task);
+      --in_front;
+    }
+    if (in_front <= 1) {
+      for (std::size_t k = stage.begin; k < stage.end; ++k)
+        if (!in_background(k)) run_node(ws, ws.operands[0], k);
     } else {
       cpu::parallel_for(static_cast<std::int64_t>(stage.begin), static_cast<std::int64_t>(stage.end), 1,
-                        [&](std::int64_t first, std::int64_t last) {
-                          for (auto k = static_cast<std::size_t>(first); k < static_cast<std::size_t>(last); ++k)
-                            run_node(ws, ws.operands[k - stage.begin], k);
+                        [&](std::int64_t lo, std::int64_t hi) {
+                          for (auto k = static_cast<std::size_t>(lo); k < static_cast<std::size_t>(hi); ++k)
+                            if (!in_background(k)) run_node(ws, ws.operands[k - stage.begin], k);
                         });
     }
     for (std::size_t k = stage.begin; k < stage.end; ++k) {
@@ -65,6 +106,12 @@ XGRAD_API void Program::run(std::span<const TensorBase> inputs, std::vector<Tens
           kernels::fill(device, ws.arena->data() + region.offset, static_cast<std::int64_t>(region.bytes),
                         std::byte{0xFF});
     }
+  }
+  for (auto& b : ws.background) {
+    if (!std::exchange(b.started, false)) continue;
+    cpu::detail::wait_for(b.task);
+    if (b.task.m_error) std::rethrow_exception(std::exchange(b.task.m_error, nullptr));
+    keep_results(ws, b.ops, b.index);
   }
   apply_effects(inputs, ws);
   for (TensorBase& t : ws.into_input) t.impl()->storage.reset();  // the caller's, not ours to keep
@@ -82,6 +129,16 @@ XGRAD_API void Program::run(std::span<const TensorBase> inputs, std::vector<Tens
 
 XGRAD_API void Program::run_node(Workspace& ws, Workspace::Operands& ops, std::size_t k) const {
   const ir::Node& node = *m_graph->nodes[k];
+  gather_operands(ws, ops, k);
+  if (node.is<op::Const>() && ws.device != Device::cpu && ws.constants[k].defined())
+    ops.out[0] = ws.constants[k];
+  else
+    node.kernel(ops.in, ops.out);
+  keep_results(ws, ops, k);
+}
+
+XGRAD_API void Program::gather_operands(Workspace& ws, Workspace::Operands& ops, std::size_t k) const {
+  const ir::Node& node = *m_graph->nodes[k];
   const Device device = ws.device;
   ops.in.clear();
   for (const ir::Value* v : node.inputs) ops.in.push_back(ws.env[static_cast<std::size_t>(v->id)]);
@@ -93,10 +150,11 @@ XGRAD_API void Program::run_node(Workspace& ws, Workspace::Operands& ops, std::s
   ops.out.clear();  // each output's planned buffer, or undefined: the kernel makes its own
   for (const ir::Value* v : node.outputs)
     ops.out.push_back(moved ? TensorBase() : ws.planned[static_cast<std::size_t>(v->id)]);
-  if (moved && node.is<op::Const>() && ws.constants[k].defined())
-    ops.out[0] = ws.constants[k];
-  else
-    node.kernel(ops.in, ops.out);
+}
+
+XGRAD_API void Program::keep_results(Workspace& ws, Workspace::Operands& ops, std::size_t k) const {
+  const ir::Node& node = *m_graph->nodes[k];
+  const Device device = ws.device;
   for (std::size_t j = 0; j < ops.out.size(); ++j) {
     const ir::Value& v = *node.outputs[j];
     check_output(node, v, ops.out[j]);
@@ -157,6 +215,17 @@ XGRAD_API std::unique_ptr<Program::Workspace> Program::make_workspace(Device dev
   std::size_t longest_stage = 1;
   for (const Stage& stage : m_stages) longest_stage = std::max(longest_stage, stage.size());
   ws->operands.resize(longest_stage);
+  ws->background = std::vector<Workspace::Background>(m_background.size());
+  for (std::size_t i = 0; i < m_background.size(); ++i) {
+    Workspace::Background& b = ws->background[i];
+    b.index = m_background[i];
+    b.node = g.nodes[b.index].get();
+    b.task.m_ctx = &b;
+    b.task.m_invoke = [](void* ctx) {
+      auto& self = *static_cast<Workspace::Background*>(ctx);
+      self.node->kernel(self.ops.in, self.ops.out);
+    };
+  }
   if (device != Device::cpu) {
     ws->constants.resize(g.nodes.size());
     for (std::size_t k = 0; k < g.nodes.size(); ++k) {

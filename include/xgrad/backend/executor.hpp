@@ -1,6 +1,8 @@
 // The graph executor: runs a verified graph on concrete tensors, node by node, through the
 // kernels eager mode uses, on the device of its inputs (cpu or Device::thrust). On the cpu the
-// nodes of a stage (backend/schedule.hpp) run at once on the thread pool. With a memory
+// nodes of a stage (backend/schedule.hpp) run at once on the thread pool, and a node in the
+// background (an optimizer's update of a small layer) runs on a worker while the caller goes on
+// with the stages after it, the worker joining their regions when done. With a memory
 // plan (backend/memory_plan.hpp) every intermediate lives in an arena on that device, made on
 // the first call and kept for the next, and kernels write into it: after warm-up a call
 // allocates only what it returns. Without one, each node allocates its outputs and drops each
@@ -42,6 +44,8 @@ class Program {
   const MemoryPlan* memory_plan() const { return m_plan ? &*m_plan : nullptr; }
   /// The graph's nodes cut into stages, each run at once on the cpu.
   std::span<const Stage> stages() const { return m_stages; }
+  /// The nodes that run in the background (backend/schedule.hpp), in order.
+  std::span<const std::size_t> background_nodes() const { return m_background; }
 
   /// Runs the graph on `inputs` (one per graph input, of its dtype and shape), applies its
   /// effects to those inputs and returns its outputs.
@@ -84,6 +88,12 @@ class Program {
     };
     std::vector<Operands> operands;
     std::vector<TensorBase> effect_sources;
+    /// Per node in the background (m_background): its operands and its task on the pool,
+    /// defined beside the code that runs it.
+    struct Background;
+    std::vector<Background> background;
+
+    XGRAD_API ~Workspace();
   };
 
   struct Pool {
@@ -131,6 +141,10 @@ class Program {
 
   /// Runs node k, reading and writing the values in `ws.env`.
   XGRAD_API void run_node(Workspace& ws, Workspace::Operands& ops, std::size_t k) const;
+  /// run_node before and after the kernel: node k's operands gathered from `ws.env`, its results
+  /// checked and kept there.
+  XGRAD_API void gather_operands(Workspace& ws, Workspace::Operands& ops, std::size_t k) const;
+  XGRAD_API void keep_results(Workspace& ws, Workspace::Operands& ops, std::size_t k) const;
 
   /// A node's output j, when made on the cpu during a call on the workspace's device, moved there (into its
   /// planned buffer when it has one); a one-element result may stay, as scalars do.
@@ -160,6 +174,10 @@ class Program {
   /// The effects' values the memory plan writes into the inputs they update: (value id, input).
   std::vector<std::pair<std::size_t, std::size_t>> m_written_into;
   std::vector<std::vector<int>> m_release;  // per node: the values no later node reads
+  /// The nodes that run in the background (backend/schedule.hpp), and per node its index
+  /// among them (-1: none).
+  std::vector<std::size_t> m_background;
+  std::vector<std::ptrdiff_t> m_background_index;
   std::optional<MemoryPlan> m_plan;
   std::unique_ptr<Pools> m_pools;
 };

@@ -148,8 +148,14 @@ XGRAD_API MemoryPlan plan_memory(const ir::Graph& g) {
     }
     for (const ir::Value* v : node.inputs) last_use[root[id(v)]] = static_cast<std::ptrdiff_t>(k);
   }
-  // Effects are applied when the call ends.
+  // Effects are applied when the call ends, and a node in the background may run until then.
   for (const auto& e : g.effects) last_use[root[id(e.value)]] = static_cast<std::ptrdiff_t>(num_nodes);
+  const std::vector<bool> background = background_nodes(g);
+  for (std::size_t k = 0; k < num_nodes; ++k)
+    if (background[k])
+      for (const auto* values : {&g.nodes[k]->inputs, &g.nodes[k]->outputs})
+        for (const ir::Value* v : *values)
+          if (plannable[root[id(v)]]) last_use[root[id(v)]] = static_cast<std::ptrdiff_t>(num_nodes);
 
   detail::FreeList arena;
   // The stage of each node: a stage's nodes run at once.
@@ -254,6 +260,13 @@ XGRAD_API MemoryPlan plan_memory(const ir::Graph& g) {
     for (std::size_t w = 0; w < num_values; ++w)
       given_on = given_on || (plan.in_place_of[w] >= 0 && root[static_cast<std::size_t>(plan.in_place_of[w])] == id(v));
     if (given_on) continue;
+    // Nor while a node in the background, started before it, may still be reading the input.
+    const auto reads_input = [&](const ir::Value* u) { return root[id(u)] == r; };
+    bool read_in_background = false;
+    for (std::size_t b = 0; b < k; ++b)
+      read_in_background =
+          read_in_background || (background[b] && std::ranges::any_of(g.nodes[b]->inputs, reads_input));
+    if (read_in_background) continue;
     // The input is read last before v's stage, or by v's node, which may write over it.
     const ir::Node& node = *g.nodes[k];
     const auto j =

@@ -3,8 +3,9 @@
 // later value of the right size takes it; an elementwise node (or fused group) may write its
 // output over an input it reads last. Nodes that run side by side (backend/schedule.hpp) are
 // planned as one step: none takes a buffer another reads, and their dead buffers are free after
-// the last of them. Inputs, constants, outputs and whatever views them stay
-// outside the arena: a caller owns what a call returns.
+// the last of them. A node in the background may run until the call's end: its buffers stay its
+// own to then, and no node after it writes into an input it reads. Inputs, constants, outputs
+// and whatever views them stay outside the arena: a caller owns what a call returns.
 #pragma once
 
 #include <cstddef>

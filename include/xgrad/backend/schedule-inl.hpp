@@ -77,4 +77,22 @@ XGRAD_API std::vector<Stage> stages(const ir::Graph& g) {
   return out;
 }
 
+XGRAD_API std::vector<bool> background_nodes(const ir::Graph& g) {
+  std::vector<bool> read(g.values.size(), false);
+  for (const auto& node : g.nodes)
+    for (const ir::Value* v : node->inputs) read[static_cast<std::size_t>(v->id)] = true;
+  std::vector<bool> out(g.nodes.size(), false);
+  // Only where a node that splits its work among the threads comes after: the one a worker
+  // busy in the background joins late. Without one, the call would only wait for it.
+  bool splits_after = false;
+  for (std::size_t k = g.nodes.size(); k-- > 0;) {
+    const ir::Node& node = *g.nodes[k];
+    out[k] = splits_after && !node.outputs.empty() && runs_beside_others(node) &&
+             std::none_of(node.outputs.begin(), node.outputs.end(),
+                          [&](const ir::Value* v) { return read[static_cast<std::size_t>(v->id)]; });
+    splits_after = splits_after || detail::one_thread_work(node) < 0;
+  }
+  return out;
+}
+
 }  // namespace xgrad::backend

@@ -33,6 +33,13 @@ XGRAD_API bool runs_beside_others(const ir::Node& node);
 /// stage before it when that stage's nodes do too and it reads none of their outputs.
 XGRAD_API std::vector<Stage> stages(const ir::Graph& g);
 
+/// Per node: whether it runs in the background. Such a node runs beside others and no node
+/// reads its results (an optimizer's update of a small layer, whose results only update the
+/// graph's inputs): on the cpu it starts on a worker at its stage and the caller goes on with the
+/// stages after it, waiting for it only before the call's effects. The memory plan keeps its
+/// buffers for it to the call's end.
+XGRAD_API std::vector<bool> background_nodes(const ir::Graph& g);
+
 }  // namespace xgrad::backend
 
 #if !defined(XGRAD_COMPILED)

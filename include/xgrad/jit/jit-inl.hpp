@@ -30,7 +30,8 @@ XGRAD_API void validate(const JitConfig& config) {
 
 XGRAD_API std::string Lowered::ir() const {
   const backend::MemoryPlan* plan = m_program->memory_plan();
-  // Nodes that run at once: "[stage 3 of 4 nodes]" on each.
+  // Nodes that run at once: "[stage 3 of 4 nodes]" on each; "[background]" on those that run
+  // beside the stages after theirs.
   std::unordered_map<const ir::Node*, std::string> stage_notes;
   const std::span<const backend::Stage> stages = m_program->stages();
   for (std::size_t s = 0; s < stages.size(); ++s)
@@ -38,6 +39,7 @@ XGRAD_API std::string Lowered::ir() const {
       for (std::size_t k = stages[s].begin; k < stages[s].end; ++k)
         stage_notes[graph().nodes[k].get()] =
             xgrad::detail::concat("  [stage ", s, " of ", stages[s].size(), " nodes]");
+  for (std::size_t k : m_program->background_nodes()) stage_notes[graph().nodes[k].get()] += "  [background]";
   auto note = [&](const ir::Node& node) {
     const auto it = stage_notes.find(&node);
     return (plan ? plan->note(node) : std::string()) + (it == stage_notes.end() ? std::string() : it->second);

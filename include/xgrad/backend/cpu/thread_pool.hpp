@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
+#include <deque>
 #include <exception>
 #include <memory>
 #include <mutex>
@@ -170,6 +171,18 @@ struct Job {
   }
 };
 
+/// Work a worker runs beside the calling thread while the caller goes on, parallel regions
+/// included (run_in_background, wait_for). Lives with the caller, who waits for it before it goes.
+class ThreadPool;
+struct BackgroundTask {
+  void (*m_invoke)(void*) = nullptr;
+  void* m_ctx = nullptr;
+  bool m_flush_denormals = false;
+  std::atomic<bool> m_done{true};
+  std::exception_ptr m_error;
+  std::shared_ptr<ThreadPool> m_pool;  // the pool running it, kept until it is waited for
+};
+
 /// Fixed set of workers that spin, then sleep, between parallel regions. The calling thread
 /// takes part in each region, so a pool of size N owns N - 1 threads. One region runs at a time.
 /// A spinning worker joins a region without a lock: it counts itself in (m_active) before it
@@ -205,6 +218,24 @@ class ThreadPool {
   int size() const noexcept { return m_size; }
   /// Why fewer threads started than were asked for; empty when all did.
   const std::string& start_failure() const noexcept { return m_start_failure; }
+
+  /// Hands `task` to the first worker, which runs the tasks handed to it in order, each before
+  /// it next joins a region (a region started meanwhile goes on without it, its chunks taken by
+  /// the others). Returns false, handing nothing, when the pool has no worker.
+  bool post(BackgroundTask& task) {
+    if (m_size < 2) return false;
+    task.m_done.store(false, std::memory_order_relaxed);
+    {
+      std::lock_guard<std::mutex> lk(m_task_mutex);
+      m_tasks.push_back(&task);
+    }
+    m_generation.fetch_add(1);
+    if (m_sleepers.load() > 0) {
+      { std::lock_guard<std::mutex> lk(m_mutex); }
+      m_wake_cv.notify_all();
+    }
+    return true;
+  }
 
   /// Runs `job` on the workers and the calling thread and waits for it. Returns false without
   /// running anything if another thread is already using the pool.
@@ -256,6 +287,7 @@ class ThreadPool {
       }
       if (m_stop.load()) return;
       seen = m_generation.load();
+      if (id == 0) run_tasks(flushes);
       m_active.fetch_add(1);
       if (Job* job = m_job.load(); job && id < job->m_helpers) {
         if (job->m_flush_denormals != flushes) {
@@ -265,6 +297,28 @@ class ThreadPool {
         job->run(id + 1);
       }
       m_active.fetch_sub(1);
+    }
+  }
+
+  void run_tasks(bool& flushes) {
+    for (;;) {
+      BackgroundTask* task = nullptr;
+      {
+        std::lock_guard<std::mutex> lk(m_task_mutex);
+        if (m_tasks.empty()) return;
+        task = m_tasks.front();
+        m_tasks.pop_front();
+      }
+      if (task->m_flush_denormals != flushes) {
+        set_thread_flushes_denormals(task->m_flush_denormals);
+        flushes = task->m_flush_denormals;
+      }
+      try {
+        task->m_invoke(task->m_ctx);
+      } catch (...) {
+        task->m_error = std::current_exception();
+      }
+      task->m_done.store(true, std::memory_order_release);
     }
   }
 
@@ -279,6 +333,8 @@ class ThreadPool {
   std::atomic<int> m_active{0};    // workers between counting themselves in and out
   std::atomic<int> m_sleepers{0};  // workers asleep, or about to look at the generation for the last time
   std::atomic<bool> m_stop{false};
+  std::mutex m_task_mutex;
+  std::deque<BackgroundTask*> m_tasks;  // handed to the first worker, not yet started
 };
 
 inline std::mutex& pool_mutex() {
@@ -383,6 +439,36 @@ inline void parallel_for_erased(int64_t begin, int64_t end, int64_t grain, void 
   if (!pool->try_run(job)) return invoke(ctx, begin, end);
   if (job.m_error) std::rethrow_exception(job.m_error);
 }
+
+/// Starts `task` (its m_invoke and m_ctx set) on a worker beside the calling thread and returns;
+/// runs it here and now instead with one thread, or when called within a region. Either way
+/// the caller must wait_for(task) before the task's data goes; what it threw is in m_error then.
+inline void run_in_background(BackgroundTask& task) {
+  task.m_flush_denormals = thread_flushes_denormals();
+  task.m_error = nullptr;
+  if (!t_in_parallel && num_threads() > 1) {
+    task.m_pool = get_pool();
+    if (task.m_pool->post(task)) return;
+    task.m_pool.reset();
+  }
+  try {
+    task.m_invoke(task.m_ctx);
+  } catch (...) {
+    task.m_error = std::current_exception();
+  }
+}
+
+/// Waits until `task` has run, without rethrowing what it threw (see task.m_error).
+inline void wait_for(BackgroundTask& task) noexcept {
+  for (int i = 0; !task.m_done.load(std::memory_order_acquire); ++i) {
+    if (i < 2000)
+      cpu_relax();
+    else
+      std::this_thread::yield();
+  }
+  task.m_pool.reset();
+}
+
 }  // namespace detail
 
 /// Calls f(lo, hi) on disjoint chunks, each at least `grain` long, that together cover
