@@ -171,6 +171,10 @@ struct Job {
   }
 };
 
+// Spins before a thread sleeps or yields: back-to-back regions (the common case in tensor code)
+// then avoid a futex round trip, while idle workers stop burning a core quickly.
+inline constexpr int k_spin_iters = 2000;
+
 /// Work a worker runs beside the calling thread while the caller goes on, parallel regions
 /// included (run_in_background, wait_for). Lives with the caller, who waits for it before it goes.
 class ThreadPool;
@@ -269,10 +273,6 @@ class ThreadPool {
   }
 
  private:
-  // Short spin before sleeping: back-to-back regions (the common case in tensor code)
-  // then avoid a futex round trip, while idle workers stop burning a core quickly.
-  static constexpr int k_spin_iters = 2000;
-
   void worker_loop(int id) {
     t_in_parallel = true;
     bool flushes = thread_flushes_denormals();
@@ -461,7 +461,7 @@ inline void run_in_background(BackgroundTask& task) {
 /// Waits until `task` has run, without rethrowing what it threw (see task.m_error).
 inline void wait_for(BackgroundTask& task) noexcept {
   for (int i = 0; !task.m_done.load(std::memory_order_acquire); ++i) {
-    if (i < 2000)
+    if (i < k_spin_iters)
       cpu_relax();
     else
       std::this_thread::yield();
