@@ -222,20 +222,30 @@ TEST_CASE_TEMPLATE("gemm with general (non-unit) strides", T, float, double) {
   CHECK(worst <= gemm_tolerance<T>());
 }
 
-/// gemm_serial on an A with rows k + 3 elements apart, the last ending where its buffer ends (the
-/// sanitizer build sees any read past it), against the same A stored transposed, which is
-/// packed first (pack_a): the products agree bit for bit.
-template <class T> void check_a_in_place(int64_t m, int64_t n, int64_t k, std::mt19937& rng) {
+enum class Operand { a, b };
+
+/// gemm_serial with one operand read where it is, its rows a few elements longer than needed (3
+/// for A, 5 for B) and the last ending where its buffer ends (the sanitizer build sees any read
+/// past it), against the same operand stored transposed, which is packed first (pack_a,
+/// pack_b): the products agree bit for bit.
+template <class T> void check_in_place(Operand which, int64_t m, int64_t n, int64_t k, std::mt19937& rng) {
   std::uniform_real_distribution<double> u(-1, 1);
-  const int64_t ars = k + 3;
-  std::vector<T> a((m - 1) * ars + k), a_t(k * m), b(k * n);
-  for (auto* v : {&a, &b})
-    for (T& x : *v) x = static_cast<T>(u(rng));
-  for (int64_t i = 0; i < m; ++i)
-    for (int64_t p = 0; p < k; ++p) a_t[p * m + i] = a[i * ars + p];
+  const bool on_a = which == Operand::a;
+  const int64_t rows = on_a ? m : k, cols = on_a ? k : n, ld = cols + (on_a ? 3 : 5);
+  std::vector<T> x((rows - 1) * ld + cols), x_t(rows * cols), other(on_a ? k * n : m * k);
+  for (auto* v : {&x, &other})
+    for (T& e : *v) e = static_cast<T>(u(rng));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) x_t[c * rows + r] = x[r * ld + c];
   std::vector<T> in_place(m * n, std::numeric_limits<T>::quiet_NaN()), packed = in_place;
-  xgrad::cpu::detail::gemm_serial<T>(m, n, k, T(1), a.data(), ars, 1, b.data(), n, 1, T(0), in_place.data(), n);
-  xgrad::cpu::detail::gemm_serial<T>(m, n, k, T(1), a_t.data(), 1, m, b.data(), n, 1, T(0), packed.data(), n);
+  using xgrad::cpu::detail::gemm_serial;
+  if (on_a) {
+    gemm_serial<T>(m, n, k, T(1), x.data(), ld, 1, other.data(), n, 1, T(0), in_place.data(), n);
+    gemm_serial<T>(m, n, k, T(1), x_t.data(), 1, m, other.data(), n, 1, T(0), packed.data(), n);
+  } else {
+    gemm_serial<T>(m, n, k, T(1), other.data(), k, 1, x.data(), ld, 1, T(0), in_place.data(), n);
+    gemm_serial<T>(m, n, k, T(1), other.data(), k, 1, x_t.data(), 1, k, T(0), packed.data(), n);
+  }
   CHECK(in_place == packed);
 }
 
@@ -282,8 +292,27 @@ TEST_CASE_TEMPLATE("gemm reads A in place across depth blocks when one panel of 
         CAPTURE(m);
         CAPTURE(n);
         CAPTURE(k);
-        check_a_in_place<T>(m, n, k, rng);
+        check_in_place<T>(Operand::a, m, n, k, rng);
       }
+}
+
+TEST_CASE_TEMPLATE("gemm reads a small depth block of B in place: the packed path's numbers bit for bit", T, float,
+                   double) {
+  // B's rows contiguous: read where they are when a depth block of B is at most
+  // kGemmInPlaceBlockB (LeNet5's fc1: x for the weight gradient, a half of W for the input
+  // gradient), with rows not whole vectors apart and a last partial panel (check_in_place).
+  using cfg = xgrad::cpu::detail::GemmConfig<T>;
+  std::mt19937 rng(13);
+  const int64_t wide = 1600 / static_cast<int64_t>(sizeof(T));  // fc1's 400 floats, 200 doubles
+  for (const auto& [m, n, k] : std::vector<std::array<int64_t, 3>>{
+           {32, wide, 60}, {120, wide, 32}, {3 * cfg::mr + 1, cfg::nr + 7, 33}, {32, 2 * cfg::nr, cfg::kc + 9}}) {
+    CAPTURE(m);
+    CAPTURE(n);
+    CAPTURE(k);
+    REQUIRE(m > 2 * cfg::mr);  // B in place for this rule, not for A's few rows
+    REQUIRE(std::min(k, cfg::kc) * n * static_cast<int64_t>(sizeof(T)) <= xgrad::cpu::kGemmInPlaceBlockB);
+    check_in_place<T>(Operand::b, m, n, k, rng);
+  }
 }
 
 TEST_CASE_TEMPLATE("gemm sums a dense layer's input gradient in two halves of k: the same bits on any thread count", T,
@@ -431,7 +460,7 @@ TEST_CASE_TEMPLATE("gemm reads a small A in place: the packed path's numbers bit
   using cfg = xgrad::cpu::detail::GemmConfig<T>;
   std::mt19937 rng(12);
   // A last micro-panel of an odd number of rows is packed, since the edge kernels read rows up
-  // to an even count: check_a_in_place's A ends where its buffer ends.
+  // to an even count: check_in_place's A ends where its buffer ends.
   for (const int64_t m : {int64_t{1}, int64_t{4}, int64_t{cfg::mr + 3}, int64_t{cfg::mr + 4}, int64_t{60}})
     for (const int64_t n : {int64_t{7}, int64_t{cfg::nr}, int64_t{cfg::nr + 5}})
       for (const int64_t k : {int64_t{5}, int64_t{32}}) {
@@ -439,6 +468,6 @@ TEST_CASE_TEMPLATE("gemm reads a small A in place: the packed path's numbers bit
         CAPTURE(n);
         CAPTURE(k);
         REQUIRE(m * k * static_cast<int64_t>(sizeof(T)) <= xgrad::cpu::kGemmSmallA);
-        check_a_in_place<T>(m, n, k, rng);
+        check_in_place<T>(Operand::a, m, n, k, rng);
       }
 }

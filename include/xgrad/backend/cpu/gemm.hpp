@@ -27,8 +27,9 @@ namespace xgrad::cpu {
 /// thread or two; LeNet5's 32 x 84 x 120, 2.6 times as much: 4.3 us on one, 3.2 us on two).
 inline constexpr std::int64_t kGemmParallelWork = std::int64_t{1} << 17;
 
-/// The bytes of B up to which a product reads B in place however many rows A has.
-inline constexpr std::int64_t kGemmSmallB = 16 * 1024;
+/// The bytes of a depth block of B (kc x nc) up to which a product whose B has contiguous rows
+/// reads B where it is, however many rows A has, rather than copying it into panels first.
+inline constexpr std::int64_t kGemmInPlaceBlockB = 128 * 1024;
 /// The bytes of A (k within one depth block) up to which a product reads A in place.
 inline constexpr std::int64_t kGemmSmallA = 16 * 1024;
 
@@ -398,15 +399,16 @@ template <class T> void gemm_blocked(int64_t m, int64_t n, int64_t k, T alpha, c
   auto& ws = gemm_workspace<T>();
   T* pa_buf = packed_a ? nullptr : ws.m_a.get((mc_max + MR - 1) / MR * a_panel);
   T* pb_buf = ws.m_b.get((nc_max + NR - 1) / NR * NR * kc_max);
-  // With one or two micro-panels of A rows, each element of B is used at most twice: the
-  // micro-kernel reads B's whole panels in place (rows brs apart), which costs less than
-  // copying them first (LeNet5's conv GEMMs: 6 or 16 rows). So does a B at most a panel wide
-  // and small enough to stay in L1 (attention's blocks: 64 x 32, whose packing cost as much
-  // as their product; a 64 x 64 float B, one panel already laid out as packing would lay it
-  // out). A last, partial panel is packed unless its rows are whole vectors:
-  // else they would be read past their end.
+  // B is read where it is (rows brs apart) rather than copied into panels first when each of
+  // its elements is used at most twice, by one or two micro-panels of A rows (LeNet5's conv
+  // GEMMs), or when a depth block of it is small enough for each micro-panel of A to read it
+  // from L2: attention's 64 x 32 blocks, whose packing cost as much as their product, and a
+  // dense layer's W or x (in LeNet5's step on two threads, copying half of fc1's W for its input
+  // gradient took 3-4 us a thread and x for its weight gradient 2; read in place, the step is
+  // 3-5% faster). A last, partial panel is packed unless its rows are whole vectors: else they
+  // would be read past their end.
   const bool b_in_place =
-      bcs == 1 && (m <= 2 * MR || (n <= NR && k * n * static_cast<int64_t>(sizeof(T)) <= kGemmSmallB));
+      bcs == 1 && (m <= 2 * MR || kc_max * nc_max * static_cast<int64_t>(sizeof(T)) <= kGemmInPlaceBlockB);
   const bool b_whole_vectors = n % L == 0;
   // A with contiguous rows is read in place when it is small (its packing cost a tenth of a 64 x
   // 64 x 64 product) or when one panel of B covers C's columns, so that each row of A is read
