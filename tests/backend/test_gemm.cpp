@@ -304,8 +304,9 @@ TEST_CASE_TEMPLATE("gemm reads a small depth block of B in place: the packed pat
   using cfg = xgrad::cpu::detail::GemmConfig<T>;
   std::mt19937 rng(13);
   const int64_t wide = 1600 / static_cast<int64_t>(sizeof(T));  // fc1's 400 floats, 200 doubles
-  for (const auto& [m, n, k] : std::vector<std::array<int64_t, 3>>{
+  for (const auto& shape : std::vector<std::array<int64_t, 3>>{
            {32, wide, 60}, {120, wide, 32}, {3 * cfg::mr + 1, cfg::nr + 7, 33}, {32, 2 * cfg::nr, cfg::kc + 9}}) {
+    const int64_t m = shape[0], n = shape[1], k = shape[2];  // CAPTURE cannot take structured bindings (clang 14)
     CAPTURE(m);
     CAPTURE(n);
     CAPTURE(k);
