@@ -216,13 +216,23 @@ template <class T> void pack_a(int64_t mc, int64_t kc, const T* a, int64_t rs, i
   for (int64_t i = mc; i < padded; ++i) std::fill_n(dst + i * AS, kc, T(0));
 }
 
+/// The row length of B's packed panel of `cols` columns (see pack_b): NR for a whole panel, a
+/// last, partial one only its whole vectors. Padded to NR, a 32-column panel's rows would be
+/// 256 bytes apart with half of each unread, its 200-row depth block spread over twice the
+/// cache sets it needs (LeNet5's fc1, x^T).
+template <class T, int64_t NR> constexpr int64_t packed_b_width(int64_t cols) {
+  constexpr int64_t L = GemmConfig<T>::lanes;
+  return cols >= NR ? NR : (cols + L - 1) / L * L;
+}
+
 /// Packs rows [0, kc) x cols [0, nc) of B into NR-column panels: panel-major, then p, then
-/// column; columns past nc are zero.
+/// column, each panel's rows packed_b_width apart; columns past nc are zero.
 template <class T, int64_t NR> void pack_b(int64_t kc, int64_t nc, const T* b, int64_t rs, int64_t cs, T* dst) {
   using batch = xsimd::batch<T>;
   constexpr int64_t L = static_cast<int64_t>(batch::size);
   for (int64_t j0 = 0; j0 < nc; j0 += NR) {
     const int64_t cols = std::min<int64_t>(NR, nc - j0);
+    const int64_t width = packed_b_width<T, NR>(cols);
     const T* src = b + j0 * cs;
     if (cols == NR && cs == 1) {
       for (int64_t p = 0; p < kc; ++p) {
@@ -238,23 +248,21 @@ template <class T, int64_t NR> void pack_b(int64_t kc, int64_t nc, const T* b, i
         blocked = cols / L * L;
         for (; p0 + L <= kc; p0 += L) {
           for (int64_t jb = 0; jb < blocked; jb += L) {
-            transpose_block(src + jb * cs + p0, cs, dst + p0 * NR + jb, NR);
+            transpose_block(src + jb * cs + p0, cs, dst + p0 * width + jb, width);
           }
         }
       }
       for (int64_t j = 0; j < cols; ++j) {
         const T* s = src + j * cs;
-        for (int64_t p = j < blocked ? p0 : 0; p < kc; ++p) dst[p * NR + j] = s[p];
+        for (int64_t p = j < blocked ? p0 : 0; p < kc; ++p) dst[p * width + j] = s[p];
       }
-      // The kernels read a partial panel's whole vectors only.
-      const int64_t read = (cols + L - 1) / L * L;
-      if (cols < read)
-        for (int64_t p = 0; p < kc; ++p) std::fill(dst + p * NR + cols, dst + p * NR + read, T(0));
+      if (cols < width)
+        for (int64_t p = 0; p < kc; ++p) std::fill(dst + p * width + cols, dst + (p + 1) * width, T(0));
     } else {
       for (int64_t p = 0; p < kc; ++p) {
         int64_t j = 0;
-        for (; j < cols; ++j) dst[p * NR + j] = src[p * rs + j * cs];
-        for (; j < NR; ++j) dst[p * NR + j] = T(0);
+        for (; j < cols; ++j) dst[p * width + j] = src[p * rs + j * cs];
+        for (; j < width; ++j) dst[p * width + j] = T(0);
       }
     }
     dst += NR * kc;
@@ -449,7 +457,7 @@ template <class T> void gemm_blocked(int64_t m, int64_t n, int64_t k, T alpha, c
             const int64_t cols = std::min(NR, nc - jr);
             const bool in_place = jr < whole;
             const T* pb = in_place ? b_block + jr : pb_buf + (jr - whole) * kc;
-            const int64_t ldb = in_place ? brs : NR;
+            const int64_t ldb = in_place ? brs : packed_b_width<T, NR>(cols);
             if (rows == MR && cols == NR) {
               micro_kernel<T, MR, NB, NB>(kc, pa, lda, pb, ldb, alpha, beta_eff, c_row + jr, ldc, rows, cols);
             } else {
@@ -668,8 +676,13 @@ template <class T> bool done_after_product(int64_t m, int64_t n) {
   return static_cast<double>(m) * static_cast<double>(n) * sizeof(T) <= 64.0 * 1024.0;
 }
 
-/// Tells `done` of C's rows [0, m) x columns [0, n), in whole rows shared among the threads.
-inline void tell_rows_done(int64_t m, int64_t n, const GemmBlockDone& done) {
+/// Tells `done` of C's rows [0, m) x columns [0, n), in whole rows shared among the threads; a C
+/// of at most 16 KiB all at once on the calling thread. A region of its own cost more than such
+/// an epilogue (LeNet5's fc1 forward on 2 threads, [32, 120]: 1.3 us alone against 2.5 shared),
+/// and would leave half of the layer's output in the other core's cache, to be read from there
+/// by the next layer's product if that runs on one thread (fc2's: 1 us more).
+template <class T> void tell_rows_done(int64_t m, int64_t n, const GemmBlockDone& done) {
+  if (static_cast<double>(m) * static_cast<double>(n) * sizeof(T) <= 16.0 * 1024.0) return done(0, m, 0, n);
   const int64_t nt = num_threads();
   parallel_for(0, m, (m + nt - 1) / nt, [&](int64_t lo, int64_t hi) { done(lo, hi - lo, 0, n); });
 }
@@ -693,7 +706,7 @@ template <class T> void gemm_transposed(int64_t m, int64_t n, int64_t k, T alpha
       if (block_done) (*block_done)(0, m, lo, hi - lo);
     }
   });
-  if (done && !block_done) tell_rows_done(m, n, *done);
+  if (done && !block_done) tell_rows_done<T>(m, n, *done);
 }
 
 /// Where gemm_k_halves splits k (0: it does not apply): a dense layer's input gradient g W, with
@@ -831,7 +844,7 @@ template <class T> void gemm(int64_t m, int64_t n, int64_t k, T alpha, const T* 
       }
     }
   });
-  if (done && !block_done) detail::tell_rows_done(m, n, *done);
+  if (done && !block_done) detail::tell_rows_done<T>(m, n, *done);
 }
 
 /// `count` products C_i[m x n] = A_i B_i (C packed, one matrix after another), where `plan`
