@@ -287,11 +287,11 @@ TEST_CASE("many back-to-back small regions") {
   CHECK(sum == 20000 * 3);
 }
 
-TEST_CASE("copy_bytes copies every byte, in parts on the pool from 32 KiB") {
+TEST_CASE("copy_bytes copies every byte, in 32 KiB parts on the pool above 64 KiB") {
   for (int threads : {1, 2, 3}) {
     ThreadCountGuard guard(threads);
-    for (std::size_t bytes :
-         {std::size_t{0}, std::size_t{1}, std::size_t{32767}, std::size_t{32769}, std::size_t{200003}}) {
+    for (std::size_t bytes : {std::size_t{0}, std::size_t{1}, std::size_t{32769}, std::size_t{65536},
+                              std::size_t{65537}, std::size_t{200003}}) {
       std::vector<unsigned char> src(bytes), dst(bytes + 1, 0xAB);
       for (std::size_t i = 0; i < bytes; ++i) src[i] = static_cast<unsigned char>(i * 7 + 3);
       xgrad::cpu::copy_bytes(dst.data(), src.data(), bytes);

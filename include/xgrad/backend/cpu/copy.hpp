@@ -62,7 +62,10 @@ void strided_copy(const Shape& shape, const T* src, const Strides& src_strides, 
 inline void copy_bytes(void* dst, const void* src, std::size_t bytes) {
   constexpr std::int64_t part = std::int64_t{1} << 15;
   const auto parts = static_cast<std::int64_t>((bytes + part - 1) / part);
-  if (parts <= 2) return static_cast<void>(std::memcpy(dst, src, bytes));
+  if (parts <= 2) {
+    if (bytes > 0) std::memcpy(dst, src, bytes);  // null pointers are allowed with nothing to copy
+    return;
+  }
   parallel_for(0, parts, 1, [&](std::int64_t lo, std::int64_t hi) {
     const auto begin = static_cast<std::size_t>(lo * part);
     const std::size_t end = std::min(bytes, static_cast<std::size_t>(hi * part));
