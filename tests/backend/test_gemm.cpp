@@ -384,12 +384,15 @@ TEST_CASE("gemm multithreaded matches single-threaded") {
 
 TEST_CASE("gemm tells each element of C once, when it is final") {
   // Shapes on either side of the split's choices: along n with a small C (told after the
-  // product, in whole rows), along n with a large one, along m, and serial; with B transposed,
-  // C computed as its transpose (a small C and a large one).
+  // product: up to 16 KiB at once on the calling thread, else in whole rows), along n with a
+  // large one, along m, and serial; with B transposed, C computed as its transpose (a small C of
+  // either kind and a large one).
   const int saved = xgrad::cpu::num_threads();
   for (int threads : {1, 2, 3}) {
     xgrad::cpu::set_num_threads(threads);
     for (const auto& shape : std::vector<std::array<int64_t, 4>>{{32, 120, 400, 0},
+                                                                 {32, 256, 300, 0},
+                                                                 {32, 256, 400, 1},
                                                                  {32, 600, 300, 0},
                                                                  {120, 400, 32, 0},
                                                                  {300, 64, 200, 0},
