@@ -235,8 +235,8 @@ inline void prefetch_line(const void* p) {
 /// from there rather than waiting on each of its lines (a 1024^3 product at 1 thread on a Zen 4
 /// spent 6-7% of its time packing A, whose 1 KiB rows 4 KiB apart are too short for the
 /// hardware's prefetcher to stream from L3). Blocks with neither stride 1 are left alone.
-template <class T> void prefetch_block(const T* a, int64_t rs, int64_t cs, int64_t mc, int64_t kc, int64_t part,
-                                       int64_t parts) {
+template <class T>
+void prefetch_block(const T* a, int64_t rs, int64_t cs, int64_t mc, int64_t kc, int64_t part, int64_t parts) {
   if (cs != 1 && rs != 1) return;
   const bool by_rows = cs == 1;
   const int64_t runs = by_rows ? mc : kc, length = by_rows ? kc : mc, stride = by_rows ? rs : cs;
