@@ -34,7 +34,8 @@ inline constexpr std::int64_t kGemmInPlaceBlockB = 128 * 1024;
 inline constexpr std::int64_t kGemmSmallA = 16 * 1024;
 
 /// The steps of k before a micro-kernel's end at which it fetches its tile of C for writing:
-/// at 24 cycles a step (6 x 4 vectors on two 256-bit FMA pipes) about 100 ns, an L3 hit's time.
+/// on a Zen 4, 24 cycles a step (6 x 4 vectors on two 256-bit FMA pipes), about 100 ns, an L3
+/// hit's time.
 inline constexpr std::int64_t kGemmPrefetchSteps = 16;
 
 /// Told that rows [row, row + rows) and columns [col, col + cols) of C are final.
@@ -233,7 +234,7 @@ inline void prefetch_line(const void* p) {
 /// Fetches part `part` of `parts` of a block of A, rows [0, mc) x columns [0, kc) at a with
 /// strides rs and cs, into the cache, in runs of contiguous elements: pack_a then copies it
 /// from there rather than waiting on each of its lines (a 1024^3 product at 1 thread on a Zen 4
-/// spent 6-7% of its time packing A, whose 1 KiB rows 4 KiB apart are too short for the
+/// spent 6-8% of its time packing A, whose 1 KiB rows 4 KiB apart are too short for the
 /// hardware's prefetcher to stream from L3). Blocks with neither stride 1 are left alone.
 template <class T>
 void prefetch_block(const T* a, int64_t rs, int64_t cs, int64_t mc, int64_t kc, int64_t part, int64_t parts) {
@@ -338,7 +339,7 @@ void micro_kernel(int64_t kc, const T* __restrict pa, int64_t lda, const T* __re
   // A whole tile's C is fetched for writing a few steps of k before the end, so that its
   // lines (in L3 when C is large: 1024^2 is read and written once per depth block) arrive while
   // the last multiply-adds run instead of stalling the stores (1024^3 at 1 thread on a Zen 4,
-  // the kernel's loop over C alone: 105-111 -> 113-114 GFLOP/s).
+  // the kernel's loop over C alone: 105-112 -> 113-114 GFLOP/s).
   const int64_t k_prefetch = whole_tile ? std::max<int64_t>(0, kc - kGemmPrefetchSteps) : kc;
   multiply_add(0, k_prefetch);
   if (whole_tile) {
