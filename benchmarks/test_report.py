@@ -54,6 +54,31 @@ class ReportTest(unittest.TestCase):
         self.assertEqual(report.level_regressions(results_with({"xgrad:jit_O0": 1000.0, "xgrad:jit_O2": 900.0}), 2),
                          [])
 
+    def test_a_flagged_row_fails_only_when_measured_again_it_is_still_slower(self):
+        results = results_with({"xgrad:jit_O0": 1000.0, "xgrad:jit_O1": 1000.0, "xgrad:jit_O2": 3000.0})
+        flagged = report.level_regressions(results, 2)
+        measured = []
+
+        def measure_as(times):
+            def measure(suite, device):
+                measured.append((suite, device))
+                return {("gemm/matmul_64", side): [{"ns": ns}, {"ns": ns * 1.01}, {"ns": ns * 0.99}]
+                        for side, ns in times.items()}
+            return measure
+
+        # One slow moment: level again when measured longer, so nothing fails.
+        self.assertEqual(run_suite.confirm_level_regressions(
+            flagged, measure_as({"xgrad:jit_O0": 1000.0, "xgrad:jit_O1": 1000.0, "xgrad:jit_O2": 1010.0}), 2), [])
+        self.assertEqual(measured, [("gemm", "cpu")])
+        # Still 3x slower: the row fails, with the new ratio.
+        still = run_suite.confirm_level_regressions(
+            flagged, measure_as({"xgrad:jit_O0": 1000.0, "xgrad:jit_O1": 1000.0, "xgrad:jit_O2": 2500.0}), 2)
+        self.assertEqual([(side, low, round(r, 2)) for _, side, low, r in still],
+                         [("xgrad:jit_O2", "xgrad:jit_O0", 2.5), ("xgrad:jit_O2", "xgrad:jit_O1", 2.5)])
+        # A row slower only in the new measurement was not flagged by the run: it does not fail it.
+        self.assertEqual(run_suite.confirm_level_regressions(
+            [], measure_as({"xgrad:jit_O0": 1000.0, "xgrad:jit_O2": 5000.0}), 2), [])
+
     def test_says_plainly_when_xgrad_is_behind(self):
         text = report.markdown(results_with({"xgrad:eager": 2000.0, "xgrad:jit_O2": 3000.0, "jax:jit": 1000.0}), "bench")
         self.assertIn("**behind JAX jit: 2.00x slower**", text)
