@@ -194,6 +194,38 @@ TEST_CASE("jit: lower gives the IR text, Graphviz dot and the node count; nested
   CHECK(inner.cache_size() == 0);
 }
 
+TEST_CASE("jit: containers nest in any order in arguments and results (a vector of pairs of a tensor and a vector)") {
+  using Parts = std::vector<std::pair<xg::Tensor<float>, std::vector<xg::Tensor<float>>>>;
+  // Per part: its scale times each of its tensors, and the part's tensors summed.
+  auto f = [](const Parts& parts) {
+    Parts out;
+    for (const auto& [scale, tensors] : parts) {
+      std::vector<xg::Tensor<float>> scaled;
+      xg::Tensor<float> total = xg::zeros_like(tensors[0]);
+      for (const auto& t : tensors) {
+        scaled.push_back(scale * t);
+        total = total + t;
+      }
+      out.emplace_back(total, scaled);
+    }
+    return out;
+  };
+  const Parts parts{
+      {xg::full<float>({}, 2.0f), {xg::tensor<float>({1, 2}), xg::tensor<float>({3, 4})}},
+      {xg::full<float>({}, -1.0f), {xg::tensor<float>({5, 6}), xg::tensor<float>({7, 8}), xg::tensor<float>({9, 10})}}};
+  const Parts eager = f(parts);
+  const Parts compiled = xg::jit(f)(parts);
+  REQUIRE(compiled.size() == 2);
+  for (std::size_t p = 0; p < 2; ++p) {
+    CHECK(compiled[p].first.to_vector() == eager[p].first.to_vector());
+    REQUIRE(compiled[p].second.size() == eager[p].second.size());
+    for (std::size_t i = 0; i < eager[p].second.size(); ++i)
+      CHECK(compiled[p].second[i].to_vector() == eager[p].second[i].to_vector());
+  }
+  CHECK(compiled[1].first.to_vector() == std::vector<float>{21, 24});
+  CHECK(compiled[0].second[1].to_vector() == std::vector<float>{6, 8});
+}
+
 TEST_CASE("jit: concurrent calls of one jitted function from 2 threads give correct results") {
   auto f = xg::jit([](xg::Tensor<float> a, xg::Tensor<float> b) { return xg::sum(xg::matmul(a, b) * 0.5f, {1}); });
   std::atomic<int> wrong{0};

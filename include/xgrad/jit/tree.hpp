@@ -112,6 +112,14 @@ template <Element T> Tensor<T> symbolic(const Tensor<T>& x, Tracer& tracer, cons
   return Tensor<T>(tracer.add_argument(x.dtype(), x.shape(), name));
 }
 template <StaticLeaf X> X symbolic(X x, Tracer&, const std::string&) { return x; }
+// Declared before any is defined, so that containers nest in any order (a vector of pairs).
+template <class X> traced_t<std::vector<X>> symbolic(const std::vector<X>& xs, Tracer& tracer, const std::string& name);
+template <class X, std::size_t N>
+traced_t<std::array<X, N>> symbolic(const std::array<X, N>& xs, Tracer& tracer, const std::string& name);
+template <class A, class B>
+traced_t<std::pair<A, B>> symbolic(const std::pair<A, B>& p, Tracer& tracer, const std::string& name);
+template <class... Xs>
+traced_t<std::tuple<Xs...>> symbolic(const std::tuple<Xs...>& t, Tracer& tracer, const std::string& name);
 template <class X>
 traced_t<std::vector<X>> symbolic(const std::vector<X>& xs, Tracer& tracer, const std::string& name) {
   traced_t<std::vector<X>> out;
