@@ -42,6 +42,15 @@ class ReportTest(unittest.TestCase):
         self.assertIn("<svg", report.roofline_chart(results))
         self.assertNotIn("roofline/fma_peak` |", text.split("## Roofline")[0])  # not in the peers' table
 
+    def test_a_limit_is_its_rows_fastest_round(self):
+        results = results_with({"xgrad:jit_O2": 1000.0})
+        # The peak's median twice its fastest round (both threads' chains on one core in most rounds).
+        hand = {"median_ns": 2e6, "min_ns": 1e6, "max_ns": 2e6, "rounds": 3}
+        results["workloads"]["roofline/fma_peak"] = {"suite": "roofline", "what": "", "threads": 1,
+                                                    "sides": {"ref:hand": hand}}
+        self.assertAlmostEqual(report.measured_limits(results)[1][0], 2 ** 25 / 1e-3)
+        self.assertIn("1 thread: 33.6 GFLOP/s", report.markdown(results, "bench"))
+
     def test_flags_a_jit_level_slower_than_a_lower_one_beyond_noise(self):
         results = results_with({"xgrad:jit_O0": 1000.0, "xgrad:jit_O1": 1050.0, "xgrad:jit_O2": 3000.0})
         self.assertEqual([(s, low, round(r, 2)) for _, s, low, r in report.level_regressions(results)],
