@@ -784,10 +784,10 @@ template <class T> int64_t k_halves_split(int64_t m, int64_t k, T alpha, int64_t
 /// (gemm_transposed) and weight gradient (split along m) use as well: split along n, each core
 /// read half of every row, and the update then took those lines back (LeNet5's fc1 on 2
 /// threads: ~96 KiB of W between the cores a step). Each half goes in 2 x threads column
-/// blocks, dealt so that a thread's share lies in one half: a worker that comes late, still on
-/// a node in the background, leaves the caller the rest of its half (LeNet5's fc1 after fc2's
-/// update on 2 threads: the caller's wait at the end 9.5 -> 0.7 us, the product 23 -> 21 us,
-/// medians over noisy rounds).
+/// blocks, dealt in order (on two threads, each thread's share is one half): a worker that
+/// comes late, still on a node in the background, leaves the caller the rest of its half
+/// (LeNet5's fc1 after fc2's update on 2 threads: the caller's wait at the end 9.5 -> 0.7 us,
+/// the product 23 -> 21 us, medians over noisy rounds).
 template <class T> void gemm_k_halves(int64_t m, int64_t n, int64_t k, int64_t split, const T* a, int64_t ars,
                                       int64_t acs, const T* b, int64_t brs, T beta, T* c, int64_t ldc, int threads,
                                       const GemmBlockDone* done) {
