@@ -3,11 +3,14 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <mutex>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "xgrad/backend/cpu/gemm.hpp"
@@ -379,6 +382,86 @@ TEST_CASE("gemm multithreaded matches single-threaded") {
     check_shapes<float>({{200, 190, 120}, {500, 40, 100, true, false}, {40, 500, 100, false, true, 1.0, 1.0}});
     check_shapes<double>({{130, 250, 70, true, true, 2.0, 0.5}});
   }
+  xgrad::cpu::set_num_threads(saved);
+}
+
+TEST_CASE_TEMPLATE("gemm split along n shares each packed block among the threads: one thread's bits", T, float,
+                   double) {
+  // Products whose threads would each pack both operands go through gemm_column_homes; its
+  // blocks cross column, depth and row blocks and their edges, A is also transposed, C is
+  // also scaled by beta.
+  using xgrad::cpu::detail::homes_suit;
+  REQUIRE(homes_suit<T>(300, 1200, 600, 1, 1, 2));
+  CHECK_FALSE(homes_suit<T>(300, 1200, 600, 1, 1, 1));  // one thread: nothing to share
+  CHECK_FALSE(homes_suit<T>(12, 1200, 600, 1, 1, 2));   // two micro-panels of A: B read in place
+  CHECK_FALSE(homes_suit<T>(300, 200, 100, 1, 1, 2));   // a depth block of B small enough for L2
+  std::mt19937 rng(21);
+  std::uniform_real_distribution<double> u(-1, 1);
+  const int saved = xgrad::cpu::num_threads();
+  for (const GemmCase& g : {GemmCase{300, 1200, 600}, GemmCase{301, 1000, 555, true, false, 1.0, 0.5, 3}}) {
+    CAPTURE(g.m);
+    CAPTURE(g.n);
+    CAPTURE(g.trans_a);
+    REQUIRE(homes_suit<T>(g.m, g.n, g.k, g.trans_a ? g.m : 1, 1, 2));
+    const int64_t ldc = g.n + g.ldc_pad, ars = g.trans_a ? 1 : g.k, acs = g.trans_a ? g.m : 1;
+    std::vector<T> a(static_cast<size_t>(g.m * g.k)), b(static_cast<size_t>(g.k * g.n)),
+        c0(static_cast<size_t>(g.m * ldc));
+    for (auto* v : {&a, &b, &c0})
+      for (T& x : *v) x = static_cast<T>(u(rng));
+    std::vector<std::vector<T>> results;
+    for (int threads : {1, 2, 3}) {
+      xgrad::cpu::set_num_threads(threads);
+      std::vector<T> c = c0;
+      xgrad::cpu::gemm<T>(g.m, g.n, g.k, T(1), a.data(), ars, acs, b.data(), g.n, 1, static_cast<T>(g.beta), c.data(),
+                          ldc);
+      results.push_back(std::move(c));
+    }
+    CHECK(results[1] == results[0]);
+    CHECK(results[2] == results[0]);
+  }
+  xgrad::cpu::set_num_threads(saved);
+}
+
+TEST_CASE("gemm split along n: a worker late from a background task takes up its share midway") {
+  // The worker is held by a background task until the caller has finished a block of C; the
+  // caller then waits, inside that block's callback, until the worker has finished one too: the
+  // worker joins the product midway. C is the one-thread product bit for bit, each element told
+  // once.
+  const int saved = xgrad::cpu::num_threads();
+  const int64_t m = 300, n = 1200, k = 600;
+  std::vector<float> a(static_cast<size_t>(m * k)), b(static_cast<size_t>(k * n));
+  for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(i % 11) * 0.25f - 1.0f;
+  for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<float>(i % 13) * 0.125f - 0.75f;
+  std::vector<float> reference(static_cast<size_t>(m * n)), c(reference.size());
+  xgrad::cpu::set_num_threads(1);
+  xgrad::cpu::gemm<float>(m, n, k, 1.0f, a.data(), k, 1, b.data(), n, 1, 0.0f, reference.data(), n);
+  xgrad::cpu::set_num_threads(2);
+  REQUIRE(xgrad::cpu::detail::homes_suit<float>(m, n, k, 1, 1, 2));
+
+  std::atomic<bool> release{false}, worker_told{false};
+  xgrad::cpu::detail::BackgroundTask hold;
+  hold.m_invoke = [](void* ctx) {
+    while (!static_cast<std::atomic<bool>*>(ctx)->load()) std::this_thread::yield();
+  };
+  hold.m_ctx = &release;
+  const std::thread::id caller = std::this_thread::get_id();
+  std::vector<std::atomic<int>> told(reference.size());
+  const xgrad::cpu::GemmBlockDone done = [&](int64_t row, int64_t rows, int64_t col, int64_t cols) {
+    for (int64_t i = row; i < row + rows; ++i)
+      for (int64_t j = col; j < col + cols; ++j) ++told[static_cast<size_t>(i * n + j)];
+    if (std::this_thread::get_id() != caller) {
+      worker_told.store(true);
+    } else if (!release.exchange(true)) {
+      const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+      while (!worker_told.load() && std::chrono::steady_clock::now() < give_up) std::this_thread::yield();
+    }
+  };
+  xgrad::cpu::detail::run_in_background(hold);
+  xgrad::cpu::gemm<float>(m, n, k, 1.0f, a.data(), k, 1, b.data(), n, 1, 0.0f, c.data(), n, &done);
+  xgrad::cpu::detail::wait_for(hold);
+  CHECK(worker_told.load());
+  CHECK(c == reference);
+  CHECK(std::all_of(told.begin(), told.end(), [](const std::atomic<int>& t) { return t.load() == 1; }));
   xgrad::cpu::set_num_threads(saved);
 }
 

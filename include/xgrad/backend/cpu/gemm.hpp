@@ -3,11 +3,14 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <functional>
+#include <memory>
 #include <new>
+#include <thread>
 #include <type_traits>
 #include <utility>
 
@@ -116,11 +119,35 @@ template <class T> class ScratchBuffer {
   int64_t m_capacity = 0;
 };
 
+/// A counter that the threads of one product share, on a cache line of its own.
+struct alignas(64) SharedCounter {
+  std::atomic<int64_t> value{0};
+};
+
+/// Counters that only grow in number, like ScratchBuffer; get() hands them out at zero.
+class SharedCounters {
+ public:
+  SharedCounter* get(int64_t count) {
+    if (count > m_capacity) {
+      m_counters = std::make_unique<SharedCounter[]>(static_cast<size_t>(count));
+      m_capacity = count;
+    }
+    for (int64_t i = 0; i < count; ++i) m_counters[static_cast<size_t>(i)].value.store(0, std::memory_order_relaxed);
+    return m_counters.get();
+  }
+
+ private:
+  std::unique_ptr<SharedCounter[]> m_counters;
+  int64_t m_capacity = 0;
+};
+
 template <class T> struct GemmWorkspace {
   ScratchBuffer<T> m_a;
   ScratchBuffer<T> m_b;
   ScratchBuffer<T> m_c_transposed;  // see gemm_transposed
   ScratchBuffer<T> m_second_half;   // see gemm_k_halves
+  ScratchBuffer<T> m_homes_b;       // see gemm_column_homes
+  SharedCounters m_homes_counters;
 };
 
 template <class T> GemmWorkspace<T>& gemm_workspace() {
@@ -434,11 +461,31 @@ template <class T> void scale_c(int64_t m, int64_t n, T beta, T* c, int64_t ldc)
   }
 }
 
+/// Whether gemm_blocked reads B where it is (rows brs apart) for depth blocks of kc x nc rather
+/// than copying it into panels first: when each of its elements is used at most twice, by one or
+/// two micro-panels of A rows (LeNet5's conv GEMMs), or when a depth block of it is small enough
+/// for each micro-panel of A to read it from L2: attention's 64 x 32 blocks, whose packing cost
+/// as much as their product, and a dense layer's W or x (in LeNet5's step on two threads, copying
+/// half of fc1's W for its input gradient took 3-4 us a thread and x for its weight gradient 2;
+/// read in place, the step is 3-5% faster).
+template <class T> bool b_read_in_place(int64_t m, int64_t kc, int64_t nc, int64_t bcs) {
+  return bcs == 1 && (m <= 2 * GemmConfig<T>::mr || kc * nc * static_cast<int64_t>(sizeof(T)) <= kGemmInPlaceBlockB);
+}
+
+/// Whether gemm_blocked reads A, with contiguous rows, where it is: when it is small (its
+/// packing cost a tenth of a 64 x 64 x 64 product) or when one panel of B covers C's columns, so
+/// that each row of A is read once anyway (a dense layer's W in W x^T, see gemm_transposed: fc1
+/// of LeNet5 27 -> 20 us).
+template <class T> bool a_read_in_place(int64_t m, int64_t n, int64_t k, int64_t acs) {
+  return acs == 1 && (m * k * static_cast<int64_t>(sizeof(T)) <= kGemmSmallA || n <= GemmConfig<T>::nr);
+}
+
 /// The blocked GEMM of gemm_serial; with packed_a, A is read from there as pack_a lays it out
-/// (rows a_row_stride apart, k at most kc) instead of from a, ars, acs.
+/// (rows a_row_stride apart, k at most kc) instead of from a, ars, acs; with packed_b, B is read
+/// from there as pack_b lays it out (n at most nc, k at most kc) instead of from b, brs, bcs.
 template <class T> void gemm_blocked(int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t ars, int64_t acs,
-                                     const T* packed_a, const T* b, int64_t brs, int64_t bcs, T beta, T* c, int64_t ldc,
-                                     const GemmBlockDone* done, int64_t row0, int64_t col0) {
+                                     const T* packed_a, const T* b, int64_t brs, int64_t bcs, const T* packed_b, T beta,
+                                     T* c, int64_t ldc, const GemmBlockDone* done, int64_t row0, int64_t col0) {
   using cfg = GemmConfig<T>;
   constexpr int MR = cfg::mr;
   constexpr int NB = cfg::nb;
@@ -446,30 +493,19 @@ template <class T> void gemm_blocked(int64_t m, int64_t n, int64_t k, T alpha, c
   constexpr int64_t L = cfg::lanes;
   constexpr int64_t a_panel = MR * cfg::a_row_stride;  // elements per packed A micro-panel
 
-  const int64_t kc_max = packed_a ? k : balanced_block(k, cfg::kc, 1);
+  const int64_t kc_max = packed_a || packed_b ? k : balanced_block(k, cfg::kc, 1);
   const int64_t mc_max = balanced_block(m, cfg::mc, MR);
-  const int64_t nc_max = balanced_block(n, cfg::nc, NR);
+  const int64_t nc_max = packed_b ? n : balanced_block(n, cfg::nc, NR);
 
   auto& ws = gemm_workspace<T>();
   T* pa_buf = packed_a ? nullptr : ws.m_a.get((mc_max + MR - 1) / MR * a_panel);
-  T* pb_buf = ws.m_b.get((nc_max + NR - 1) / NR * NR * kc_max);
-  // B is read where it is (rows brs apart) rather than copied into panels first when each of
-  // its elements is used at most twice, by one or two micro-panels of A rows (LeNet5's conv
-  // GEMMs), or when a depth block of it is small enough for each micro-panel of A to read it
-  // from L2: attention's 64 x 32 blocks, whose packing cost as much as their product, and a
-  // dense layer's W or x (in LeNet5's step on two threads, copying half of fc1's W for its input
-  // gradient took 3-4 us a thread and x for its weight gradient 2; read in place, the step is
-  // 3-5% faster). A last, partial panel is packed unless its rows are whole vectors: else they
-  // would be read past their end.
-  const bool b_in_place =
-      bcs == 1 && (m <= 2 * MR || kc_max * nc_max * static_cast<int64_t>(sizeof(T)) <= kGemmInPlaceBlockB);
+  T* pb_buf = packed_b ? nullptr : ws.m_b.get((nc_max + NR - 1) / NR * NR * kc_max);
+  // A last, partial panel of B read in place is packed unless its rows are whole vectors: else
+  // they would be read past their end. Of A read in place, only a last micro-panel of an odd
+  // number of rows is packed, since the edge kernels read rows up to an even count.
+  const bool b_in_place = !packed_b && b_read_in_place<T>(m, kc_max, nc_max, bcs);
   const bool b_whole_vectors = n % L == 0;
-  // A with contiguous rows is read in place when it is small (its packing cost a tenth of a 64 x
-  // 64 x 64 product) or when one panel of B covers C's columns, so that each row of A is read
-  // once anyway (a dense layer's W in W x^T, see gemm_transposed: fc1 of LeNet5 27 -> 20 us).
-  // Only a last micro-panel of an odd number of rows is packed, since the edge kernels read rows
-  // up to an even count.
-  const bool a_in_place = !packed_a && acs == 1 && (m * k * static_cast<int64_t>(sizeof(T)) <= kGemmSmallA || n <= NR);
+  const bool a_in_place = !packed_a && a_read_in_place<T>(m, n, k, acs);
 
   for (int64_t jc = 0; jc < n; jc += nc_max) {
     const int64_t nc = std::min(nc_max, n - jc);
@@ -479,7 +515,8 @@ template <class T> void gemm_blocked(int64_t m, int64_t n, int64_t k, T alpha, c
       const T beta_eff = pc == 0 ? beta : T(1);
       const T* b_block = b + pc * brs + jc * bcs;
       const int64_t whole = !b_in_place ? 0 : b_whole_vectors && n < NR ? nc : nc / NR * NR;  // read in place
-      pack_b<T, NR>(kc, nc - whole, b_block + whole * bcs, brs, bcs, pb_buf);
+      if (!packed_b) pack_b<T, NR>(kc, nc - whole, b_block + whole * bcs, brs, bcs, pb_buf);
+      const T* b_panels = packed_b ? packed_b : pb_buf;
       for (int64_t ic = 0; ic < m; ic += mc_max) {
         const int64_t mc = std::min(mc_max, m - ic);
         const T* a_panels = packed_a ? packed_a + ic * cfg::a_row_stride : pa_buf;
@@ -514,7 +551,7 @@ template <class T> void gemm_blocked(int64_t m, int64_t n, int64_t k, T alpha, c
                              ir / MR * tiles_across + jr / NR, micro_panels * tiles_across);
             const int64_t cols = std::min(NR, nc - jr);
             const bool in_place = jr < whole;
-            const T* pb = in_place ? b_block + jr : pb_buf + (jr - whole) * kc;
+            const T* pb = in_place ? b_block + jr : b_panels + (jr - whole) * kc;
             const int64_t ldb = in_place ? brs : packed_b_width<T, NR>(cols);
             if (rows == MR && cols == NR) {
               micro_kernel<T, MR, NB, NB>(kc, pa, lda, pb, ldb, alpha, beta_eff, c_row + jr, ldc, rows, cols);
@@ -536,8 +573,8 @@ template <class T> void gemm_blocked(int64_t m, int64_t n, int64_t k, T alpha, c
 template <class T> void gemm_serial(int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t ars, int64_t acs,
                                     const T* b, int64_t brs, int64_t bcs, T beta, T* c, int64_t ldc,
                                     const GemmBlockDone* done = nullptr, int64_t row0 = 0, int64_t col0 = 0) {
-  gemm_blocked(m, n, k, alpha, a, ars, acs, static_cast<const T*>(nullptr), b, brs, bcs, beta, c, ldc, done, row0,
-               col0);
+  gemm_blocked(m, n, k, alpha, a, ars, acs, static_cast<const T*>(nullptr), b, brs, bcs, static_cast<const T*>(nullptr),
+               beta, c, ldc, done, row0, col0);
 }
 
 /// C = alpha A B + beta C on the calling thread (k <= GemmConfig<T>::kc) for an A already in
@@ -548,8 +585,8 @@ template <class T> void gemm_packed_a(int64_t m, int64_t n, int64_t k, T alpha, 
                                       int64_t brs, int64_t bcs, T beta, T* c, int64_t ldc) {
   if (m <= 0 || n <= 0) return;
   if (k <= 0) return scale_c(m, n, beta, c, ldc);
-  gemm_blocked(m, n, k, alpha, static_cast<const T*>(nullptr), 0, 0, packed_a, b, brs, bcs, beta, c, ldc, nullptr, 0,
-               0);
+  gemm_blocked(m, n, k, alpha, static_cast<const T*>(nullptr), 0, 0, packed_a, b, brs, bcs,
+               static_cast<const T*>(nullptr), beta, c, ldc, nullptr, 0, 0);
 }
 
 /// C[m x n] = A B on the calling thread, where B(p, j) = b[b_rows[p] + j]: B's rows are windows
@@ -817,6 +854,98 @@ template <class T> void gemm_k_halves(int64_t m, int64_t n, int64_t k, int64_t s
   });
 }
 
+/// Whether gemm_column_homes suits a product split along n among `threads`: each thread's
+/// share would pack both of its operands (gemm_serial), so packing them into buffers the threads
+/// share costs nothing more.
+template <class T>
+bool homes_suit(int64_t m, int64_t n, int64_t k, int64_t a_col_stride, int64_t b_col_stride, int threads) {
+  using cfg = GemmConfig<T>;
+  const TileBlocks homes(n, cfg::nr, threads);
+  const int64_t width = homes.end(0) - homes.begin(0);
+  const int64_t kc = balanced_block(k, cfg::kc, 1), nc = balanced_block(width, cfg::nc, cfg::nr);
+  return homes.blocks > 1 && !b_read_in_place<T>(m, kc, nc, b_col_stride) &&
+         !a_read_in_place<T>(m, width, k, a_col_stride);
+}
+
+/// C = alpha A B + beta C on num_threads() threads, C's columns cut into one home per thread as
+/// TileBlocks does. A home's work is a sequence of items, for each of its column blocks and
+/// depth blocks in gemm_serial's order: packing one panel of that B block into the home's buffer,
+/// then multiplying one row block of A (packed by whoever takes it) by the block. A thread works
+/// through its own home's items and then takes what is left of the others', in order: an item
+/// waits only for the items before it that it reads (a row block for its B block's panels; a
+/// panel for the row blocks that read the last B block in the buffer), which are already taken
+/// and running, so no thread waits for one that has not come. On a quiet machine each thread runs
+/// just its own home, as a static split along n would; where another process takes a core for a
+/// while (a 2-vCPU host with noisy neighbours) the other thread finishes its work for it (1024^3 on
+/// 2 threads with a neighbour spinning 2 of every 10 ms on one core: 5-7% faster than the static
+/// split, medians of 20 alternations; alone, the same within 0.5%).
+template <class T> void gemm_column_homes(int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t ars,
+                                          int64_t acs, const T* b, int64_t brs, int64_t bcs, T beta, T* c, int64_t ldc,
+                                          const GemmBlockDone* done) {
+  using cfg = GemmConfig<T>;
+  constexpr int64_t MR = cfg::mr;
+  constexpr int64_t NR = cfg::nr;
+  const TileBlocks homes(n, NR, num_threads());
+  const int64_t kc_max = balanced_block(k, cfg::kc, 1);
+  const int64_t mc_max = balanced_block(m, cfg::mc, MR);
+  const int64_t nc_max = balanced_block(homes.end(0) - homes.begin(0), cfg::nc, NR);
+  const int64_t depth_blocks = (k + kc_max - 1) / kc_max;
+  const int64_t row_blocks = (m + mc_max - 1) / mc_max;
+  const int64_t panels = (nc_max + NR - 1) / NR;  // packing items of every (column, depth) block
+  const int64_t per_block = panels + row_blocks;
+  // A home is at most one tile wider than the first (TileBlocks).
+  const int64_t blocks_max = (homes.end(0) - homes.begin(0) + NR + nc_max - 1) / nc_max * depth_blocks;
+  const int64_t b_size = panels * NR * kc_max;
+  // Per home: the next item, and per block the panels packed and the row blocks multiplied.
+  const int64_t counters_per_home = 1 + 2 * blocks_max;
+  auto& ws = gemm_workspace<T>();
+  T* b_bufs = ws.m_homes_b.get(homes.blocks * b_size);
+  SharedCounter* counters = ws.m_homes_counters.get(homes.blocks * counters_per_home);
+  auto wait_until = [](const SharedCounter& counter, int64_t value) {
+    for (int i = 0; counter.value.load(std::memory_order_acquire) < value; ++i) {
+      if (i < k_spin_iters)
+        cpu_relax();
+      else
+        std::this_thread::yield();
+    }
+  };
+  auto work_in = [&](int64_t home) {
+    SharedCounter& next = counters[home * counters_per_home];
+    SharedCounter* packed = &next + 1;
+    SharedCounter* multiplied = packed + blocks_max;
+    const int64_t lo = homes.begin(home), hi = homes.end(home);
+    const int64_t items = (hi - lo + nc_max - 1) / nc_max * depth_blocks * per_block;
+    T* b_buf = b_bufs + home * b_size;
+    for (;;) {
+      if (next.value.load(std::memory_order_relaxed) >= items) return;
+      const int64_t item = next.value.fetch_add(1, std::memory_order_relaxed);
+      if (item >= items) return;
+      const int64_t blk = item / per_block, part = item % per_block;
+      const int64_t jc = lo + blk / depth_blocks * nc_max, pc = blk % depth_blocks * kc_max;
+      const int64_t nc = std::min(nc_max, hi - jc), kc = std::min(kc_max, k - pc);
+      if (part < panels) {
+        if (blk > 0) wait_until(multiplied[blk - 1], row_blocks);
+        const int64_t col = part * NR;
+        if (col < nc)
+          pack_b<T, NR>(kc, std::min(NR, nc - col), b + pc * brs + (jc + col) * bcs, brs, bcs, b_buf + col * kc);
+        packed[blk].value.fetch_add(1, std::memory_order_release);
+        continue;
+      }
+      const int64_t ic = (part - panels) * mc_max, mc = std::min(mc_max, m - ic);
+      T* a_buf = gemm_workspace<T>().m_a.get((mc_max + MR - 1) / MR * MR * cfg::a_row_stride);
+      pack_a<T>(mc, kc, a + ic * ars + pc * acs, ars, acs, a_buf);
+      wait_until(packed[blk], panels);
+      const bool last = pc + kc == k;
+      gemm_blocked(mc, nc, kc, alpha, static_cast<const T*>(nullptr), 0, 0, a_buf, static_cast<const T*>(nullptr), 0, 0,
+                   b_buf, pc == 0 ? beta : T(1), c + ic * ldc + jc, ldc, last ? done : nullptr, ic, jc);
+      multiplied[blk].value.fetch_add(1, std::memory_order_release);
+    }
+  };
+  parallel_for(0, homes.blocks, 1, [&](int64_t first, int64_t) {
+    for (int64_t h = 0; h < homes.blocks; ++h) work_in((first + h) % homes.blocks);
+  });
+}
+
 }  // namespace detail
 
 /// C[m x n] = alpha * A[m x k] * B[k x n] + beta * C, with A(i,p) = a[i*a_row_stride +
@@ -892,20 +1021,24 @@ template <class T> void gemm(int64_t m, int64_t n, int64_t k, T alpha, const T* 
   const double row_calls = done && !small_c ? static_cast<double>(nt) * static_cast<double>(m) * 256.0 : 0.0;
   const bool split_n = repack_split_n + row_calls <= repack_split_m || (m + cfg::mr - 1) / cfg::mr < nt;
   const GemmBlockDone* block_done = split_n && small_c ? nullptr : done;
-  const detail::TileBlocks split(split_n ? n : m, split_n ? cfg::nr : cfg::mr, nt);
-
-  parallel_for(0, split.blocks, 1, [&](int64_t first, int64_t last) {
-    for (int64_t blk = first; blk < last; ++blk) {
-      const int64_t lo = split.begin(blk), hi = split.end(blk);
-      if (split_n) {
-        detail::gemm_serial(m, hi - lo, k, alpha, a, a_row_stride, a_col_stride, b + lo * b_col_stride, b_row_stride,
-                            b_col_stride, beta, c + lo, ldc, block_done, 0, lo);
-      } else {
-        detail::gemm_serial(hi - lo, n, k, alpha, a + lo * a_row_stride, a_row_stride, a_col_stride, b, b_row_stride,
-                            b_col_stride, beta, c + lo * ldc, ldc, block_done, lo, 0);
+  if (split_n && detail::homes_suit<T>(m, n, k, a_col_stride, b_col_stride, nt)) {
+    detail::gemm_column_homes(m, n, k, alpha, a, a_row_stride, a_col_stride, b, b_row_stride, b_col_stride, beta, c,
+                              ldc, block_done);
+  } else {
+    const detail::TileBlocks split(split_n ? n : m, split_n ? cfg::nr : cfg::mr, nt);
+    parallel_for(0, split.blocks, 1, [&](int64_t first, int64_t last) {
+      for (int64_t blk = first; blk < last; ++blk) {
+        const int64_t lo = split.begin(blk), hi = split.end(blk);
+        if (split_n) {
+          detail::gemm_serial(m, hi - lo, k, alpha, a, a_row_stride, a_col_stride, b + lo * b_col_stride, b_row_stride,
+                              b_col_stride, beta, c + lo, ldc, block_done, 0, lo);
+        } else {
+          detail::gemm_serial(hi - lo, n, k, alpha, a + lo * a_row_stride, a_row_stride, a_col_stride, b, b_row_stride,
+                              b_col_stride, beta, c + lo * ldc, ldc, block_done, lo, 0);
+        }
       }
-    }
-  });
+    });
+  }
   if (done && !block_done) detail::tell_rows_done<T>(m, n, *done);
 }
 
