@@ -175,6 +175,35 @@ TEST_CASE_TEMPLATE("gemm sizes crossing the cache blocks", T, float, double) {
   check_shapes<T>(cases);
 }
 
+TEST_CASE_TEMPLATE("gemm packs A once for all its column blocks: each block's numbers as a product of its own", T,
+                   float, double) {
+  // Over several column blocks, depth blocks and row blocks, A (also transposed) is packed in
+  // the first column block and read packed by the others; each column block of C must be what
+  // the same product over just its columns gives, bit for bit.
+  using cfg = xgrad::cpu::detail::GemmConfig<T>;
+  const int saved = xgrad::cpu::num_threads();
+  xgrad::cpu::set_num_threads(1);
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<double> u(-1, 1);
+  const int64_t m = 2 * cfg::mc + 5, n = 2 * cfg::nc + 70, k = 2 * cfg::kc + 3;
+  for (const bool trans_a : {false, true}) {
+    CAPTURE(trans_a);
+    const int64_t ars = trans_a ? 1 : k, acs = trans_a ? m : 1;
+    std::vector<T> a(static_cast<size_t>(m * k)), b(static_cast<size_t>(k * n)), c0(static_cast<size_t>(m * n));
+    for (auto* v : {&a, &b, &c0})
+      for (T& x : *v) x = static_cast<T>(u(rng));
+    std::vector<T> whole = c0, blocks = c0;
+    xgrad::cpu::gemm<T>(m, n, k, T(1), a.data(), ars, acs, b.data(), n, 1, T(0.5), whole.data(), n);
+    for (int64_t col = 0; col < n; col += cfg::nc) {
+      const int64_t cols = std::min(cfg::nc, n - col);
+      xgrad::cpu::gemm<T>(m, cols, k, T(1), a.data(), ars, acs, b.data() + col, n, 1, T(0.5), blocks.data() + col, n);
+    }
+    CHECK(whole == blocks);
+  }
+  check_shapes<T>({{m, n, k, false, false, 1.0, 0.5}});
+  xgrad::cpu::set_num_threads(saved);
+}
+
 TEST_CASE_TEMPLATE("gemm with zero-sized dimensions", T, float, double) {
   std::vector<T> a(16, T(1)), b(16, T(1));
   SUBCASE("m or n zero leaves C alone") {
