@@ -83,6 +83,22 @@ template <class T> double run_case(const GemmCase& g, uint32_t seed = 7) {
   return worst;
 }
 
+/// gemm's C = A B + beta C from C = c0 (A(i, p) at a[i * ars + p * acs], B row-major n wide, C
+/// ldc wide) on 1, 2 and 3 threads, in that order.
+template <class T> std::vector<std::vector<T>> gemm_on_1_2_3_threads(int64_t m, int64_t n, int64_t k,
+                                                                     const std::vector<T>& a, int64_t ars, int64_t acs,
+                                                                     const std::vector<T>& b, T beta,
+                                                                     const std::vector<T>& c0, int64_t ldc) {
+  std::vector<std::vector<T>> results;
+  for (int threads : {1, 2, 3}) {
+    xgrad::cpu::set_num_threads(threads);
+    std::vector<T> c = c0;
+    xgrad::cpu::gemm<T>(m, n, k, T(1), a.data(), ars, acs, b.data(), n, 1, beta, c.data(), ldc);
+    results.push_back(std::move(c));
+  }
+  return results;
+}
+
 template <class T> double gemm_tolerance() { return std::is_same_v<T, float> ? 1e-5 : 1e-13; }
 
 template <class T> void check_shapes(const std::vector<GemmCase>& cases) {
@@ -372,13 +388,7 @@ TEST_CASE_TEMPLATE("gemm sums a dense layer's input gradient in two halves of k:
       std::vector<T> a(m * k), b(k * n), c0(m * (n + 2));
       for (auto* v : {&a, &b, &c0})
         for (T& x : *v) x = static_cast<T>(u(rng));
-      std::vector<std::vector<T>> results;
-      for (int threads : {1, 2, 3}) {
-        xgrad::cpu::set_num_threads(threads);
-        std::vector<T> c = c0;
-        xgrad::cpu::gemm<T>(m, n, k, T(1), a.data(), k, 1, b.data(), n, 1, beta, c.data(), n + 2);
-        results.push_back(c);
-      }
+      const auto results = gemm_on_1_2_3_threads<T>(m, n, k, a, k, 1, b, beta, c0, n + 2);
       CHECK(results[1] == results[0]);
       CHECK(results[2] == results[0]);
       double worst = 0.0;
@@ -437,14 +447,7 @@ TEST_CASE_TEMPLATE("gemm split along n shares each packed block among the thread
         c0(static_cast<size_t>(g.m * ldc));
     for (auto* v : {&a, &b, &c0})
       for (T& x : *v) x = static_cast<T>(u(rng));
-    std::vector<std::vector<T>> results;
-    for (int threads : {1, 2, 3}) {
-      xgrad::cpu::set_num_threads(threads);
-      std::vector<T> c = c0;
-      xgrad::cpu::gemm<T>(g.m, g.n, g.k, T(1), a.data(), ars, acs, b.data(), g.n, 1, static_cast<T>(g.beta), c.data(),
-                          ldc);
-      results.push_back(std::move(c));
-    }
+    const auto results = gemm_on_1_2_3_threads<T>(g.m, g.n, g.k, a, ars, acs, b, static_cast<T>(g.beta), c0, ldc);
     CHECK(results[1] == results[0]);
     CHECK(results[2] == results[0]);
   }

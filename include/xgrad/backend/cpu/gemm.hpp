@@ -909,8 +909,8 @@ bool homes_suit(int64_t m, int64_t n, int64_t k, int64_t a_col_stride, int64_t b
 
 /// C = alpha A B + beta C on num_threads() threads, C's columns cut into one home per thread as
 /// TileBlocks does. A home's work is a sequence of items, for each of its column blocks and
-/// depth blocks in gemm_serial's order: packing one panel of that B block into the home's buffer,
-/// then multiplying one row block of A (packed by whoever takes it) by the block. A thread works
+/// within it each depth block: packing one panel of that B block into the home's buffer, then
+/// multiplying one row block of A (packed by whoever takes it) by the block. A thread works
 /// through its own home's items and then takes what is left of the others', in order: an item
 /// waits only for the items before it that it reads (a row block for its B block's panels; a
 /// panel for the row blocks that read the last B block in the buffer), which are already taken
