@@ -10,7 +10,6 @@
 #include <functional>
 #include <memory>
 #include <new>
-#include <thread>
 #include <type_traits>
 #include <utility>
 
@@ -942,12 +941,7 @@ template <class T> void gemm_column_homes(int64_t m, int64_t n, int64_t k, T alp
   T* b_bufs = ws.m_homes_b.get(homes.blocks * b_size);
   SharedCounter* counters = ws.m_homes_counters.get(homes.blocks * counters_per_home);
   auto wait_until = [](const SharedCounter& counter, int64_t value) {
-    for (int i = 0; counter.value.load(std::memory_order_acquire) < value; ++i) {
-      if (i < k_spin_iters)
-        cpu_relax();
-      else
-        std::this_thread::yield();
-    }
+    spin_until([&] { return counter.value.load(std::memory_order_acquire) >= value; });
   };
   auto work_in = [&](int64_t home) {
     SharedCounter& next = counters[home * counters_per_home];

@@ -175,6 +175,16 @@ struct Job {
 // then avoid a futex round trip, while idle workers stop burning a core quickly.
 inline constexpr int k_spin_iters = 2000;
 
+/// Waits until `done()` holds: spinning k_spin_iters times, then yielding the core between looks.
+template <class Done> void spin_until(Done done) {
+  for (int i = 0; !done(); ++i) {
+    if (i < k_spin_iters)
+      cpu_relax();
+    else
+      std::this_thread::yield();
+  }
+}
+
 /// Work a worker runs beside the calling thread while the caller goes on, parallel regions
 /// included (run_in_background, wait_for). Lives with the caller, who waits for it before it goes.
 class ThreadPool;
@@ -263,12 +273,7 @@ class ThreadPool {
 
     // Every chunk is claimed. Withdraw the job, then wait for the workers that saw it.
     m_job.store(nullptr);
-    for (int i = 0; m_active.load() != 0; ++i) {
-      if (i < k_spin_iters)
-        cpu_relax();
-      else
-        std::this_thread::yield();
-    }
+    spin_until([&] { return m_active.load() == 0; });
     return true;
   }
 
@@ -460,12 +465,7 @@ inline void run_in_background(BackgroundTask& task) {
 
 /// Waits until `task` has run, without rethrowing what it threw (see task.m_error).
 inline void wait_for(BackgroundTask& task) noexcept {
-  for (int i = 0; !task.m_done.load(std::memory_order_acquire); ++i) {
-    if (i < k_spin_iters)
-      cpu_relax();
-    else
-      std::this_thread::yield();
-  }
+  spin_until([&] { return task.m_done.load(std::memory_order_acquire); });
   task.m_pool.reset();
 }
 
