@@ -3,6 +3,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
+#include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -392,6 +394,53 @@ TEST_CASE("tensor: copies are handles to one tensor; detach shares the storage")
   CHECK(d.impl()->storage == x.impl()->storage);
   d *= 2.0f;
   CHECK(x.to_vector() == std::vector<float>{4, 6, 8});
+}
+
+namespace {
+
+/// The flags of the mapping that holds `address`, from /proc/self/smaps ("" when none holds it).
+std::string mapping_flags(const void* address) {
+  std::ifstream smaps("/proc/self/smaps");
+  const auto at = reinterpret_cast<std::uintptr_t>(address);
+  bool inside = false;
+  for (std::string line; std::getline(smaps, line);) {
+    std::uintptr_t begin = 0, end = 0;
+    char dash = 0;
+    std::istringstream range(line);
+    if (range >> std::hex >> begin >> dash >> end && dash == '-' && line.find(':') > line.find(' ')) {
+      inside = begin <= at && at < end;
+    } else if (inside && line.rfind("VmFlags:", 0) == 0) {
+      return line;
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("tensor: a buffer of 2 MiB or more starts a 2 MiB page and is advised onto huge pages") {
+  constexpr std::uintptr_t huge_page = std::uintptr_t{2} << 20;
+  xg::release_cached_memory();
+  const void* first = nullptr;
+  {
+    auto big = xg::zeros<float>({768, 1024});  // 3 MiB: a buffer of 4
+    first = big.data();
+    CHECK(reinterpret_cast<std::uintptr_t>(first) % huge_page == 0);
+#if defined(__linux__)
+    if (std::filesystem::exists("/sys/kernel/mm/transparent_hugepage/enabled")) {
+      const std::string flags = mapping_flags(first);
+      INFO(flags);
+      CHECK(flags.find(" hg") != std::string::npos);  // MADV_HUGEPAGE
+    } else {
+      MESSAGE("this kernel has no transparent huge pages: only the alignment is checked");
+    }
+#endif
+  }
+  // The freed buffer is kept and given to the next tensor whose size rounds to the same pages.
+  CHECK(xg::cached_memory_bytes() == (std::size_t{4} << 20));
+  auto next = xg::zeros<float>({1000, 1024});
+  CHECK(next.data() == first);
+  CHECK(xg::cached_memory_bytes() == 0);
 }
 
 TEST_CASE("tensor: reshape is a view sharing storage") {

@@ -9,6 +9,7 @@
 #include "xgrad/backend/cpu/thread_pool.hpp"
 #include "xgrad/backend/executor.hpp"
 #include "xgrad/backend/kernels.hpp"
+#include "xgrad/core/host_memory.hpp"
 #include "xgrad/ir/printer.hpp"
 
 namespace xgrad::backend {
@@ -167,7 +168,7 @@ XGRAD_API void Program::keep_results(Workspace& ws, Workspace::Operands& ops, st
 
 XGRAD_API Program::Arena::Arena(std::size_t bytes, Device device) : m_device(device) {
   if (device == Device::cpu) {
-    m_data = static_cast<std::byte*>(std::aligned_alloc(MemoryPlan::kAlignment, bytes));
+    m_data = static_cast<std::byte*>(xgrad::detail::host_allocate(xgrad::detail::host_capacity(bytes)));
     if (!m_data)
       throw AllocationError(xgrad::detail::concat("jit: cannot allocate a compiled function's ", bytes,
                                                   "-byte arena on cpu: out of memory"));

@@ -10,6 +10,7 @@
 #include <unordered_map>
 
 #include "xgrad/core/device_memory.hpp"
+#include "xgrad/core/host_memory.hpp"
 #include "xgrad/core/storage.hpp"
 
 namespace xgrad {
@@ -109,9 +110,10 @@ XGRAD_API Storage::Storage(std::size_t bytes, Device device)
     m_capacity = bytes ? bytes : 1;
     m_data = std::malloc(m_capacity);
   } else {
-    m_capacity = (bytes + BufferCache::kGranule - 1) / BufferCache::kGranule * BufferCache::kGranule;
+    m_capacity =
+        detail::host_capacity((bytes + BufferCache::kGranule - 1) / BufferCache::kGranule * BufferCache::kGranule);
     m_data = BufferCache::instance().take(m_capacity);
-    if (!m_data) m_data = std::aligned_alloc(kAlignment, m_capacity);
+    if (!m_data) m_data = detail::host_allocate(m_capacity);
   }
   if (!m_data) throw_out_of_memory(bytes, device);
 }

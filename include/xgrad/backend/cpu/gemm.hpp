@@ -21,6 +21,7 @@
 
 #include "xgrad/backend/cpu/elementwise.hpp"
 #include "xgrad/backend/cpu/thread_pool.hpp"
+#include "xgrad/core/host_memory.hpp"
 
 namespace xgrad::cpu {
 
@@ -99,7 +100,7 @@ template <class T> struct GemmConfig {
   static constexpr int64_t a_row_stride = kc + 64 / static_cast<int64_t>(sizeof(T));
 };
 
-/// 64-byte aligned scratch that only grows; one per thread and dtype, reused across calls.
+/// Scratch from host_allocate that only grows; one per thread and dtype, reused across calls.
 template <class T> class ScratchBuffer {
  public:
   ScratchBuffer() = default;
@@ -110,8 +111,9 @@ template <class T> class ScratchBuffer {
   T* get(int64_t count) {
     if (count > m_capacity) {
       release();
-      const size_t bytes = (static_cast<size_t>(count) * sizeof(T) + 63) / 64 * 64;
-      m_data = static_cast<T*>(::operator new (bytes, std::align_val_t{64}));
+      m_data = static_cast<T*>(
+          xgrad::detail::host_allocate(xgrad::detail::host_capacity(static_cast<size_t>(count) * sizeof(T))));
+      if (!m_data) throw std::bad_alloc();
       m_capacity = count;
     }
     return m_data;
@@ -119,7 +121,7 @@ template <class T> class ScratchBuffer {
 
  private:
   void release() {
-    if (m_data) ::operator delete (m_data, std::align_val_t{64});
+    std::free(m_data);
     m_data = nullptr;
     m_capacity = 0;
   }
