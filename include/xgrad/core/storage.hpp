@@ -23,13 +23,12 @@ XGRAD_API void copy_bytes(void* dst, Device to, const void* src, Device from, st
 
 }  // namespace detail
 
-/// Owns a tensor's bytes; large buffers are aligned to a cache line (kernels never rely on
-/// it: they use unaligned loads). Views (reshape) share one Storage, so an
-/// in-place write through any of them bumps the one version counter they all see.
+/// Owns a tensor's bytes; buffers of 64 KiB and more are aligned to a cache line, from 2 MiB on
+/// to a huge page (detail::host_allocate; kernels never rely on it: they use unaligned loads).
+/// Views (reshape) share one Storage, so an in-place write through any of them bumps the one
+/// version counter they all see.
 class Storage {
  public:
-  static constexpr std::size_t kAlignment = 64;
-
   /// The most bytes one buffer may have: 2^47 (128 TiB), the user address space of x86-64 and
   /// ARM64 with 4-level page tables. Larger requests fail before asking the allocator.
   static constexpr std::size_t kMaxBytes = std::size_t{1} << 47;
