@@ -16,6 +16,7 @@
 #include "xgrad/backend/cpu/softmax_xent.hpp"
 #include "xgrad/backend/math.hpp"
 #include "xgrad/core/device.hpp"
+#include "xgrad/core/dtype.hpp"
 #if defined(XGRAD_WITH_THRUST)
 #include "xgrad/backend/thrust/attention.hpp"
 #include "xgrad/backend/thrust/conv_pool.hpp"
@@ -193,6 +194,40 @@ template <class T> void softmax_xent_backward(Device device, const T* logits, co
   XGRAD_ON_THRUST(device, softmax_xent_backward(logits, labels, g, rows, classes, grad));
   cpu::softmax_xent_backward(logits, labels, g, rows, classes, grad);
 }
+
+// The instances xgrad::compiled holds (core/config.hpp), in src/kernels.cpp: the sources whose
+// ops and passes call these compile none of the kernels below them.
+#define XGRAD_KERNELS_INSTANCE(T, X)                                                                                   \
+  X void batched_gemm<T>(Device, const cpu::BroadcastPlan<2>&, std::int64_t, std::int64_t, std::int64_t, std::int64_t, \
+                         const T*, std::int64_t, std::int64_t, const T*, std::int64_t, std::int64_t, T*,               \
+                         const cpu::RangeDone*);                                                                       \
+  X void conv2d_forward<T>(Device, const cpu::Conv2dGeometry&, const T*, const T*, T*, const cpu::RangeDone*);         \
+  X void conv2d_backward_input<T>(Device, const cpu::Conv2dGeometry&, const T*, const T*, T*);                         \
+  X void conv2d_backward_weight<T>(Device, const cpu::Conv2dGeometry&, const T*, const T*, T*);                        \
+  X void conv2d_backward_input_pooled<T>(Device, const cpu::Conv2dGeometry&, const cpu::Pool2dGeometry&,               \
+                                         const std::int32_t*, const T*, const T*, T*);                                 \
+  X void conv2d_backward_weight_pooled<T>(Device, const cpu::Conv2dGeometry&, const cpu::Pool2dGeometry&, const T*,    \
+                                          const std::int32_t*, const T*, T*);                                          \
+  X void max_pool2d_argmax<T>(Device, const cpu::Pool2dGeometry&, const T*, std::int32_t*, T*, bool);                  \
+  X void conv2d_relu_max_pool<T>(Device, const cpu::Conv2dGeometry&, const cpu::Pool2dGeometry&, const T*, const T*,   \
+                                 const T*, T*, std::int32_t*);                                                         \
+  X void max_pool2d_take<T>(Device, const cpu::Pool2dGeometry&, const std::int32_t*, const T*, T*);                    \
+  X void max_pool2d_put<T>(Device, const cpu::Pool2dGeometry&, const std::int32_t*, const T*, T*);                     \
+  X void avg_pool2d_forward<T>(Device, const cpu::Pool2dGeometry&, const T*, T*);                                      \
+  X void avg_pool2d_backward<T>(Device, const cpu::Pool2dGeometry&, const T*, T*);                                     \
+  X void resize_bilinear_forward<T>(Device, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t,      \
+                                    std::int64_t, bool, const T*, T*);                                                 \
+  X void resize_bilinear_backward<T>(Device, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t,     \
+                                     std::int64_t, bool, const T*, T*);                                                \
+  X void attention_forward<T>(Device, const cpu::AttentionGeometry&, const T*, const T*, const T*, T*, T*);            \
+  X void attention_backward<T>(Device, const cpu::AttentionGeometry&, const T*, const T*, const T*, const T*,          \
+                               const T*, T*, const T*);                                                                \
+  X void softmax_xent_forward<T>(Device, const T*, const std::int32_t*, std::int64_t, std::int64_t, T*);               \
+  X void softmax_xent_backward<T>(Device, const T*, const std::int32_t*, const T*, std::int64_t, std::int64_t, T*);
+#define XGRAD_KERNELS_INSTANCES(X) XGRAD_FOR_EACH_FloatingPoint(XGRAD_KERNELS_INSTANCE, X)
+#if defined(XGRAD_COMPILED) && !defined(XGRAD_INSTANTIATE_KERNELS)
+XGRAD_KERNELS_INSTANCES(extern template)
+#endif
 
 #undef XGRAD_ON_THRUST
 

@@ -14,6 +14,7 @@
 #include "xgrad/backend/cpu/gemm.hpp"
 #include "xgrad/backend/cpu/thread_pool.hpp"
 #include "xgrad/backend/math.hpp"
+#include "xgrad/core/dtype.hpp"
 
 namespace xgrad::cpu {
 namespace detail {
@@ -296,5 +297,15 @@ template <class T> void attention_backward(const AttentionGeometry& g, const T* 
                    detail::attention_backward_item<T>(g, n, q, k, v, out, gy, grads, lse ? lse + n * g.tq : nullptr);
                });
 }
+
+// The instances xgrad::compiled holds (core/config.hpp), in src/kernels.cpp.
+#define XGRAD_ATTENTION_INSTANCE(T, X)                                                                         \
+  X void attention_forward<T>(const AttentionGeometry&, const T*, const T*, const T*, T*, T*);                 \
+  X void attention_backward<T>(const AttentionGeometry&, const T*, const T*, const T*, const T*, const T*, T*, \
+                               const T*);
+#define XGRAD_ATTENTION_INSTANCES(X) XGRAD_FOR_EACH_FloatingPoint(XGRAD_ATTENTION_INSTANCE, X)
+#if defined(XGRAD_COMPILED) && !defined(XGRAD_INSTANTIATE_ATTENTION)
+XGRAD_ATTENTION_INSTANCES(extern template)
+#endif
 
 }  // namespace xgrad::cpu

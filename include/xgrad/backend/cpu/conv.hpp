@@ -15,6 +15,7 @@
 
 #include "xgrad/backend/cpu/gemm.hpp"
 #include "xgrad/backend/cpu/thread_pool.hpp"
+#include "xgrad/core/dtype.hpp"
 
 namespace xgrad::cpu {
 
@@ -936,5 +937,15 @@ template <class T> void conv2d_backward_weight(const Conv2dGeometry& g, const T*
         });
       });
 }
+
+// The instances xgrad::compiled holds (core/config.hpp), in src/kernels.cpp.
+#define XGRAD_CONV_INSTANCE(T, X)                                                            \
+  X void conv2d_forward<T>(const Conv2dGeometry&, const T*, const T*, T*, const RangeDone*); \
+  X void conv2d_backward_input<T>(const Conv2dGeometry&, const T*, const T*, T*);            \
+  X void conv2d_backward_weight<T>(const Conv2dGeometry&, const T*, const T*, T*);
+#define XGRAD_CONV_INSTANCES(X) XGRAD_FOR_EACH_FloatingPoint(XGRAD_CONV_INSTANCE, X)
+#if defined(XGRAD_COMPILED) && !defined(XGRAD_INSTANTIATE_CONV)
+XGRAD_CONV_INSTANCES(extern template)
+#endif
 
 }  // namespace xgrad::cpu

@@ -21,6 +21,7 @@
 #include "xgrad/backend/cpu/elementwise.hpp"
 #include "xgrad/backend/cpu/pool.hpp"
 #include "xgrad/backend/math.hpp"
+#include "xgrad/core/dtype.hpp"
 
 namespace xgrad::cpu {
 
@@ -524,5 +525,18 @@ template <class T> void conv2d_relu_max_pool(const Conv2dGeometry& g, const Pool
     }
   });
 }
+
+// The instances xgrad::compiled holds (core/config.hpp), in src/kernels.cpp.
+#define XGRAD_CONV_POOLED_INSTANCE(T, X)                                                                          \
+  X void conv2d_relu_max_pool<T>(const Conv2dGeometry&, const Pool2dGeometry&, const T*, const T*, const T*, T*,  \
+                                 int32_t*);                                                                       \
+  X void conv2d_backward_input_pooled<T>(const Conv2dGeometry&, const Pool2dGeometry&, const int32_t*, const T*,  \
+                                         const T*, T*);                                                           \
+  X void conv2d_backward_weight_pooled<T>(const Conv2dGeometry&, const Pool2dGeometry&, const T*, const int32_t*, \
+                                          const T*, T*);
+#define XGRAD_CONV_POOLED_INSTANCES(X) XGRAD_FOR_EACH_FloatingPoint(XGRAD_CONV_POOLED_INSTANCE, X)
+#if defined(XGRAD_COMPILED) && !defined(XGRAD_INSTANTIATE_CONV_POOLED)
+XGRAD_CONV_POOLED_INSTANCES(extern template)
+#endif
 
 }  // namespace xgrad::cpu

@@ -21,6 +21,7 @@
 
 #include "xgrad/backend/cpu/elementwise.hpp"
 #include "xgrad/backend/cpu/thread_pool.hpp"
+#include "xgrad/core/dtype.hpp"
 #include "xgrad/core/host_memory.hpp"
 
 namespace xgrad::cpu {
@@ -1118,5 +1119,16 @@ template <class T> void batched_gemm(const BroadcastPlan<2>& plan, int64_t count
   else
     run(0, count);
 }
+
+// The instances xgrad::compiled holds (core/config.hpp), in src/kernels.cpp.
+#define XGRAD_GEMM_INSTANCE(T, X)                                                                                      \
+  X void gemm<T>(int64_t, int64_t, int64_t, T, const T*, int64_t, int64_t, const T*, int64_t, int64_t, T, T*, int64_t, \
+                 const GemmBlockDone*);                                                                                \
+  X void batched_gemm<T>(const BroadcastPlan<2>&, int64_t, int64_t, int64_t, int64_t, const T*, int64_t, int64_t,      \
+                         const T*, int64_t, int64_t, T*, const RangeDone*);
+#define XGRAD_GEMM_INSTANCES(X) XGRAD_FOR_EACH_FloatingPoint(XGRAD_GEMM_INSTANCE, X)
+#if defined(XGRAD_COMPILED) && !defined(XGRAD_INSTANTIATE_GEMM)
+XGRAD_GEMM_INSTANCES(extern template)
+#endif
 
 }  // namespace xgrad::cpu
