@@ -42,20 +42,34 @@ python3 benchmarks/run_suite.py --bench build-test/benchmarks/xgrad_bench --quic
 
 # find_package(xgrad) against an installed copy: a Release program header-only and compiled,
 # and a user's Debug build on a machine with AVX-512 (the flags stand in for -march=native
-# there): the target adds -Og, without which GCC rejects xsimd's AVX-512 code. The two builds
-# run side by side (each is mostly one large file); the Debug one runs where the CPU can.
-step "find_package consumers"
+# there): the target adds -Og, without which GCC rejects xsimd's AVX-512 code. Each of the two
+# header-only builds is one large file, which would leave a core idle for a minute: they compile
+# beside the sanitizer build below, and run after it.
+step "find_package consumers (building beside the sanitizer build)"
 rm -rf build-test/prefix build-test/consumer build-test/consumer-debug
 cmake --install build-test --prefix build-test/prefix > /dev/null
-cmake -S tests/install_consumer -B build-test/consumer -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DCMAKE_PREFIX_PATH="$PWD/build-test/prefix" > /dev/null
-cmake -S tests/install_consumer -B build-test/consumer-debug -G Ninja -DCMAKE_BUILD_TYPE=Debug \
-  -DCMAKE_CXX_FLAGS="-mavx512f -mavx512bw -mavx512dq -mavx512vl -mavx512cd" \
-  -DCMAKE_PREFIX_PATH="$PWD/build-test/prefix" > /dev/null
-cmake --build build-test/consumer-debug -j1 --target consumer > build-test/consumer-debug.log 2>&1 &
-debug_build=$!
-cmake --build build-test/consumer -j1
-wait "$debug_build" || { cat build-test/consumer-debug.log; exit 1; }
+consumer_build() {  # consumer_build DIR TARGET CMAKE-ARGS...: configures DIR, builds TARGET; log in DIR.log
+  local dir=$1 target=$2
+  shift 2
+  { cmake -S tests/install_consumer -B "$dir" -G Ninja -DCMAKE_PREFIX_PATH="$PWD/build-test/prefix" "$@" &&
+    cmake --build "$dir" -j1 --target "$target"; } > "$dir.log" 2>&1 || { cat "$dir.log"; return 1; }
+}
+consumer_build build-test/consumer all -DCMAKE_BUILD_TYPE=Release &
+release_consumer=$!
+consumer_build build-test/consumer-debug consumer -DCMAKE_BUILD_TYPE=Debug \
+  -DCMAKE_CXX_FLAGS="-mavx512f -mavx512bw -mavx512dq -mavx512vl -mavx512cd" &
+debug_consumer=$!
+
+# The sanitizer build (preset sanitize, Debian's clang with ASan + UBSan): the instrumented
+# library, the tests and the libFuzzer targets, in one build so that both cores stay busy.
+# The consumers' builds share the cores with it.
+step "sanitizer build (preset sanitize)"
+scripts/configure_preset.sh sanitize
+cmake --build build-sanitize -j"$jobs"
+
+step "find_package consumers"
+wait "$release_consumer"
+wait "$debug_consumer"
 header_only=$(build-test/consumer/consumer)
 compiled=$(build-test/consumer/consumer_compiled)
 [ "$header_only" = "$compiled" ] || { echo "consumers differ: header-only $header_only, compiled $compiled"; exit 1; }
@@ -65,12 +79,6 @@ if grep -q avx512bw /proc/cpuinfo; then
 else
   echo "Debug consumer with AVX-512: compiled (this CPU has no AVX-512 to run it)"
 fi
-
-# The sanitizer build (preset sanitize, Debian's clang with ASan + UBSan): the instrumented
-# library, the tests and the libFuzzer targets, in one build so that both cores stay busy.
-step "sanitizer build (preset sanitize)"
-scripts/configure_preset.sh sanitize
-cmake --build build-sanitize -j"$jobs"
 
 # The libFuzzer targets (IDX reader, gzip, checkpoint reader, op calls), each for 30 s from its
 # committed seed corpus with a fixed seed, so that a failure here repeats input for input
