@@ -7,6 +7,8 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "xgrad/autograd/functional.hpp"
@@ -16,8 +18,36 @@
 
 namespace xgrad::tracing::detail {
 
+/// A callable passed to a function that calls it before returning and keeps nothing of it.
+/// One type for every callable, where a std::function parameter would instantiate its machinery
+/// for each: a jitted function's lambdas cross into the compiled part through these.
+template <class Signature> class FunctionRef;
+template <class R, class... Args> class FunctionRef<R(Args...)> {
+ public:
+  // Implicit, as std::function's.
+  template <class F> FunctionRef(F&& f) noexcept
+      requires(!std::is_same_v<std::remove_cvref_t<F>, FunctionRef> && std::is_invocable_r_v<R, F&, Args...>)
+      : m_callable(const_cast<void*>(static_cast<const void*>(std::addressof(f)))), m_call(&call<F>) {}
+
+  R operator()(Args... args) const { return m_call(m_callable, std::forward<Args>(args)...); }
+
+ private:
+  template <class F> static R call(void* callable, Args... args) {
+    auto& fn = *static_cast<std::remove_reference_t<F>*>(callable);
+    if constexpr (std::is_void_v<R>)
+      std::invoke(fn, std::forward<Args>(args)...);
+    else
+      return std::invoke(fn, std::forward<Args>(args)...);
+  }
+
+  void* m_callable;
+  R (*m_call)(void*, Args...);
+};
+
 /// A function from a flat list of tensors to a flat list of tensors.
 using FlatFn = std::function<std::vector<TensorBase>(std::span<const TensorBase>)>;
+/// The same, called and let go (FunctionRef).
+using FlatFnRef = FunctionRef<std::vector<TensorBase>(std::span<const TensorBase>)>;
 
 inline bool is_float(const TensorBase& t) { return t.dtype() == DType::float32 || t.dtype() == DType::float64; }
 

@@ -238,8 +238,8 @@ XGRAD_API std::string Cache::where() const {
   return xgrad::detail::concat("jit '", m_config.name, "' (", m_loc.str(), ")");
 }
 
-XGRAD_API std::shared_ptr<const Entry> Cache::compile(const Flat& flat, const std::function<TraceResult()>& body,
-                                                      const Relabel& relabel, bool aliases_merged) {
+XGRAD_API std::shared_ptr<const Entry> Cache::compile(const Flat& flat, FunctionRef<TraceResult()> body,
+                                                      Relabel relabel, bool aliases_merged) {
   Signature signature = Signature::of(flat);
   check_retrace(signature, relabel);
   Tracer tracer(m_config.name);
@@ -289,7 +289,7 @@ XGRAD_API std::shared_ptr<const Entry> Cache::compile(const Flat& flat, const st
 }
 
 XGRAD_API void Cache::check_call_aliases(const Entry& entry, const std::vector<TensorBase>& args,
-                                         const Relabel& relabel) const {
+                                         Relabel relabel) const {
   const std::size_t n = args.size();
   const auto& caps = entry.captures;
   for (std::size_t p : entry.written)
@@ -305,7 +305,7 @@ XGRAD_API void Cache::check_call_aliases(const Entry& entry, const std::vector<T
 }
 
 XGRAD_API void Cache::check_written_aliases(const ir::Graph& g, const Flat& flat,
-                                            const std::vector<TensorBase>& captures, const Relabel& relabel,
+                                            const std::vector<TensorBase>& captures, Relabel relabel,
                                             bool aliases_merged) const {
   const std::size_t n = flat.tensors.size();
   if (g.effects.empty() || g.num_args != n) return;
@@ -331,7 +331,7 @@ XGRAD_API void Cache::check_written_aliases(const ir::Graph& g, const Flat& flat
     }
 }
 
-XGRAD_API void Cache::check_retrace(const Signature& signature, const Relabel& relabel) {
+XGRAD_API void Cache::check_retrace(const Signature& signature, Relabel relabel) {
   std::vector<std::string> labels;
   relabel(labels);
   std::vector<const Signature*> cached;
@@ -353,7 +353,7 @@ XGRAD_API void Cache::check_retrace(const Signature& signature, const Relabel& r
 
 XGRAD_API std::vector<TensorBase> values_before_writes(const Cache& cache, const Entry& entry,
                                                        const std::vector<TensorBase>& inputs, std::size_t num_args,
-                                                       const Relabel& relabel) {
+                                                       Relabel relabel) {
   std::vector<TensorBase> before;
   for (std::size_t i : entry.written) {
     if (i < num_args && inputs[i].requires_grad()) {
@@ -371,7 +371,7 @@ XGRAD_API std::vector<TensorBase> values_before_writes(const Cache& cache, const
 
 XGRAD_API autograd::Grads jitted_vjp(const Cache& cache, const Entry& entry, std::size_t k,
                                      const std::vector<TensorBase>& inputs, std::size_t num_args,
-                                     const std::vector<TensorBase>& before, const TensorBase& g, const FlatFn& fn) {
+                                     const std::vector<TensorBase>& before, const TensorBase& g, FlatFnRef fn) {
   if (!before.empty() && (tracing::Tracer::active() || is_grad_enabled()))
     throw AutogradError(xgrad::detail::concat(
         cache.where(),

@@ -171,7 +171,7 @@ XGRAD_API std::string explain_retrace(const Signature& now, const std::vector<st
 
 /// Flattens a call's arguments again into `labels`, naming each tensor ("argument 1[2]"), for
 /// the messages that say which argument is meant.
-using Relabel = std::function<void(std::vector<std::string>& labels)>;
+using Relabel = FunctionRef<void(std::vector<std::string>& labels)>;
 
 /// The compiled signatures of one jitted function, shared by its copies and its threads.
 class Cache {
@@ -204,8 +204,8 @@ class Cache {
   /// (Flat::aliases) and the trace gave them separate symbolic tensors: trace again with one.
   struct NeedsMergedAliases {};
 
-  XGRAD_API std::shared_ptr<const Entry> compile(const Flat& flat, const std::function<TraceResult()>& body,
-                                                 const Relabel& relabel, bool aliases_merged = false);
+  XGRAD_API std::shared_ptr<const Entry> compile(const Flat& flat, FunctionRef<TraceResult()> body, Relabel relabel,
+                                                 bool aliases_merged = false);
 
   /// "jit 'name' (file.cpp:12)", as messages name this function.
   XGRAD_API std::string where() const;
@@ -213,15 +213,14 @@ class Cache {
   /// On a cache hit of an entry that writes into its inputs: throws when an argument shares
   /// memory with a tensor the graph reads by reference and one of them is written (the
   /// arguments among themselves are part of the signature, checked when it was traced).
-  XGRAD_API void check_call_aliases(const Entry& entry, const std::vector<TensorBase>& args,
-                                    const Relabel& relabel) const;
+  XGRAD_API void check_call_aliases(const Entry& entry, const std::vector<TensorBase>& args, Relabel relabel) const;
 
  private:
   /// After a trace: throws when an effect writes into an input that another input shares
   /// memory with, unless both are arguments the trace gave one symbolic tensor (Flat::aliases).
   XGRAD_API void check_written_aliases(const ir::Graph& g, const Flat& flat, const std::vector<TensorBase>& captures,
-                                       const Relabel& relabel, bool aliases_merged) const;
-  XGRAD_API void check_retrace(const Signature& signature, const Relabel& relabel);
+                                       Relabel relabel, bool aliases_merged) const;
+  XGRAD_API void check_retrace(const Signature& signature, Relabel relabel);
 
   JitConfig m_config;
   SourceLoc m_loc;
@@ -236,13 +235,13 @@ class Cache {
 /// gradient would have to flow through the write.
 XGRAD_API std::vector<TensorBase> values_before_writes(const Cache& cache, const Entry& entry,
                                                        const std::vector<TensorBase>& inputs, std::size_t num_args,
-                                                       const Relabel& relabel);
+                                                       Relabel relabel);
 
 /// Jitted::vjp once f is a flat function `fn`: the gradients of output k of `entry` with respect
 /// to every input, given its gradient g.
 XGRAD_API autograd::Grads jitted_vjp(const Cache& cache, const Entry& entry, std::size_t k,
                                      const std::vector<TensorBase>& inputs, std::size_t num_args,
-                                     const std::vector<TensorBase>& before, const TensorBase& g, const FlatFn& fn);
+                                     const std::vector<TensorBase>& before, const TensorBase& g, FlatFnRef fn);
 
 }  // namespace tracing::detail
 
@@ -423,7 +422,7 @@ template <class F> class Jitted {
     // The arguments f ran on stay alive until the gradients are made: a loop body or a cond
     // branch that captured one of them by reference runs again in the backward pass.
     std::vector<std::shared_ptr<const void>> keep_alive;
-    FlatFn fn = [&f, &statics, &keep_alive](std::span<const TensorBase> leaves) {
+    auto fn = [&f, &statics, &keep_alive](std::span<const TensorBase> leaves) {
       Reader reader{leaves, statics};
       // Braces: the leaves are read in order.
       auto typed = std::make_shared<std::tuple<traced_t<Args>...>>(
