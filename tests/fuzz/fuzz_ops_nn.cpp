@@ -36,6 +36,17 @@ I64 loop_bound(In& in) {
 
 xg::Reduction any_reduction(In& in) { return static_cast<xg::Reduction>(in.pick(3)); }
 
+/// Calls a layer through `in`, comparing eager with jit, unless it drops out in training: each
+/// call moves its dropout key on, so the jitted call draws another mask than the eager one did.
+/// Such a call runs eagerly, checked but not compared.
+template <class F, class... A>
+void run_layer(In& in, const xg::nn::Module& layer, float dropout, F f, const A&... args) {
+  if (layer.training() && dropout != 0.0f)
+    in.run_eager(std::move(f), args...);
+  else
+    in.run(std::move(f), args...);
+}
+
 /// Whether a loop over xs's leading axis takes few steps: an empty tensor's leading axis may be
 /// 2^40, and a loop asked to run that often is slow, not wrong (as loop_range says).
 bool few_steps(const xg::TensorBase& xs) { return xs.ndim() == 0 || xs.shape()[0] <= 64; }
@@ -50,9 +61,9 @@ const std::vector<Row> kRowsNn = {
     ROW("nn::BatchNorm2d", kF32, I64 c = small_or_any(in); xg::nn::BatchNormOptions o{in.value<float>(), in.value<float>()}; auto layer = std::make_shared<xg::nn::BatchNorm2d>(c, o); layer->set_train(in.flag()); in.run([layer](const Tn<float>& x) { return (*layer)(x); }, in.tensor<float>())),
     ROW("nn::LayerNorm", kF32, I64 n = small_or_any(in); xg::nn::LayerNormOptions o{in.value<float>(), in.flag()}; auto layer = std::make_shared<xg::nn::LayerNorm>(n, o); in.run([layer](const Tn<float>& x) { return (*layer)(x); }, in.tensor<float>())),
     ROW("nn::GELU", kF32, auto layer = std::make_shared<xg::nn::GELU>(in.flag() ? xg::GeluApproximation::tanh : xg::GeluApproximation::none); in.run([layer](const Tn<float>& x) { return (*layer)(x); }, in.tensor<float>())),
-    ROW("nn::MultiheadAttention", kF32, I64 e = small_or_any(in), h = small_or_any(in); xg::nn::MultiheadAttentionOptions o{.causal = in.flag(), .dropout = in.value<float>(), .has_bias = in.flag(), .seed = 1}; auto layer = std::make_shared<xg::nn::MultiheadAttention>(e, h, o); layer->set_train(in.flag()); if (in.flag()) in.run([layer](const Tn<float>& x) { return (*layer)(x); }, in.tensor<float>()); else in.run([layer](const Tn<float>& x, const Tn<float>& m) { return (*layer)(x, m); }, in.tensor<float>(), in.tensor<float>())),
+    ROW("nn::MultiheadAttention", kF32, I64 e = small_or_any(in), h = small_or_any(in); xg::nn::MultiheadAttentionOptions o{.causal = in.flag(), .dropout = in.value<float>(), .has_bias = in.flag(), .seed = 1}; auto layer = std::make_shared<xg::nn::MultiheadAttention>(e, h, o); layer->set_train(in.flag()); if (in.flag()) run_layer(in, *layer, o.dropout, [layer](const Tn<float>& x) { return (*layer)(x); }, in.tensor<float>()); else run_layer(in, *layer, o.dropout, [layer](const Tn<float>& x, const Tn<float>& m) { return (*layer)(x, m); }, in.tensor<float>(), in.tensor<float>())),
     ROW("nn::MultiheadAttention(cached)", kF32, I64 e = small_or_any(in), h = small_or_any(in); auto layer = std::make_shared<xg::nn::MultiheadAttention>(e, h, xg::nn::MultiheadAttentionOptions{.causal = in.flag(), .dropout = 0.0f, .has_bias = true, .seed = 1}); auto a = in.tensor<float>(), b = in.tensor<float>(); in.run_eager([layer](const Tn<float>& x, const Tn<float>& y) { xg::nn::KeyValueCache cache; layer->forward_cached(x, cache); return layer->forward_cached(y, cache); }, a, b)),
-    ROW("nn::TransformerEncoderLayer", kF32, I64 e = small_or_any(in), h = small_or_any(in); xg::nn::TransformerLayerOptions o{.feedforward = small_or_any(in), .dropout = in.value<float>(), .causal = in.flag(), .norm_first = in.flag(), .activation = in.flag() ? xg::GeluApproximation::tanh : xg::GeluApproximation::none, .eps = in.value<float>(), .seed = 1}; auto layer = std::make_shared<xg::nn::TransformerEncoderLayer>(e, h, o); in.run([layer](const Tn<float>& x) { return (*layer)(x); }, in.tensor<float>())),
+    ROW("nn::TransformerEncoderLayer", kF32, I64 e = small_or_any(in), h = small_or_any(in); xg::nn::TransformerLayerOptions o{.feedforward = small_or_any(in), .dropout = in.value<float>(), .causal = in.flag(), .norm_first = in.flag(), .activation = in.flag() ? xg::GeluApproximation::tanh : xg::GeluApproximation::none, .eps = in.value<float>(), .seed = 1}; auto layer = std::make_shared<xg::nn::TransformerEncoderLayer>(e, h, o); run_layer(in, *layer, o.dropout, [layer](const Tn<float>& x) { return (*layer)(x); }, in.tensor<float>())),
     ROW("nn::LSTM", kF32, auto layer = std::make_shared<xg::nn::LSTM>(small_or_any(in), small_or_any(in)); auto x = in.tensor<float>(); if (!few_steps(x)) return; in.run([layer](const Tn<float>& x) { return (*layer)(x); }, x)),
     ROW("nn::GRU", kF32, auto layer = std::make_shared<xg::nn::GRU>(small_or_any(in), small_or_any(in)); auto x = in.tensor<float>(); if (!few_steps(x)) return; auto h0 = in.flag() ? in.tensor<float>() : Tn<float>(); in.run([layer, h0](const Tn<float>& x) { return layer->run(x, h0).output; }, x)),
     ROW("nn::sinusoidal_positions", kF32, I64 n = small_or_any(in), d = small_or_any(in); in.run_eager([n, d] { return xg::nn::sinusoidal_positions(n, d); })),
