@@ -136,7 +136,8 @@ FMA_FLOPS_PER_THREAD = 2**25  # include/xgrad/backend/cpu/peak.hpp, kFmaChainFlo
 TRIAD_BYTES = 3 * 4 * 2**24  # STREAM's count: b and c read, a written
 
 WORKLOADS = [
-    Workload("roofline", "fma_peak", "fused multiply-adds on 16 register accumulators, 2^25 FLOPs per thread",
+    Workload("roofline", "fma_peak",
+             "fused multiply-adds on 12 (below AVX-512) or 16 register accumulators, 2^25 FLOPs per thread",
              eager=False, peers=False, references=("hand",), flops=FMA_FLOPS_PER_THREAD),
     Workload("roofline", "fma_peak_t2", "the same on each of 2 threads", threads=2, eager=False, peers=False,
              references=("hand",), flops=2 * FMA_FLOPS_PER_THREAD),

@@ -405,16 +405,29 @@ void weight_window(const Conv2dGeometry& g, const T* x, const T* gy_pos, int64_t
 }
 
 /// Whether the direct kernels (conv2d_forward_direct, conv2d_backward_weight_direct) serve the
-/// geometry: conv_is_shifted with a 3 x 3 or 5 x 5 window (the weight gradient's 9 or 25 sums
-/// fill the registers, of which they need 32), and output channels, their vectors' lanes,
-/// filling at least half of them.
+/// geometry: conv_is_shifted with a 3 x 3 or 5 x 5 window, and output channels, their vectors'
+/// lanes, filling at least half of them. With 16 vector registers the forward kernel keeps half
+/// the sums of 32, and runs only where its lanes are fuller than gemm_shifted's tiles (LeNet5's
+/// conv2 on AVX2: 16 of 16 lanes against 16 of 18 rows times 100 of 136 columns on x's grid; its
+/// conv1: 6 of 8 lanes against 6 of 6 rows times 784 of 892 columns).
 template <class T> bool conv_direct_suits(const Conv2dGeometry& g) {
-  constexpr int64_t L = GemmConfig<T>::lanes;
-  return GemmConfig<T>::vector_regs >= 32 && conv_is_shifted(g) && g.kh == g.kw && (g.kw == 3 || g.kw == 5) &&
-         2 * g.c_out >= (g.c_out + L - 1) / L * L;
+  using cfg = GemmConfig<T>;
+  constexpr int64_t L = cfg::lanes;
+  const int64_t ld = (g.c_out + L - 1) / L * L;
+  if (!conv_is_shifted(g) || g.kh != g.kw || (g.kw != 3 && g.kw != 5) || 2 * g.c_out < ld) return false;
+  if (cfg::vector_regs >= 32) return true;
+  const int64_t tile_rows = (g.c_out + cfg::mr - 1) / cfg::mr * cfg::mr;
+  // c_out / ld >= (c_out / tile_rows) * (out_h * out_w / grid), in integers.
+  return tile_rows * conv_grid(g) >= ld * g.out_h * g.out_w;
 }
 
-/// conv2d_backward_weight for conv_direct_suits: for each input channel and vector of
+/// Whether conv2d_backward_weight_direct serves the geometry: conv_direct_suits, with the 32
+/// vector registers that the window's 9 or 25 sums need.
+template <class T> bool conv_direct_weight_suits(const Conv2dGeometry& g) {
+  return GemmConfig<T>::vector_regs >= 32 && conv_direct_suits<T>(g);
+}
+
+/// conv2d_backward_weight for conv_direct_weight_suits: for each input channel and vector of
 /// output channels the kh x kw taps' sums stay in registers over a block's images, each gy
 /// vector (position-major) feeding every tap and each x element broadcast once per tap row: no
 /// column matrix, and no multiply on a position that is not an output. The batch is cut into
@@ -532,7 +545,10 @@ template <class T, int RM, int RN> void row_dot_tile_upto(int rm, int rn, const 
 template <class T> void conv2d_backward_weight_rows(const Conv2dGeometry& g, const T* x, const T* gy, T* gw) {
   using V = xsimd::batch<T>;
   constexpr auto L = static_cast<int64_t>(V::size);
-  constexpr int RM = 6, RN = 4;
+  // RM x RN sums, RN vectors of x and one of gy in registers: 6 x 4 with 32 of them, 3 x 3 with
+  // 16 (where 6 x 4 spills: LeNet5's conv2 weight gradient took 740 us against 487 on a Zen 3).
+  constexpr bool wide = GemmConfig<T>::vector_regs >= 32;
+  constexpr int RM = wide ? 6 : 3, RN = wide ? 4 : 3;
   const int64_t k = g.c_in * g.kh * g.kw;
   const int64_t ohw = g.out_h * g.out_w;
   const int64_t x_img = g.c_in * g.h * g.w;
@@ -618,11 +634,14 @@ void forward_columns(const Conv2dGeometry& g, const T* x, const T* wt, int64_t l
   for (; oh < g.out_h; ++oh) forward_outputs<V, KW, 1, J>(g, x, wt, ld, oh, ow, out);
 }
 
-/// The outputs of one image for one vector of output channels, position-major into out.
+/// The outputs of one image for one vector of output channels, position-major into out. The
+/// sums in registers sit beside a window row's KW weights and a broadcast: 16 of them with 32
+/// vector registers, 8 with 16 (still enough for two FMA units of latency 4).
 template <class V, int KW, class T>
 void forward_image(const Conv2dGeometry& g, const T* x, const T* wt, int64_t ld, T* out) {
+  constexpr int R = GemmConfig<T>::vector_regs >= 32 ? 2 : 1;
   int64_t ow = 0;
-  for (; ow + 8 <= g.out_w; ow += 8) forward_columns<V, KW, 2, 8>(g, x, wt, ld, ow, out);
+  for (; ow + 8 <= g.out_w; ow += 8) forward_columns<V, KW, R, 8>(g, x, wt, ld, ow, out);
   for (; ow + 2 <= g.out_w; ow += 2) forward_columns<V, KW, 4, 2>(g, x, wt, ld, ow, out);
   for (; ow < g.out_w; ++ow) forward_columns<V, KW, 8, 1>(g, x, wt, ld, ow, out);
 }
@@ -904,7 +923,7 @@ template <class T> void conv2d_backward_weight(const Conv2dGeometry& g, const T*
     return;
   }
   const bool pointwise = detail::conv_is_pointwise(g);
-  if (detail::conv_direct_suits<T>(g)) return detail::conv2d_backward_weight_direct(g, x, gy, gw);
+  if (detail::conv_direct_weight_suits<T>(g)) return detail::conv2d_backward_weight_direct(g, x, gy, gw);
   if (detail::conv_is_shifted(g)) return detail::conv2d_backward_weight_rows(g, x, gy, gw);
 
   // Each block (sum_over_image_blocks) sums its image chunks in order.

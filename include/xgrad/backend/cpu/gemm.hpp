@@ -15,7 +15,7 @@
 
 #include <xsimd/xsimd.hpp>
 
-#if defined(__AVX512F__)
+#if defined(__AVX__)
 #include <immintrin.h>
 #endif
 
@@ -176,8 +176,9 @@ template <class T> inline void copy_contiguous(const T* src, int64_t n, T* dst) 
 }
 
 #if defined(__AVX512F__)
-// Full-width interleave needs a two-source permute, which xsimd 8 does not expose; only
-// AVX-512 gets the in-register transpose, other targets pack transposed operands with scalar code.
+// Full-width interleave needs a two-source permute, which xsimd 8 does not expose: AVX-512 and
+// AVX get in-register transposes (AVX only at 256 bits, the width xsimd picks there), other
+// targets pack transposed operands with scalar code.
 template <class T> inline constexpr bool has_simd_transpose = sizeof(xsimd::batch<T>) == 64;
 
 /// dst[r * ldd + c] = src[c * lds + r] for one lanes x lanes block. log2(lanes) rounds of
@@ -223,6 +224,50 @@ inline void transpose_block(const double* src, int64_t lds, double* dst, int64_t
   }
 #pragma GCC unroll 16
   for (int i = 0; i < 8; ++i) _mm512_storeu_pd(dst + i * ldd, r[i]);
+}
+#elif defined(__AVX__)
+// AVX's in-lane unpacks and shuffles, then 128-bit halves swapped across registers.
+template <class T> inline constexpr bool has_simd_transpose = sizeof(xsimd::batch<T>) == 32;
+
+/// dst[r * ldd + c] = src[c * lds + r] for one 8 x 8 block: rows paired into 2 x 2 blocks
+/// (unpack), pairs into 4 x 4 blocks within each half (shuffle), then the halves exchanged.
+inline void transpose_block(const float* src, int64_t lds, float* dst, int64_t ldd) {
+  __m256 r[8], t[8];
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + i * lds);
+#pragma GCC unroll 4
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  }
+#pragma GCC unroll 2
+  for (int i = 0; i < 8; i += 4) {
+    r[i] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) {
+    t[i] = _mm256_permute2f128_ps(r[i], r[i + 4], 0x20);
+    t[i + 4] = _mm256_permute2f128_ps(r[i], r[i + 4], 0x31);
+  }
+  // Rows stored in order: a caller may lay them out closer than a vector (ldd < 8), each row
+  // then written over by the next (channels_last).
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i) _mm256_storeu_ps(dst + i * ldd, t[i]);
+}
+
+inline void transpose_block(const double* src, int64_t lds, double* dst, int64_t ldd) {
+  __m256d r[4];
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) r[i] = _mm256_loadu_pd(src + i * lds);
+  const __m256d t0 = _mm256_unpacklo_pd(r[0], r[1]), t1 = _mm256_unpackhi_pd(r[0], r[1]);
+  const __m256d t2 = _mm256_unpacklo_pd(r[2], r[3]), t3 = _mm256_unpackhi_pd(r[2], r[3]);
+  _mm256_storeu_pd(dst, _mm256_permute2f128_pd(t0, t2, 0x20));
+  _mm256_storeu_pd(dst + ldd, _mm256_permute2f128_pd(t1, t3, 0x20));
+  _mm256_storeu_pd(dst + 2 * ldd, _mm256_permute2f128_pd(t0, t2, 0x31));
+  _mm256_storeu_pd(dst + 3 * ldd, _mm256_permute2f128_pd(t1, t3, 0x31));
 }
 #else
 template <class T> inline constexpr bool has_simd_transpose = false;
@@ -719,10 +764,14 @@ void dot_tile(int64_t k, T alpha, const T* a, int64_t lda, const T* b, int64_t l
     }
 }
 
-/// dot_tile for RM and RN of at most 4, chosen at run time (the edges of C).
-template <class T, int RM = 4, int RN = 4> void dot_tile_upto(int rm, int rn, int64_t k, T alpha, const T* a,
-                                                              int64_t lda, const T* b, int64_t ldb, T beta, T* c,
-                                                              int64_t ldc) {
+/// Rows and columns of C in gemm_dots' square tiles: their sums, a row of A and RN rows of B
+/// in registers (4 x 4 in 32 of them, 3 x 3 in 16).
+template <class T> inline constexpr int k_dot_tile = GemmConfig<T>::vector_regs >= 32 ? 4 : 3;
+
+/// dot_tile for RM and RN of at most k_dot_tile, chosen at run time (the edges of C).
+template <class T, int RM = k_dot_tile<T>, int RN = k_dot_tile<T>>
+void dot_tile_upto(int rm, int rn, int64_t k, T alpha, const T* a, int64_t lda, const T* b, int64_t ldb, T beta, T* c,
+                   int64_t ldc) {
   if constexpr (RM > 1) {
     if (rm < RM) return dot_tile_upto<T, RM - 1, RN>(rm, rn, k, alpha, a, lda, b, ldb, beta, c, ldc);
   }
@@ -738,14 +787,15 @@ template <class T, int RM = 4, int RN = 4> void dot_tile_upto(int rm, int rn, in
 /// kernels' tiles to pay for their packing.
 template <class T> void gemm_dots(int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b,
                                   int64_t ldb, T beta, T* c, int64_t ldc) {
-  for (int64_t i = 0; i < m; i += 4)
-    for (int64_t j = 0; j < n; j += 4)
-      dot_tile_upto<T>(static_cast<int>(std::min<int64_t>(4, m - i)), static_cast<int>(std::min<int64_t>(4, n - j)), k,
-                       alpha, a + i * lda, lda, b + j * ldb, ldb, beta, c + i * ldc + j, ldc);
+  constexpr int64_t tile = k_dot_tile<T>;
+  for (int64_t i = 0; i < m; i += tile)
+    for (int64_t j = 0; j < n; j += tile)
+      dot_tile_upto<T>(static_cast<int>(std::min(tile, m - i)), static_cast<int>(std::min(tile, n - j)), k, alpha,
+                       a + i * lda, lda, b + j * ldb, ldb, beta, c + i * ldc + j, ldc);
 }
 
 /// Whether gemm_dots suits the product: both operands contiguous along k, a long k, and a C of
-/// few rows or columns, which the packed kernels' 14 x 32 tiles would mostly waste.
+/// few rows or columns, which the packed kernels' tiles (6 x 64 with AVX-512, 6 x 16 with AVX2) would mostly waste.
 inline bool dots_suit(int64_t m, int64_t n, int64_t k, int64_t a_col_stride, int64_t b_row_stride) {
   return a_col_stride == 1 && b_row_stride == 1 && k >= 1024 && std::min(m, n) <= 8 && m * n <= 512;
 }

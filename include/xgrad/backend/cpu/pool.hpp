@@ -12,7 +12,7 @@
 
 #include <xsimd/xsimd.hpp>
 
-#if defined(__AVX512F__)
+#if defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -291,7 +291,8 @@ template <class T> int32_t first_max_2x2(const T* x, int64_t w) {
 }
 
 #if defined(__AVX512F__)
-/// Whether deinterleave serves xsimd::batch<T>: AVX-512's two-source permute (xsimd 8 has none).
+/// Whether deinterleave serves xsimd::batch<T>: AVX-512's two-source permute (xsimd 8 has none;
+/// nor do its other targets than AVX2, below, have a deinterleave).
 template <class T> inline constexpr bool has_deinterleave = sizeof(xsimd::batch<T>) == 64;
 
 /// The even lanes of the 2L lanes (a, b) in order, and the odd ones.
@@ -304,6 +305,24 @@ inline std::array<xsimd::batch<double>, 2> deinterleave(const xsimd::batch<doubl
   const __m512i even = _mm512_setr_epi64(0, 2, 4, 6, 8, 10, 12, 14);
   const __m512i odd = _mm512_setr_epi64(1, 3, 5, 7, 9, 11, 13, 15);
   return {_mm512_permutex2var_pd(a, even, b), _mm512_permutex2var_pd(a, odd, b)};
+}
+#elif defined(__AVX2__)
+/// Whether deinterleave serves xsimd::batch<T>: AVX2's in-lane shuffles and a cross-lane permute.
+template <class T> inline constexpr bool has_deinterleave = sizeof(xsimd::batch<T>) == 32;
+
+/// The even lanes of the 2L lanes (a, b) in order, and the odd ones: each 128-bit half shuffled
+/// to [a's evens, b's evens] (odds alike), then the halves' middle quarters swapped.
+inline std::array<xsimd::batch<float>, 2> deinterleave(const xsimd::batch<float>& a, const xsimd::batch<float>& b) {
+  const __m256 even = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0));
+  const __m256 odd = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1));
+  constexpr int order = _MM_SHUFFLE(3, 1, 2, 0);
+  return {_mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(even), order)),
+          _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(odd), order))};
+}
+inline std::array<xsimd::batch<double>, 2> deinterleave(const xsimd::batch<double>& a, const xsimd::batch<double>& b) {
+  constexpr int order = _MM_SHUFFLE(3, 1, 2, 0);
+  return {_mm256_permute4x64_pd(_mm256_unpacklo_pd(a, b), order),
+          _mm256_permute4x64_pd(_mm256_unpackhi_pd(a, b), order)};
 }
 #else
 template <class T> inline constexpr bool has_deinterleave = false;
@@ -322,8 +341,8 @@ template <class T> struct PoolInput {
 
 /// max_pool2d_argmax for pool_is_2x2 on planes [first, first + count), and when `values` is
 /// given each window's maximum there too. Each column of a row pair keeps its first maximum of
-/// the two rows; then each window's left column meets its right one: with AVX-512, 2L columns
-/// are split into their even and odd columns (L windows a step); elsewhere the odd lanes are
+/// the two rows; then each window's left column meets its right one: with AVX-512 or AVX2, 2L
+/// columns are split into their even and odd columns (L windows a step); elsewhere the odd lanes are
 /// swapped beside the even ones and the even lanes' results gathered to the front (L / 2
 /// windows a step). Narrow rows run into the next rows' elements, whose windows are stored over
 /// later; a step that would read past x_end goes scalar.
