@@ -795,7 +795,8 @@ template <class T> void gemm_dots(int64_t m, int64_t n, int64_t k, T alpha, cons
 }
 
 /// Whether gemm_dots suits the product: both operands contiguous along k, a long k, and a C of
-/// few rows or columns, which the packed kernels' tiles (6 x 64 with AVX-512, 6 x 16 with AVX2) would mostly waste.
+/// few rows or columns, which the packed kernels' tiles (6 x 64 with AVX-512, 6 x 16 with AVX2)
+/// would mostly waste.
 inline bool dots_suit(int64_t m, int64_t n, int64_t k, int64_t a_col_stride, int64_t b_row_stride) {
   return a_col_stride == 1 && b_row_stride == 1 && k >= 1024 && std::min(m, n) <= 8 && m * n <= 512;
 }
