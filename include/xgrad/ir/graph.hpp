@@ -47,7 +47,7 @@ struct OpTraits {
   bool view = false;                           // the output may share its first input's buffer (Reshape)
   bool contraction = false;                    // sums products along axes (MatMul, Conv2D): work outgrows data
   BlockKernel block = nullptr;                 // elementwise ops that fusion can put in a group
-  const MergedBlockKernels* merged = nullptr;  // unary ops with a batch body
+  const MergedBlockKernels* merged = nullptr;  // float unary ops with a batch body
 };
 
 namespace ir {

@@ -395,8 +395,8 @@ template <class Op> OpTraits with_block(BlockKernel block, const MergedBlockKern
   return traits;
 }
 
-/// Unary op Op's merged block kernels at T, or null without a batch body (ops/elementwise-inl.hpp,
-/// where the ops it merges with are).
+/// Unary op Op's merged block kernels at T, or null: for a dtype other than float, or without a
+/// batch body (ops/elementwise-inl.hpp, where the ops it merges with are).
 template <class Op, class T> const MergedBlockKernels* merged_block_kernels();
 
 /// An elementwise op's output tangent from its gradient rule: each input's part of the
