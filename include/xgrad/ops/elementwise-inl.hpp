@@ -354,8 +354,8 @@ template <class Op> consteval bool is_fusible() { return fusible_index<Op>() >= 
 namespace detail {
 
 /// Float only: models train in float, and each table is eleven loops of its own. With double's
-/// too, the library's elementwise code was a quarter larger under the sanitizers and compiled
-/// 13% slower there; a double group runs the two block kernels one after the other, same bits.
+/// too, the library's elementwise code was a quarter larger under the sanitizers and took 15%
+/// longer to compile there; a double group runs the two block kernels one after the other.
 template <class Op, class T> const MergedBlockKernels* merged_block_kernels() {
   using Merged = MergedBlockKernels;
   static_assert(std::is_same_v<op::MergeConsumers, std::tuple<op::Add, op::Mul, op::Fma>>, "the table's rows below");
