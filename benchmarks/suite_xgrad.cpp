@@ -87,9 +87,11 @@ template <class F, class... Inputs> Call tensor_call(Impl impl, const std::strin
 template <class Body, class... In> void hand_map(Body body, std::int64_t n, float* y, const In*... in) {
   using B = xsimd::batch<float>;
   constexpr auto lanes = static_cast<std::int64_t>(B::size);
-  std::int64_t i = 0;
-  for (; i + lanes <= n; i += lanes) body(B::load_unaligned(in + i)...).store_unaligned(y + i);
-  for (; i < n; ++i) y[i] = body(in[i]...);
+  const std::int64_t whole = n - n % lanes;
+  for (std::int64_t i = 0; i < whole; i += lanes) body(B::load_unaligned(in + i)...).store_unaligned(y + i);
+  // Counted from `whole`, the tail's bound (under a batch) is plain to g++, which otherwise warns
+  // of an overflow on this loop where hand_map is inlined into parallel_for.
+  for (std::int64_t j = 0; j < n % lanes; ++j) y[whole + j] = body(in[whole + j]...);
 }
 
 /// A hand reference row for an elementwise workload of n floats and one or two inputs.
