@@ -465,7 +465,7 @@ struct Attention {
   /// tq]) here, and the gradient reads it (AttentionGradWithLse) instead of working it out
   /// again, as PyTorch's eager forward keeps its logsumexp. Never while tracing: a graph pairs
   /// the two ops itself (fuse). Not part of the op's identity.
-  std::shared_ptr<TensorBase> saved_lse;
+  std::shared_ptr<TensorBase> saved_lse{};
   std::vector<ir::Attr> attrs() const {
     std::vector<ir::Attr> a{{"causal", geometry.causal ? "true" : "false"}, {"scale", detail::concat(geometry.scale)}};
     if (geometry.heads)
